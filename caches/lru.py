@@ -1,0 +1,167 @@
+"""A byte-bounded LRU store with hit/miss/eviction accounting.
+
+The budget is in bytes as reported by the caller for each entry (the *used* size of the
+arrays it holds, not their buffer capacity). An entry larger than the whole budget is not
+stored. No MLX import here: values are opaque.
+
+Thread safety: every public method takes one internal lock, so the engine thread may write
+while the HTTP thread reads stats.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class LRUStats:
+    """A consistent snapshot of one store's counters."""
+
+    hits: int
+    misses: int
+    insertions: int
+    evictions: int
+    rejected: int  # entries refused because they alone exceed the budget
+    entries: int
+    bytes: int
+    capacity_bytes: int
+
+    @property
+    def hit_rate(self) -> float:
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class ByteLRU(Generic[K, V]):
+    """Maps keys to values, evicting least-recently-used entries to stay within a byte budget.
+
+    `capacity_bytes` of 0 disables storing (every put is rejected, every get misses).
+    `on_evict(key, value)` is called, outside no lock guarantees, for each evicted entry.
+    """
+
+    def __init__(self, capacity_bytes: int, on_evict: Callable[[K, V], None] | None = None):
+        if capacity_bytes < 0:
+            raise ValueError("capacity_bytes must be >= 0")
+        self._capacity = capacity_bytes
+        self._on_evict = on_evict
+        self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.RLock()
+        self._hits = self._misses = self._insertions = self._evictions = self._rejected = 0
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self._capacity
+
+    def get(self, key: K) -> V | None:
+        """Return the value and mark it most recently used; counts a hit or a miss."""
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                self._misses += 1
+                return None
+            self._items.move_to_end(key)
+            self._hits += 1
+            return item[0]
+
+    def peek(self, key: K) -> V | None:
+        """Return the value without touching recency or counters."""
+        with self._lock:
+            item = self._items.get(key)
+            return None if item is None else item[0]
+
+    def touch(self, key: K) -> None:
+        """Mark an entry most recently used without counting a hit."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+
+    def record(self, hit: bool) -> None:
+        """Count a hit or miss decided by a caller's own lookup (e.g. a prefix scan)."""
+        with self._lock:
+            if hit:
+                self._hits += 1
+            else:
+                self._misses += 1
+
+    def put(self, key: K, value: V, nbytes: int) -> bool:
+        """Store `value` under `key` (replacing any old value); evict LRU entries to fit.
+
+        Returns False (and stores nothing) when `nbytes` exceeds the whole budget.
+        """
+        if nbytes < 0:
+            raise ValueError("nbytes must be >= 0")
+        evicted: list[tuple[K, V]] = []
+        with self._lock:
+            if nbytes > self._capacity:
+                self._rejected += 1
+                return False
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            while self._items and self._bytes + nbytes > self._capacity:
+                k, (v, n) = self._items.popitem(last=False)
+                self._bytes -= n
+                self._evictions += 1
+                evicted.append((k, v))
+            self._items[key] = (value, nbytes)
+            self._bytes += nbytes
+            self._insertions += 1
+        if self._on_evict is not None:
+            for k, v in evicted:
+                self._on_evict(k, v)
+        return True
+
+    def pop(self, key: K) -> V | None:
+        """Remove an entry (not counted as an eviction)."""
+        with self._lock:
+            item = self._items.pop(key, None)
+            if item is None:
+                return None
+            self._bytes -= item[1]
+            return item[0]
+
+    def clear(self) -> None:
+        """Drop every entry; counters are kept."""
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+    def keys(self) -> list[K]:
+        """Keys from least to most recently used (a copy)."""
+        with self._lock:
+            return list(self._items.keys())
+
+    def items(self) -> Iterator[tuple[K, V]]:
+        """Snapshot of (key, value) pairs from least to most recently used."""
+        with self._lock:
+            snapshot = [(k, v) for k, (v, _) in self._items.items()]
+        return iter(snapshot)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def stats(self) -> LRUStats:
+        with self._lock:
+            return LRUStats(
+                hits=self._hits,
+                misses=self._misses,
+                insertions=self._insertions,
+                evictions=self._evictions,
+                rejected=self._rejected,
+                entries=len(self._items),
+                bytes=self._bytes,
+                capacity_bytes=self._capacity,
+            )

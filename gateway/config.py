@@ -1,0 +1,116 @@
+"""Frozen configuration, built once at the edge (the CLI or a test) and validated there.
+
+Nothing below the edge reads argv or the environment: it receives one of these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MIB = 1024 * 1024
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range; the message names the setting."""
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class MediaConfig:
+    """Limits and permissions for loading images from URLs, data URIs and local paths."""
+
+    allowed_media_dirs: tuple[Path, ...] = ()
+    allow_private_urls: bool = False
+    allowed_url_hosts: tuple[str, ...] = ()  # empty: any public host
+    max_image_bytes: int = 20 * MIB
+    max_image_pixels: int = 40_000_000  # per image, checked from the header before decoding
+    max_request_pixels: int = 160_000_000  # all images of one request together
+    max_images_per_request: int = 16
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 15.0
+    max_redirects: int = 3
+    decode_memo_mb: int = 64  # encoded-bytes hash -> decoded image memo
+
+    def __post_init__(self) -> None:
+        _require(self.max_image_bytes > 0, "--max-image-bytes must be > 0")
+        _require(self.max_image_pixels > 0, "--max-image-pixels must be > 0")
+        _require(self.max_request_pixels >= self.max_image_pixels or self.max_request_pixels > 0,
+                 "--max-request-pixels must be > 0")
+        _require(self.max_images_per_request >= 0, "--max-images-per-request must be >= 0")
+        _require(self.connect_timeout_s > 0 and self.read_timeout_s > 0, "timeouts must be > 0")
+        _require(0 <= self.max_redirects <= 10, "--max-redirects must be in 0..10")
+        _require(self.decode_memo_mb >= 0, "decode memo size must be >= 0")
+        object.__setattr__(
+            self, "allowed_media_dirs",
+            tuple(Path(p).expanduser().resolve() for p in self.allowed_media_dirs),
+        )
+        object.__setattr__(
+            self, "allowed_url_hosts", tuple(h.lower().rstrip(".") for h in self.allowed_url_hosts)
+        )
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Budgets for the content-addressed caches (bytes of used array size)."""
+
+    vision_cache_mb: int = 512
+    kv_cache_mb: int = 2048
+    vision_enabled: bool = True
+    prefix_enabled: bool = True
+
+    def __post_init__(self) -> None:
+        _require(self.vision_cache_mb >= 0, "--vision-cache-mb must be >= 0")
+        _require(self.kv_cache_mb >= 0, "--kv-cache-mb must be >= 0")
+
+    @property
+    def vision_capacity_bytes(self) -> int:
+        return self.vision_cache_mb * MIB if self.vision_enabled else 0
+
+    @property
+    def kv_capacity_bytes(self) -> int:
+        return self.kv_cache_mb * MIB if self.prefix_enabled else 0
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The model and how the one MLX thread schedules work."""
+
+    model: str  # local directory or hub id
+    served_model_name: str
+    max_batch: int = 16  # rows decoding at once
+    max_waiting: int = 64  # admitted-but-not-running requests before 429
+    prefill_chunk_tokens: int = 512  # image prefill chunk between two decode steps
+    default_max_tokens: int = 512
+    max_context_tokens: int = 32768
+    seed: int = 0
+    cache: CacheConfig = field(default_factory=CacheConfig)
+
+    def __post_init__(self) -> None:
+        _require(self.max_batch >= 1, "--max-batch must be >= 1")
+        _require(self.max_waiting >= 0, "--max-waiting must be >= 0")
+        _require(self.prefill_chunk_tokens >= 16, "--prefill-chunk must be >= 16")
+        _require(self.default_max_tokens >= 1, "--default-max-tokens must be >= 1")
+        _require(self.max_context_tokens >= 16, "--max-context must be >= 16")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The HTTP edge."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    metrics_api_key: str | None = None  # None: /metrics uses api_key
+    max_body_bytes: int = 64 * MIB
+    shutdown_grace_s: float = 30.0
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.port <= 65535, "--port must be in 0..65535")
+        _require(self.max_body_bytes > 0, "--max-body-bytes must be > 0")
+        _require(self.shutdown_grace_s >= 0, "--shutdown-grace must be >= 0")
