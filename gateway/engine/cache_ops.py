@@ -1,0 +1,164 @@
+"""What the engine does with its caches: lookups at admission, image encoding through the
+vision cache, chunked image prefill, and storing KV snapshots. Engine thread only.
+
+A failure inside a cache is a miss (or a skipped store) with a log line, never a failed
+request: the caches are an optimisation, the request must still be answered.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import mlx.core as mx
+
+from caches.prefix import ImageSpan, PrefixCache, PrefixEntry
+from caches.vision import VisionCache, VisionEntry, VisionKey
+from gateway.engine.job import Job
+from gateway.engine.kv import RowKVCache
+from gateway.engine.model import EncodedImage, VisionLanguageModel
+from gateway.engine.positions import rope_delta_at
+
+log = logging.getLogger(__name__)
+
+
+class CacheOps:
+    def __init__(
+        self, model: VisionLanguageModel, vision: VisionCache, prefix: PrefixCache
+    ) -> None:
+        self.model = model
+        self.vision = vision
+        self.prefix = prefix
+        self._dtype = str(model.embed_dtype).replace("mlx.core.", "")
+
+    def spans(self, job: Job, upto: int | None = None) -> list[ImageSpan]:
+        """Image spans of the request's prompt (those wholly before `upto`, if given)."""
+        return [
+            ImageSpan(i.layout.start, i.layout.end, i.content_hash)
+            for i in job.request.images
+            if upto is None or i.layout.end <= upto
+        ]
+
+    def vision_key(self, content_hash: str) -> VisionKey:
+        return VisionKey(
+            self.model.fingerprint, self.model.processor_fingerprint, self._dtype, content_hash
+        )
+
+    def admit(self, job: Job) -> None:
+        """Prefix lookup, then vision lookups for the images the prefix does not cover.
+
+        Sets job.cached_tokens, job.cache (a private fork of the hit), job.encoded,
+        job.to_encode (images to run through the tower) and job.split.
+        """
+        request = job.request
+        layouts = [i.layout for i in request.images]
+        hit = None
+        try:
+            hit = self.prefix.lookup(request.prompt_ids, self.spans(job))
+        except Exception:
+            log.exception("prefix cache lookup failed; treating as a miss")
+        if hit is not None:
+            job.cached_tokens = hit.tokens
+            job.cache = fork(hit.entry.kv, hit.tokens, rope_delta_at(layouts, hit.tokens))
+        job.encoded = [None] * len(request.images)
+        pending = [i for i, img in enumerate(request.images) if img.layout.end > job.cached_tokens]
+        job.split = max((request.images[i].layout.end for i in pending), default=0)
+        for i in pending:
+            entry = self._vision_lookup(request.images[i].content_hash, layouts[i].num_tokens)
+            if entry is not None:
+                job.encoded[i] = entry.features
+                job.vision_hits += 1
+            else:
+                job.to_encode.append(i)
+                job.vision_misses += 1
+
+    def _vision_lookup(self, content_hash: str, tokens: int) -> VisionEntry | None:
+        try:
+            return self.vision.lookup(self.vision_key(content_hash), tokens)
+        except Exception:
+            log.exception("vision cache lookup failed; treating as a miss")
+            return None
+
+    def encode_next(self, job: Job) -> None:
+        """Run the vision tower for the next image of `job` that is not encoded yet."""
+        i = job.to_encode.pop(0)
+        image = job.request.images[i]
+        for j, other in enumerate(job.request.images):  # the same image twice in one prompt
+            if job.encoded[j] is not None and other.content_hash == image.content_hash:
+                job.encoded[i] = job.encoded[j]
+                return
+        pixels = image.pixel_values if image.pixel_values is not None else image.pixels_fn()
+        encoded = self.model.encode_image(pixels, image.grid_thw)
+        if encoded.features.shape[0] != image.layout.num_tokens:
+            raise RuntimeError(
+                f"vision tower gave {encoded.features.shape[0]} features for "
+                f"{image.layout.num_tokens} placeholders"
+            )
+        job.encoded[i] = encoded
+        entry = VisionEntry(encoded, image.layout.num_tokens, image.grid_thw, encoded.nbytes)
+        try:
+            self.vision.store(self.vision_key(image.content_hash), entry)
+        except Exception:
+            log.exception("vision cache store failed; continuing without caching")
+
+    def prefill_chunk(self, job: Job, chunk_tokens: int) -> bool:
+        """Feed the next chunk of prompt tokens [cached_tokens, split). True when done; then
+        the job's cache holds the image part with its rope delta set, and a snapshot of it is
+        stored in the prefix cache."""
+        model = self.model
+        layouts = [i.layout for i in job.request.images]
+        if job.plan is None:
+            encoded: list[EncodedImage | None] = list(job.encoded)
+            job.plan = model.prefill_plan(
+                job.request.prompt_ids, layouts, encoded, job.cached_tokens, job.split
+            )
+            if job.cache is None:
+                job.cache = model.new_cache()
+        lo = job.prefilled
+        hi = min(lo + chunk_tokens, job.plan.length)
+        model.prefill(job.plan, job.cache, lo, hi)
+        job.prefilled = hi
+        if hi < job.plan.length:
+            return False
+        delta = rope_delta_at(layouts, job.split)
+        for layer in job.cache:
+            layer.rope_delta = delta
+        self._store(
+            job,
+            job.request.prompt_ids[: job.split],
+            [c.snapshot() for c in job.cache],
+            delta,
+            self.spans(job, job.split),
+        )
+        return True
+
+    def store_finished(self, job: Job, kv: list[Any], tokens: list[int], delta: int) -> None:
+        """Store prompt + answer KV of a finished request (for the next turn)."""
+        if not kv or kv[0].offset != len(tokens):
+            log.warning("not caching %s: KV length does not match its tokens", job.request_id)
+            return
+        self._store(job, tokens, kv, delta, self.spans(job))
+
+    def _store(
+        self, job: Job, tokens: Any, kv: list[Any], delta: int, spans: list[ImageSpan]
+    ) -> None:
+        if self.prefix.capacity_bytes == 0:
+            return
+        try:
+            nbytes = sum(c.used_nbytes() for c in kv)
+            self.prefix.store(list(tokens), spans, PrefixEntry(kv, len(tokens), delta, nbytes))
+        except Exception:
+            log.exception("prefix cache store failed for %s; continuing", job.request_id)
+
+
+def fork(kv: list[RowKVCache], tokens: int, rope_delta: int) -> list[RowKVCache]:
+    """A private cache over the first `tokens` tokens of a stored snapshot. The stored arrays
+    have no spare capacity, so the fork's first update reallocates instead of writing into
+    them: the stored entry is never mutated."""
+    out = []
+    for layer in kv:
+        keys = layer.keys[..., :tokens, :]
+        values = layer.values[..., :tokens, :]
+        out.append(RowKVCache.from_arrays(keys, values, rope_delta))
+    mx.eval([c.keys for c in out])
+    return out

@@ -1,0 +1,95 @@
+"""KV caches whose rows carry their own mRoPE delta.
+
+Qwen-VL models place text after an image at `position = index + rope_delta` (the delta is
+negative and fixed by every image before that text). mlx-lm's BatchGenerator calls the model
+with tokens only, so the delta must ride with each row's cache through every batch operation
+(merge, extend, filter, extract). Text rows have delta 0.
+
+These subclasses change nothing else about mlx-lm's caches. They are owned by the engine
+thread; none of their methods is thread-safe.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, KVCache
+
+
+class RowKVCache(KVCache):
+    """A single-sequence KV cache plus the sequence's rope delta (an int)."""
+
+    def __init__(self, rope_delta: int = 0) -> None:
+        super().__init__()
+        self.rope_delta = rope_delta
+
+    @classmethod
+    def merge(cls, caches: list[KVCache]) -> RowBatchKVCache:  # type: ignore[override]
+        return RowBatchKVCache.merge(caches)
+
+    @classmethod
+    def from_arrays(cls, keys: mx.array, values: mx.array, rope_delta: int) -> RowKVCache:
+        """Wrap (1, heads, length, dim) arrays. They become this cache's buffer: callers pass
+        arrays with no spare capacity (shape == length), so the next update reallocates and
+        never writes into memory that another owner (a cache entry) still reads."""
+        cache = cls(rope_delta)
+        cache.keys, cache.values = keys, values
+        cache.offset = keys.shape[2]
+        return cache
+
+    def snapshot(self, length: int | None = None) -> RowKVCache:
+        """An independent copy of the first `length` tokens (default: all), with no spare
+        capacity. Used to store KV in the prefix cache."""
+        n = self.offset if length is None else length
+        keys = mx.contiguous(self.keys[..., :n, :])
+        values = mx.contiguous(self.values[..., :n, :])
+        return RowKVCache.from_arrays(keys, values, self.rope_delta)
+
+    def used_nbytes(self) -> int:
+        """Bytes of the used part (not the 256-slot buffer capacity)."""
+        if self.keys is None:
+            return 0
+        k, v = self.keys, self.values
+        per_token = (k.nbytes // k.shape[2]) + (v.nbytes // v.shape[2])
+        return per_token * self.offset
+
+
+class RowBatchKVCache(BatchKVCache):
+    """mlx-lm's left-padded batch cache plus a (B,) int array of per-row rope deltas."""
+
+    def __init__(self, left_padding: list[int], rope_deltas: list[int] | None = None) -> None:
+        super().__init__(left_padding)
+        deltas = rope_deltas if rope_deltas is not None else [0] * len(left_padding)
+        self.rope_deltas = mx.array(deltas, dtype=mx.int32)
+
+    @classmethod
+    def merge(cls, caches: list[KVCache]) -> RowBatchKVCache:  # type: ignore[override]
+        merged = super().merge(caches)
+        merged.rope_deltas = mx.array([getattr(c, "rope_delta", 0) for c in caches], dtype=mx.int32)
+        return merged
+
+    def filter(self, batch_indices: list[int]) -> None:
+        super().filter(batch_indices)
+        self.rope_deltas = self.rope_deltas[mx.array(batch_indices, dtype=mx.int32)]
+
+    def extend(self, other: RowBatchKVCache) -> None:  # type: ignore[override]
+        deltas = mx.concatenate([self.rope_deltas, other.rope_deltas])
+        super().extend(other)
+        self.rope_deltas = deltas
+
+    def extract(self, idx: int) -> RowKVCache:
+        plain = super().extract(idx)
+        return RowKVCache.from_arrays(plain.keys, plain.values, int(self.rope_deltas[idx].item()))
+
+
+def row_positions(cache: KVCache | BatchKVCache, length: int) -> mx.array:
+    """Text positions for the next `length` tokens of every row: (B, length) int32.
+
+    A row's next token sits at `tokens already in its cache + rope_delta`. For a batch cache
+    `offset` is per row and already excludes left padding.
+    """
+    steps = mx.arange(length, dtype=mx.int32)[None, :]
+    if isinstance(cache, RowBatchKVCache):
+        base = cache.offset.astype(mx.int32) + cache.rope_deltas
+        return base[:, None] + steps
+    delta = getattr(cache, "rope_delta", 0)
+    return steps + (cache.offset + delta)

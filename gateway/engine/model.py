@@ -1,0 +1,308 @@
+"""Adapter over an mlx-vlm Qwen-VL model: the only module that knows mlx-vlm's internals.
+
+Two kinds of methods:
+- prompt side (`render`, `tokenize`, `preprocess`, `layout_prompt`): tokenizer and numpy work,
+  safe to call from worker threads (the tokenizer is guarded by a lock);
+- engine side (`encode_image`, `prefill`, `text_core`, `new_cache`): MLX work, called only on
+  the engine thread.
+
+mlx-vlm is used for loading, the image processor, the vision tower and the language model; the
+caching, positions and batching are ours (see shared design notes: mlx-vlm's own vision/prefix
+caches and batch generator do not handle Qwen-VL image reuse).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from caches.hashing import fingerprint
+from gateway.engine.kv import RowKVCache, row_positions
+from gateway.engine.positions import ImageLayout, mrope_positions
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+_PROCESSOR_KEYS = (
+    "min_pixels",
+    "max_pixels",
+    "patch_size",
+    "merge_size",
+    "temporal_patch_size",
+    "image_mean",
+    "image_std",
+    "do_resize",
+    "do_rescale",
+    "rescale_factor",
+    "do_normalize",
+    "do_convert_rgb",
+    "size",
+    "resample",
+)
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """Vision-tower output for one image, in the language model's dtype.
+
+    `deepstack` holds Qwen3-VL's per-layer features (each (num_tokens, hidden)), else None.
+    """
+
+    features: mx.array  # (num_tokens, hidden)
+    deepstack: tuple[mx.array, ...] | None
+
+    @property
+    def nbytes(self) -> int:
+        extra = sum(d.nbytes for d in self.deepstack) if self.deepstack else 0
+        return self.features.nbytes + extra
+
+
+class TextCore(nn.Module):
+    """The language model as mlx-lm's BatchGenerator sees it: tokens in, logits out.
+
+    Positions come from each row's cache (`tokens in cache + row rope delta`), so image rows
+    (delta < 0) and text rows (delta 0) decode in one batch.
+    """
+
+    def __init__(self, language_model: nn.Module) -> None:
+        super().__init__()
+        self.lm = language_model
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        return self.lm.model.layers
+
+    def make_cache(self) -> list[RowKVCache]:
+        return [RowKVCache() for _ in self.layers]
+
+    def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **_: Any) -> mx.array:
+        batch, length = inputs.shape
+        positions = row_positions(cache[0], length) if cache else mx.arange(length)[None]
+        positions = mx.broadcast_to(positions[None], (3, batch, length))
+        hidden = self.lm.model(inputs, cache=cache, position_ids=positions)
+        return logits_from_hidden(self.lm, hidden)
+
+
+def logits_from_hidden(language_model: nn.Module, hidden: mx.array) -> mx.array:
+    if getattr(language_model.args, "tie_word_embeddings", False):
+        return language_model.model.embed_tokens.as_linear(hidden)
+    return language_model.lm_head(hidden)
+
+
+class VisionLanguageModel:
+    """A loaded Qwen-VL checkpoint. Construct on the thread that will own MLX."""
+
+    def __init__(self, path: str) -> None:
+        from mlx_vlm import load  # slow import: only when a model is actually loaded
+
+        self.path = path
+        self.model, self.processor = load(path)
+        config = self.model.config
+        self.arch: str = config.model_type
+        if self.arch not in SUPPORTED_ARCHS:
+            raise ValueError(f"unsupported model type {self.arch!r}; supported: {SUPPORTED_ARCHS}")
+        self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        self.image_processor = self.processor.image_processor
+        self.merge_size: int = config.vision_config.spatial_merge_size
+        self.image_token_id: int = int(config.image_token_id)
+        self.vocab_size: int = int(config.text_config.vocab_size)
+        self.eos_token_ids: tuple[int, ...] = self._eos_ids()
+        self.text_core = TextCore(self.model.language_model)
+        self.embed_dtype = self.model.language_model.model.embed_tokens.weight.dtype
+        self.vision_dtype = self.model.vision_tower.patch_embed.proj.weight.dtype
+        self.fingerprint = self._model_fingerprint()
+        self.processor_fingerprint = fingerprint(
+            *((k, _plain(getattr(self.image_processor, k, None))) for k in _PROCESSOR_KEYS)
+        )
+        self._tokenizer_lock = threading.Lock()
+
+    # ----- prompt side (any thread) -----------------------------------------------------------
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        """Apply the chat template. Image parts are `{"type": "image"}` and stay in place."""
+        with self._tokenizer_lock:
+            return self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+
+    def tokenize(self, text: str) -> list[int]:
+        with self._tokenizer_lock:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        with self._tokenizer_lock:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, special tokens included (for logprobs)."""
+        with self._tokenizer_lock:
+            return self.tokenizer.decode([token_id])
+
+    def preprocess(self, image: Any) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """PIL RGB image -> (pixel_values, grid_thw in patches)."""
+        out = self.image_processor(images=[image], return_tensors="np")
+        pixels = np.asarray(out["pixel_values"])
+        grid = tuple(int(x) for x in np.asarray(out["image_grid_thw"]).reshape(-1)[:3])
+        return pixels, grid  # type: ignore[return-value]
+
+    def layout_prompt(
+        self, ids: Sequence[int], grids: Sequence[tuple[int, int, int]]
+    ) -> tuple[list[int], list[ImageLayout]]:
+        """Expand each single image placeholder into its run of `num_tokens` placeholders."""
+        expected = sum(1 for i in ids if i == self.image_token_id)
+        if expected != len(grids):
+            raise ValueError(f"prompt has {expected} image placeholders for {len(grids)} images")
+        out: list[int] = []
+        layouts: list[ImageLayout] = []
+        images = iter(grids)
+        m = self.merge_size
+        for token in ids:
+            if token != self.image_token_id:
+                out.append(token)
+                continue
+            t, h, w = next(images)
+            layout = ImageLayout(start=len(out), t=t, h=h // m, w=w // m)
+            layouts.append(layout)
+            out.extend([self.image_token_id] * layout.num_tokens)
+        return out, layouts
+
+    # ----- engine side (engine thread only) ---------------------------------------------------
+
+    def new_cache(self, rope_delta: int = 0) -> list[RowKVCache]:
+        return [RowKVCache(rope_delta) for _ in self.text_core.layers]
+
+    def encode_image(
+        self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
+    ) -> EncodedImage:
+        """Run the vision tower on one image."""
+        pixels = mx.array(pixel_values).astype(self.vision_dtype)
+        grid = mx.array([grid_thw], dtype=mx.int32)
+        out = self.model.vision_tower(pixels, grid, output_hidden_states=False)
+        deepstack = None
+        if isinstance(out, tuple):  # Qwen3-VL: (features, [per-layer deepstack features])
+            out, stack = out
+            deepstack = tuple(d.astype(self.embed_dtype) for d in stack) or None
+        features = out.astype(self.embed_dtype)
+        mx.eval(features, deepstack or [])
+        return EncodedImage(features, deepstack)
+
+    def prefill_plan(
+        self,
+        prompt_ids: Sequence[int],
+        layouts: Sequence[ImageLayout],
+        encoded: Sequence[EncodedImage | None],
+        start: int,
+        end: int,
+    ) -> PrefillPlan:
+        """Inputs for prefilling prompt tokens [start, end) with image features merged in.
+
+        Neither `start` nor `end` may fall inside an image span; `encoded[i]` must be given for
+        every image inside the range (images before `start` are already in the cache).
+        """
+        embed = self.model.language_model.model.embed_tokens
+        ids = mx.array(list(prompt_ids[start:end]), dtype=mx.int32)
+        pieces: list[mx.array] = []
+        deep: list[list[mx.array]] = []
+        cursor = start
+        for layout, image in zip(layouts, encoded):
+            if layout.end <= start or layout.start >= end:
+                continue
+            assert image is not None, "image inside the prefill range was not encoded"
+            if layout.start > cursor:
+                pieces.append(embed(ids[cursor - start : layout.start - start]))
+            pieces.append(image.features)
+            if image.deepstack:
+                deep.append(list(image.deepstack))
+            cursor = layout.end
+        if cursor < end:
+            pieces.append(embed(ids[cursor - start :]))
+        embeds = mx.concatenate(pieces, axis=0)[None]
+        positions = mx.array(mrope_positions(end, layouts, start))[:, None, :]
+        visual = np.asarray(prompt_ids[start:end]) == self.image_token_id
+        deepstack = None
+        if deep:
+            deepstack = [mx.concatenate(layer, axis=0) for layer in zip(*deep)]
+        return PrefillPlan(ids[None], embeds, positions, visual, deepstack)
+
+    def prefill(self, plan: PrefillPlan, cache: list[RowKVCache], lo: int, hi: int) -> None:
+        """Feed plan tokens [lo, hi) (relative to the plan) into `cache`."""
+        kwargs: dict[str, Any] = {}
+        if plan.deepstack is not None:
+            before = int(plan.visual[:lo].sum())
+            count = int(plan.visual[lo:hi].sum())
+            kwargs["visual_pos_masks"] = mx.array(plan.visual[lo:hi])[None]
+            kwargs["deepstack_visual_embeds"] = (
+                [d[before : before + count] for d in plan.deepstack] if count else None
+            )
+        self.model.language_model.model(
+            plan.ids[:, lo:hi],
+            inputs_embeds=plan.embeds[:, lo:hi],
+            cache=cache,
+            position_ids=plan.positions[:, :, lo:hi],
+            **kwargs,
+        )
+        mx.eval([c.state for c in cache])
+
+    # ----- helpers ----------------------------------------------------------------------------
+
+    def _eos_ids(self) -> tuple[int, ...]:
+        ids: set[int] = set()
+        eos = getattr(self.model.config, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(e) for e in eos)
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        for special in ("<|im_end|>", "<|endoftext|>"):
+            tid = self.tokenizer.convert_tokens_to_ids(special)
+            if isinstance(tid, int) and tid >= 0 and tid != self.tokenizer.unk_token_id:
+                ids.add(tid)
+        return tuple(sorted(ids))
+
+    def _model_fingerprint(self) -> str:
+        root = Path(self.path)
+        parts: list[object] = [self.arch]
+        config = root / "config.json"
+        if config.is_file():
+            parts.append(json.dumps(json.loads(config.read_text()), sort_keys=True))
+            for f in sorted(root.glob("*.safetensors")):
+                st = f.stat()
+                parts.append((f.name, st.st_size, st.st_mtime_ns))
+        else:
+            parts.append(self.path)
+        return fingerprint(*parts)
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """Everything needed to prefill a token range in chunks (relative indexing)."""
+
+    ids: mx.array  # (1, L)
+    embeds: mx.array  # (1, L, hidden)
+    positions: mx.array  # (3, 1, L)
+    visual: np.ndarray  # (L,) bool: image placeholder positions (Qwen3-VL deepstack)
+    deepstack: list[mx.array] | None  # per layer (visual tokens in range, hidden)
+
+    @property
+    def length(self) -> int:
+        return int(self.ids.shape[1])
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _plain(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return repr(value)

@@ -1,0 +1,101 @@
+"""Turning one request's sampled tokens into text: incremental detokenization, stop strings,
+logprobs. One `OutputState` per request, owned by the engine thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import mlx.core as mx
+
+from gateway.engine.request import SamplingParams, TokenLogprob
+from gateway.engine.sampling import top_logprobs
+
+Decode = Callable[[Sequence[int]], str]
+
+
+class IncrementalDetokenizer:
+    """Decodes a growing token list into text deltas that concatenate to `decode(all tokens)`.
+
+    Keeps a small window (prefix_offset..read_offset) so each step decodes a few tokens, and
+    holds back text that ends in an incomplete UTF-8 sequence (U+FFFD).
+    """
+
+    def __init__(self, decode: Decode) -> None:
+        self._decode = decode
+        self.tokens: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def add(self, token: int) -> str:
+        self.tokens.append(token)
+        prefix_text = self._decode(self.tokens[self._prefix : self._read])
+        new_text = self._decode(self.tokens[self._prefix :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            delta = new_text[len(prefix_text) :]
+            self._prefix, self._read = self._read, len(self.tokens)
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        """Text still held back (e.g. a dangling partial character) at the end."""
+        prefix_text = self._decode(self.tokens[self._prefix : self._read])
+        new_text = self._decode(self.tokens[self._prefix :])
+        self._prefix = self._read = len(self.tokens)
+        return new_text[len(prefix_text) :]
+
+
+class OutputState:
+    """Text, stop strings and logprobs of one request's completion.
+
+    `push(token, logprobs)` returns (text to emit now, finished-by-stop-string). Text that could
+    be the start of a stop string is held back until it cannot be.
+    """
+
+    def __init__(
+        self, params: SamplingParams, decode: Decode, token_text: Callable[[int], str]
+    ) -> None:
+        self._params = params
+        self._detok = IncrementalDetokenizer(decode)
+        self._token_text = token_text
+        self._pending = ""  # decoded but not yet emitted (possible stop-string prefix)
+        self._holdback = max((len(s) for s in params.stop), default=1) - 1
+        self.completion_tokens = 0
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        self.completion_tokens += 1
+        self._pending += self._detok.add(token)
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """Flush held-back text at the end of generation (stop strings still apply)."""
+        if not self.stopped:
+            self._pending += self._detok.flush()
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        if self.stopped:
+            return ""
+        for stop in self._params.stop:
+            at = self._pending.find(stop)
+            if at >= 0:
+                self.stopped = True
+                out, self._pending = self._pending[:at], ""
+                return out
+        if final or self._holdback == 0:
+            out, self._pending = self._pending, ""
+            return out
+        cut = max(0, len(self._pending) - self._holdback)
+        out, self._pending = self._pending[:cut], self._pending[cut:]
+        return out
+
+    def logprob(self, token: int, row_logprobs: mx.array) -> TokenLogprob:
+        """The sampled token's logprob and the requested top alternatives."""
+        chosen = float(row_logprobs[token].astype(mx.float32).item())
+        text = self._token_text(token)
+        top = tuple(
+            (t := self._token_text(tid), tid, lp, tuple(t.encode("utf-8")))
+            for tid, lp in top_logprobs(row_logprobs, self._params.top_logprobs)
+        )
+        return TokenLogprob(text, token, chosen, tuple(text.encode("utf-8")), top)

@@ -1,0 +1,115 @@
+"""Typed, immutable messages between the HTTP layer and the engine thread.
+
+The HTTP side builds an `EngineRequest` (prompt token ids with every image's placeholder run
+already expanded, the images' preprocessed pixels and hashes, sampling settings) and receives
+`TokenEvent`s, then exactly one `FinishEvent` or `ErrorEvent`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.engine.positions import ImageLayout
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. temperature 0 means greedy (argmax)."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k cut
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True)
+class ImageInput:
+    """One image of a prompt, preprocessed off the engine thread.
+
+    `pixel_values` is the processor's output (a numpy array, patches x features) or None when
+    the HTTP side found the features in the vision cache; the engine recomputes it on the rare
+    eviction between the two (via `pixels_fn`).
+    """
+
+    content_hash: str
+    layout: ImageLayout
+    grid_thw: tuple[int, int, int]  # in patches, as the vision tower wants it
+    pixel_values: Any | None = None
+    pixels_fn: Any | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """A fully prepared chat request. `prompt_ids` already contains each image's placeholder run
+    (images[i].layout says where)."""
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    images: tuple[ImageInput, ...]
+    sampling: SamplingParams
+    arrival_time: float  # time.perf_counter() when the HTTP request arrived
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str
+    token_id: int
+    logprob: float
+    bytes: tuple[int, ...]
+    top: tuple[tuple[str, int, float, tuple[int, ...]], ...] = ()  # (token, id, logprob, bytes)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """New output: `text` may be empty (held back for a possible stop string or a partial
+    UTF-8 sequence) while `token_ids` is not."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # prompt tokens whose KV came from the prefix cache
+    vision_hits: int = 0
+    vision_misses: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    finish_reason: str  # "stop" | "length" | "cancelled"
+    usage: Usage
+    text: str = ""  # any text flushed at the end
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    status: int
+    message: str
+    type: str = "server_error"
+
+
+@dataclass(frozen=True)
+class AdmittedEvent:
+    """Sent once, when the engine has looked the request up in its caches and started it."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    vision_hits: int
+    vision_misses: int

@@ -1,0 +1,73 @@
+"""All Prometheus metrics of one gateway process, on a private registry.
+
+Names follow vLLM's where a counterpart exists (prompt/generation tokens, time to first token,
+`*_cache_queries_total` / `*_cache_hits_total`) so existing dashboards translate. Metric
+objects are thread-safe (prometheus-client locks internally); the engine thread and the HTTP
+thread both update them.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class Metrics:
+    """Counters, gauges and histograms; construct one per app (tests build several)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        p = "vision_gateway_"
+        self.requests = Counter(p + "requests", "Finished chat requests", ["status"], registry=r)
+        self.prompt_tokens = Counter(p + "prompt_tokens", "Prompt tokens", registry=r)
+        self.generation_tokens = Counter(p + "generation_tokens", "Generated tokens", registry=r)
+        self.decode_steps = Counter(
+            p + "decode_steps",
+            "Batched decode steps (generation tokens / steps = occupancy)",
+            registry=r,
+        )
+        self.prefill_chunks = Counter(
+            p + "image_prefill_chunks", "Image prefill chunks", registry=r
+        )
+        self.running = Gauge(p + "running_requests", "Requests decoding in the batch", registry=r)
+        self.waiting = Gauge(p + "waiting_requests", "Requests queued for a batch row", registry=r)
+        self.ttft = Histogram(
+            p + "time_to_first_token_seconds",
+            "Arrival to first token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.latency = Histogram(
+            p + "request_latency_seconds",
+            "Arrival to last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.step_seconds = Histogram(
+            p + "engine_step_seconds",
+            "One engine loop iteration",
+            buckets=_FAST_BUCKETS,
+            registry=r,
+        )
+        self.vision_encode_seconds = Histogram(
+            p + "vision_encode_seconds",
+            "Vision tower time per image",
+            buckets=_FAST_BUCKETS,
+            registry=r,
+        )
+        self.image_decode_seconds = Histogram(
+            p + "image_decode_seconds", "Image decode time", buckets=_FAST_BUCKETS, registry=r
+        )
+        self.image_hash_seconds = Histogram(
+            p + "image_hash_seconds", "Pixel hash time", buckets=_FAST_BUCKETS, registry=r
+        )
+
+    def add_collector(self, collector: object) -> None:
+        """Register a custom collector (e.g. cache stats read at scrape time)."""
+        self.registry.register(collector)  # type: ignore[arg-type]
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
