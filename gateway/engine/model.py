@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -153,6 +154,16 @@ class VisionLanguageModel:
         pixels = np.asarray(out["pixel_values"])
         grid = tuple(int(x) for x in np.asarray(out["image_grid_thw"]).reshape(-1)[:3])
         return pixels, grid  # type: ignore[return-value]
+
+    def image_grid(self, width: int, height: int) -> tuple[int, int, int]:
+        """The (t, h, w) patch grid `preprocess` would give, without touching pixels."""
+        ip = self.image_processor
+        size = getattr(ip, "size", None) or {}
+        min_px = getattr(ip, "min_pixels", None) or size.get("shortest_edge")
+        max_px = getattr(ip, "max_pixels", None) or size.get("longest_edge")
+        patch = int(ip.patch_size)
+        h, w = smart_resize(height, width, patch * int(ip.merge_size), min_px, max_px)
+        return (1, h // patch, w // patch)
 
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[tuple[int, int, int]]
@@ -296,6 +307,24 @@ class PrefillPlan:
     @property
     def length(self) -> int:
         return int(self.ids.shape[1])
+
+
+def smart_resize(
+    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """Qwen-VL's resize rule: both sides multiples of `factor`, area within [min, max] pixels,
+    aspect ratio kept as closely as possible."""
+    h = max(factor, round(height / factor) * factor)
+    w = max(factor, round(width / factor) * factor)
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,123 @@
+"""Chat request + decoded images -> a prepared `EngineRequest` (tokenizer and numpy work, run
+in a worker thread so neither the event loop nor the engine thread does it).
+
+The chat template is applied to our own message list with image parts exactly where the user
+put them (mlx-vlm's prompt helper moves text before the image for Qwen2-VL, which would make an
+image's KV depend on the question that follows it).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gateway.engine.model import VisionLanguageModel
+from gateway.engine.request import EngineRequest, ImageInput, SamplingParams
+from gateway.errors import invalid
+from gateway.media import DecodedImage
+from gateway.openai_api import ChatRequest, ImagePart, TextPart
+
+
+def template_messages(chat: ChatRequest) -> list[dict[str, Any]]:
+    """OpenAI messages -> the chat template's format (`{"type": "image"}` placeholders)."""
+    out: list[dict[str, Any]] = []
+    for message in chat.messages:
+        if all(isinstance(p, TextPart) for p in message.parts):
+            text = "".join(p.text for p in message.parts)  # type: ignore[union-attr]
+            out.append({"role": message.role, "content": text})
+            continue
+        content: list[dict[str, Any]] = []
+        for part in message.parts:
+            if isinstance(part, ImagePart):
+                content.append({"type": "image"})
+            else:
+                content.append({"type": "text", "text": part.text})
+        out.append({"role": message.role, "content": content})
+    return out
+
+
+class PromptBuilder:
+    """Builds engine requests for one model. Thread-safe (the model guards its tokenizer).
+
+    `has_features(content_hash)` tells whether the vision cache already holds an image's
+    features; then pixel preprocessing is deferred to the engine (which only needs it if the
+    entry is evicted before the request is admitted).
+    """
+
+    def __init__(
+        self,
+        model: VisionLanguageModel,
+        has_features: Callable[[str], bool],
+        max_context_tokens: int,
+        default_max_tokens: int,
+    ) -> None:
+        self.model = model
+        self._has_features = has_features
+        self._max_context = max_context_tokens
+        self._default_max_tokens = default_max_tokens
+
+    def build(
+        self, chat: ChatRequest, images: Sequence[DecodedImage], request_id: str, arrival: float
+    ) -> EngineRequest:
+        text = self.model.render(template_messages(chat))
+        ids = self.model.tokenize(text)
+        grids: list[tuple[int, int, int]] = []
+        pixels: list[Any] = []
+        for image in images:
+            if self._has_features(image.content_hash):
+                grids.append(self.model.image_grid(image.width, image.height))
+                pixels.append(None)
+            else:
+                values, grid = self.model.preprocess(image.image)
+                grids.append(grid)
+                pixels.append(values)
+        prompt, layouts = self.model.layout_prompt(ids, grids)
+        inputs = tuple(
+            ImageInput(
+                content_hash=image.content_hash,
+                layout=layout,
+                grid_thw=grid,
+                pixel_values=values,
+                pixels_fn=functools.partial(self._pixels, image.image),
+            )
+            for image, layout, grid, values in zip(images, layouts, grids, pixels, strict=True)
+        )
+        return EngineRequest(
+            request_id=request_id,
+            prompt_ids=tuple(prompt),
+            images=inputs,
+            sampling=self._sampling(chat, len(prompt)),
+            arrival_time=arrival,
+        )
+
+    def _pixels(self, image: Any) -> Any:
+        return self.model.preprocess(image)[0]
+
+    def _sampling(self, chat: ChatRequest, prompt_len: int) -> SamplingParams:
+        room = self._max_context - prompt_len
+        if room < 1:
+            raise invalid(
+                f"the prompt is {prompt_len} tokens (images included) but this server's context "
+                f"is {self._max_context} tokens; shorten the conversation, send smaller or fewer "
+                "images, or start the server with a larger --max-context",
+                "messages",
+                "context_length_exceeded",
+            )
+        if chat.max_tokens is not None and chat.max_tokens > room:
+            raise invalid(
+                f"max_tokens ({chat.max_tokens}) plus the prompt ({prompt_len} tokens) exceeds "
+                f"the context of {self._max_context} tokens; ask for at most {room}",
+                "max_tokens",
+                "context_length_exceeded",
+            )
+        return SamplingParams(
+            max_tokens=chat.max_tokens or min(self._default_max_tokens, room),
+            temperature=chat.temperature,
+            top_p=chat.top_p,
+            top_k=chat.top_k,
+            seed=chat.seed,
+            stop=chat.stop,
+            logprobs=chat.logprobs,
+            top_logprobs=chat.top_logprobs,
+        )
