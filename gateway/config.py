@@ -39,14 +39,17 @@ class MediaConfig:
     def __post_init__(self) -> None:
         _require(self.max_image_bytes > 0, "--max-image-bytes must be > 0")
         _require(self.max_image_pixels > 0, "--max-image-pixels must be > 0")
-        _require(self.max_request_pixels >= self.max_image_pixels or self.max_request_pixels > 0,
-                 "--max-request-pixels must be > 0")
+        _require(
+            self.max_request_pixels >= self.max_image_pixels or self.max_request_pixels > 0,
+            "--max-request-pixels must be > 0",
+        )
         _require(self.max_images_per_request >= 0, "--max-images-per-request must be >= 0")
         _require(self.connect_timeout_s > 0 and self.read_timeout_s > 0, "timeouts must be > 0")
         _require(0 <= self.max_redirects <= 10, "--max-redirects must be in 0..10")
         _require(self.decode_memo_mb >= 0, "decode memo size must be >= 0")
         object.__setattr__(
-            self, "allowed_media_dirs",
+            self,
+            "allowed_media_dirs",
             tuple(Path(p).expanduser().resolve() for p in self.allowed_media_dirs),
         )
         object.__setattr__(

@@ -8,7 +8,11 @@ thread both update them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -71,3 +75,35 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class CacheCollector:
+    """Exports cache statistics read at scrape time, so `/metrics`, `/v1/cache/stats` and
+    responses agree by construction (one source: the caches' own counters)."""
+
+    def __init__(self, stats: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Any]:
+        stats = self._stats()
+        p = "vision_gateway_"
+        vision, prefix = stats["vision"], stats["prefix"]
+        # vLLM's convention: vision (multimodal) cache counts items, prefix cache counts tokens.
+        yield CounterMetricFamily(p + "vision_cache_queries", "Images looked up", vision["queries"])
+        yield CounterMetricFamily(p + "vision_cache_hits", "Images found", vision["hits"])
+        yield CounterMetricFamily(
+            p + "prefix_cache_queries", "Prompt tokens looked up", prefix["tokens_queried"]
+        )
+        yield CounterMetricFamily(
+            p + "prefix_cache_hits", "Prompt tokens found", prefix["tokens_hit"]
+        )
+        for name, doc, key, family in (
+            ("cache_evictions", "Entries evicted", "evictions", CounterMetricFamily),
+            ("cache_bytes", "Bytes held (used array sizes)", "bytes", GaugeMetricFamily),
+            ("cache_entries", "Entries held", "entries", GaugeMetricFamily),
+            ("cache_capacity_bytes", "Byte budget", "capacity_bytes", GaugeMetricFamily),
+        ):
+            metric = family(p + name, doc, labels=["cache"])
+            for cache in ("vision", "prefix"):
+                metric.add_metric([cache], stats[cache][key])
+            yield metric

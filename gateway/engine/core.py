@@ -16,6 +16,7 @@ thread; everything else runs on the engine thread.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -123,6 +124,32 @@ class Engine:
     @property
     def waiting(self) -> int:
         return self._queued
+
+    def cache_stats(self) -> dict[str, dict[str, object]]:
+        """Both caches' counters as plain JSON-able dicts (any thread)."""
+        out: dict[str, dict[str, object]] = {}
+        for name, stats in (
+            ("vision", self.vision_cache.stats()),
+            ("prefix", self.prefix_cache.stats()),
+        ):
+            d = dataclasses.asdict(stats)
+            d["queries"] = stats.hits + stats.misses
+            d["hit_rate"] = stats.hit_rate
+            d["enabled"] = stats.capacity_bytes > 0
+            out[name] = d
+        prefix = out["prefix"]
+        queried = int(prefix["tokens_queried"])  # type: ignore[call-overload]
+        prefix["token_hit_rate"] = int(prefix["tokens_hit"]) / queried if queried else 0.0  # type: ignore[call-overload]
+        return out
+
+    def has_features(self, content_hash: str) -> bool:
+        """Whether the vision cache holds this image's features now (any thread; advisory)."""
+        ops = getattr(self, "_cache_ops", None)
+        return ops is not None and ops.vision_key(content_hash) in self.vision_cache
+
+    def clear_caches(self) -> None:
+        self.vision_cache.clear()
+        self.prefix_cache.clear()
 
     @property
     def idle(self) -> bool:

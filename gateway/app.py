@@ -1,0 +1,334 @@
+"""The Starlette application: routes, auth, body limits, error objects, streaming.
+
+`create_app` wires one Engine, one MediaLoader and one PromptBuilder; the lifespan starts the
+engine (loading the model on its own thread) and stops it after uvicorn has drained requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.config import EngineConfig, MediaConfig, ServerConfig
+from gateway.engine.core import Engine
+from gateway.engine.model import VisionLanguageModel
+from gateway.engine.request import AdmittedEvent, ErrorEvent, FinishEvent, TokenEvent
+from gateway.errors import APIError, invalid, too_large
+from gateway.media import MediaLoader
+from gateway.metrics import CacheCollector, Metrics
+from gateway.openai_api import (
+    chunk_body,
+    completion_body,
+    model_not_found,
+    parse_chat_request,
+    usage_chunk_body,
+)
+from gateway.prompt import PromptBuilder
+from gateway.streams import EventStream
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Gateway:
+    """Request handlers over one engine. Lives on the event loop thread."""
+
+    def __init__(
+        self,
+        server: ServerConfig,
+        engine_config: EngineConfig,
+        media: MediaConfig,
+        loader: Callable[[], VisionLanguageModel] | None = None,
+        notice: str | None = None,
+    ) -> None:
+        self.server = server
+        self.engine_config = engine_config
+        self.metrics = Metrics()
+        self.engine = Engine(engine_config, self.metrics, loader)
+        self.media = MediaLoader(media)
+        self.metrics.add_collector(CacheCollector(self.engine.cache_stats))
+        self.prompts: PromptBuilder | None = None
+        self.notice = notice
+        self.draining = False
+        self.created = int(time.time())
+
+    # ----- lifecycle --------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _: Starlette) -> AsyncIterator[None]:
+        await asyncio.to_thread(self.engine.start)
+        assert self.engine.model is not None
+        self.prompts = PromptBuilder(
+            self.engine.model,
+            self.engine.has_features,
+            self.engine_config.max_context_tokens,
+            self.engine_config.default_max_tokens,
+        )
+        log.info("serving %s as %r", self.engine_config.model, self.engine_config.served_model_name)
+        try:
+            yield
+        finally:
+            self.draining = True
+            await asyncio.to_thread(self.engine.stop)
+            await self.media.aclose()
+
+    # ----- helpers ----------------------------------------------------------------------------
+
+    def _authorize(self, request: Request, key: str | None) -> None:
+        if key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
+            raise APIError(
+                401,
+                "missing or wrong API key: send `Authorization: Bearer <key>`",
+                "authentication_error",
+                code="invalid_api_key",
+            )
+
+    async def _read_json(self, request: Request) -> Any:
+        limit = self.server.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise too_large(f"the request body is over {limit} bytes (--max-body-bytes)")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise too_large(f"the request body is over {limit} bytes (--max-body-bytes)")
+            chunks.append(chunk)
+        try:
+            return json.loads(b"".join(chunks))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise invalid(f"the request body is not valid JSON: {exc}") from None
+
+    @staticmethod
+    async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+        """Await `work`; return None early if the client goes away first."""
+        task = asyncio.ensure_future(work)
+        watcher = asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        return None
+
+    # ----- routes -----------------------------------------------------------------------------
+
+    async def chat_completions(self, request: Request) -> Response:
+        arrival = time.perf_counter()
+        self._authorize(request, self.server.api_key)
+        if self.draining or self.prompts is None:
+            raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
+        chat = parse_chat_request(await self._read_json(request))
+        served = self.engine_config.served_model_name
+        if chat.model != served:
+            raise model_not_found(chat.model, served)
+        images = await self.media.load_all([(p.url, p.param) for p in chat.images])
+        for image in images:
+            self.metrics.image_decode_seconds.observe(image.decode_seconds)
+            self.metrics.image_hash_seconds.observe(image.hash_seconds)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        try:
+            prepared = await asyncio.to_thread(
+                self.prompts.build, chat, images, request_id, arrival
+            )
+        except ValueError as exc:  # e.g. an image placeholder typed into the text
+            raise invalid(f"could not build the prompt: {exc}", "messages") from None
+        stream = EventStream(asyncio.get_running_loop())
+        self.engine.submit(prepared, stream.sink)
+        first = await self._unless_disconnected(request, stream.get())
+        if first is None:
+            self.engine.cancel(request_id)
+            return Response(status_code=499)
+        if isinstance(first, ErrorEvent):
+            raise APIError(first.status, first.message, first.type)
+        assert isinstance(first, AdmittedEvent)
+        headers = {
+            "x-request-id": request_id,
+            "x-cache": (
+                f"vision-hits={first.vision_hits}; vision-misses={first.vision_misses}; "
+                f"cached-tokens={first.cached_tokens}; prompt-tokens={first.prompt_tokens}"
+            ),
+        }
+        created = int(time.time())
+        if chat.stream:
+            body = self._sse(stream, request_id, created, chat.model, chat.include_usage)
+            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        result = await self._unless_disconnected(
+            request, _collect(stream, request_id, created, chat.model, chat.logprobs)
+        )
+        if result is None:
+            self.engine.cancel(request_id)
+            return Response(status_code=499)
+        return JSONResponse(result, headers=headers)
+
+    async def _sse(
+        self, stream: EventStream, request_id: str, created: int, model: str, usage: bool
+    ) -> AsyncIterator[str]:
+        done = False
+        try:
+            yield _sse(chunk_body(request_id, created, model, {"role": "assistant", "content": ""}))
+            while True:
+                event = await stream.get()
+                if isinstance(event, TokenEvent):
+                    if event.text or event.logprobs:
+                        delta = {"content": event.text}
+                        body = chunk_body(
+                            request_id, created, model, delta, None, list(event.logprobs)
+                        )
+                        yield _sse(body)
+                elif isinstance(event, FinishEvent):
+                    done = True
+                    if event.text:
+                        yield _sse(chunk_body(request_id, created, model, {"content": event.text}))
+                    yield _sse(chunk_body(request_id, created, model, {}, event.finish_reason))
+                    if usage:
+                        yield _sse(usage_chunk_body(request_id, created, model, event.usage))
+                    yield "data: [DONE]\n\n"
+                    return
+                elif isinstance(event, ErrorEvent):
+                    done = True
+                    yield _sse(APIError(event.status, event.message, event.type).to_dict())
+                    yield "data: [DONE]\n\n"
+                    return
+        finally:
+            if not done:  # the client went away mid-stream: free the row now
+                self.engine.cancel(request_id)
+
+    async def models(self, request: Request) -> Response:
+        self._authorize(request, self.server.api_key)
+        card: dict[str, Any] = {
+            "id": self.engine_config.served_model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "vision-gateway",
+            "root": self.engine_config.model,
+        }
+        if self.notice:
+            card["notice"] = self.notice
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(self, _: Request) -> Response:
+        ready = self.prompts is not None and not self.draining
+        body = {
+            "status": "ok" if ready else "unavailable",
+            "model": self.engine_config.served_model_name,
+            "running": self.engine.running,
+            "waiting": self.engine.waiting,
+        }
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        self._authorize(request, self.server.metrics_api_key or self.server.api_key)
+        self.metrics.running.set(self.engine.running)
+        self.metrics.waiting.set(self.engine.waiting)
+        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    async def cache_stats(self, request: Request) -> Response:
+        self._authorize(request, self.server.api_key)
+        return JSONResponse(self.engine.cache_stats())
+
+    async def cache_clear(self, request: Request) -> Response:
+        self._authorize(request, self.server.api_key)
+        self.engine.clear_caches()
+        return JSONResponse({"cleared": True, **self.engine.cache_stats()})
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _collect(
+    stream: EventStream, request_id: str, created: int, model: str, want_logprobs: bool
+) -> dict[str, Any]:
+    pieces: list[str] = []
+    logprobs: list[Any] = []
+    while True:
+        event = await stream.get()
+        if isinstance(event, TokenEvent):
+            pieces.append(event.text)
+            logprobs.extend(event.logprobs)
+        elif isinstance(event, FinishEvent):
+            pieces.append(event.text)
+            text = "".join(pieces)
+            lps = logprobs if want_logprobs else None
+            return completion_body(
+                request_id, created, model, text, event.finish_reason, event.usage, lps
+            )
+        elif isinstance(event, ErrorEvent):
+            raise APIError(event.status, event.message, event.type)
+
+
+def _sse(body: dict[str, Any]) -> str:
+    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+async def _api_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    if exc.status >= 500:
+        log.error("request failed: %s", exc.message)
+    return JSONResponse(exc.to_dict(), status_code=exc.status, headers=exc.headers)
+
+
+async def _http_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    error = APIError(exc.status_code, str(exc.detail), kind)
+    return JSONResponse(error.to_dict(), status_code=exc.status_code)
+
+
+async def _server_error(_: Request, exc: Exception) -> Response:
+    log.exception("unhandled error", exc_info=exc)
+    error = APIError(500, f"internal server error: {type(exc).__name__}", "server_error")
+    return JSONResponse(error.to_dict(), status_code=500)
+
+
+def create_app(
+    server: ServerConfig,
+    engine: EngineConfig,
+    media: MediaConfig,
+    loader: Callable[[], VisionLanguageModel] | None = None,
+    notice: str | None = None,
+) -> Starlette:
+    gateway = Gateway(server, engine, media, loader, notice)
+    routes = [
+        Route("/v1/chat/completions", gateway.chat_completions, methods=["POST"]),
+        Route("/v1/models", gateway.models, methods=["GET"]),
+        Route("/health", gateway.health, methods=["GET"]),
+        Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
+        Route("/v1/cache/stats", gateway.cache_stats, methods=["GET"]),
+        Route("/v1/cache/clear", gateway.cache_clear, methods=["POST"]),
+    ]
+    app = Starlette(
+        routes=routes,
+        lifespan=gateway.lifespan,
+        exception_handlers={
+            APIError: _api_error,
+            HTTPException: _http_error,
+            Exception: _server_error,
+        },
+    )
+    app.state.gateway = gateway
+    return app

@@ -1,0 +1,171 @@
+"""`vision-gateway serve | make-model | bench`: argv -> frozen config dataclasses, nothing else."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gateway.config import MIB, CacheConfig, ConfigError, EngineConfig, MediaConfig, ServerConfig
+
+EMBEDDED_NOTICE = (
+    "This is the embedded tiny random-weight test model: its answers are noise. "
+    "Start the server with --model <dir or hub id> to serve a real Qwen-VL model."
+)
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the OpenAI-compatible server")
+    a = p.add_argument
+    a("--model", help="local model dir or hub id (default: the embedded tiny offline model)")
+    a("--served-model-name", help="model name clients send (default: derived from --model)")
+    a("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    a("--port", type=int, default=8000)
+    a(
+        "--api-key",
+        default=os.environ.get("VISION_GATEWAY_API_KEY"),
+        help="require `Authorization: Bearer KEY` (env VISION_GATEWAY_API_KEY)",
+    )
+    a(
+        "--metrics-api-key",
+        default=os.environ.get("VISION_GATEWAY_METRICS_API_KEY"),
+        help="separate key for /metrics (default: --api-key)",
+    )
+    a("--max-batch", type=int, default=16, help="rows decoding at once")
+    a("--max-waiting", type=int, default=64, help="queued requests before 429")
+    a("--prefill-chunk", type=int, default=512, help="tokens per prefill chunk between decodes")
+    a("--default-max-tokens", type=int, default=512)
+    a("--max-context", type=int, default=32768, help="prompt + completion tokens")
+    a("--vision-cache-mb", type=int, default=512)
+    a("--kv-cache-mb", type=int, default=2048)
+    a("--no-vision-cache", action="store_true", help="disable the vision-feature cache")
+    a("--no-prefix-cache", action="store_true", help="disable the KV prefix cache")
+    a(
+        "--allowed-media-dir",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="serve local image paths under DIR (repeatable); none: paths are refused",
+    )
+    a(
+        "--allow-private-urls",
+        action="store_true",
+        help="allow image URLs on loopback/private/link-local addresses (off: SSRF protection)",
+    )
+    a(
+        "--allowed-url-host",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="only fetch image URLs from these hosts (repeatable)",
+    )
+    a("--max-image-bytes", type=int, default=20 * MIB)
+    a("--max-image-pixels", type=int, default=40_000_000)
+    a("--max-images-per-request", type=int, default=16)
+    a("--max-body-bytes", type=int, default=64 * MIB)
+    a("--shutdown-grace", type=float, default=30.0, help="seconds to finish running requests")
+    a("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def _make_model_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("make-model", help="build a random-weight Qwen-VL checkpoint offline")
+    p.add_argument("out", type=Path)
+    p.add_argument("--arch", default="qwen2_vl", choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+    p.add_argument("--size", default="tiny", choices=["tiny", "7b"])
+    p.add_argument("--seed", type=int, default=0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vision-gateway", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    _make_model_parser(sub)
+    return parser
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineConfig, MediaConfig]:
+    """The one place argparse values become configuration."""
+    server = ServerConfig(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key,
+        metrics_api_key=args.metrics_api_key,
+        max_body_bytes=args.max_body_bytes,
+        shutdown_grace_s=args.shutdown_grace,
+        log_level=args.log_level,
+    )
+    cache = CacheConfig(
+        vision_cache_mb=args.vision_cache_mb,
+        kv_cache_mb=args.kv_cache_mb,
+        vision_enabled=not args.no_vision_cache,
+        prefix_enabled=not args.no_prefix_cache,
+    )
+    model = args.model
+    name = args.served_model_name or (Path(model).name if model else "vision-gateway-tiny")
+    engine = EngineConfig(
+        model=model or "",
+        served_model_name=name,
+        max_batch=args.max_batch,
+        max_waiting=args.max_waiting,
+        prefill_chunk_tokens=args.prefill_chunk,
+        default_max_tokens=args.default_max_tokens,
+        max_context_tokens=args.max_context,
+        cache=cache,
+    )
+    media = MediaConfig(
+        allowed_media_dirs=tuple(Path(d) for d in args.allowed_media_dir),
+        allow_private_urls=args.allow_private_urls,
+        allowed_url_hosts=tuple(args.allowed_url_host),
+        max_image_bytes=args.max_image_bytes,
+        max_image_pixels=args.max_image_pixels,
+        max_images_per_request=args.max_images_per_request,
+    )
+    return server, engine, media
+
+
+def serve(args: argparse.Namespace) -> None:
+    import dataclasses
+
+    import uvicorn
+
+    from gateway.app import create_app
+
+    server, engine, media = configs_from_args(args)
+    notice = None
+    if not engine.model:
+        from gateway.offline_model import ensure_model
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        path = ensure_model(progress=lambda msg: logging.info("embedded model: %s", msg))
+        engine = dataclasses.replace(engine, model=str(path))
+        notice = EMBEDDED_NOTICE
+        logging.warning(EMBEDDED_NOTICE)
+    app = create_app(server, engine, media, notice=notice)
+    uvicorn.run(
+        app,
+        host=server.host,
+        port=server.port,
+        log_level=server.log_level,
+        timeout_graceful_shutdown=int(server.shutdown_grace_s) or None,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    level = getattr(args, "log_level", "info").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "serve":
+            serve(args)
+        elif args.command == "make-model":
+            from gateway.offline_model import build_model
+
+            out = build_model(args.out, args.arch, args.size, args.seed, progress=print)
+            print(f"wrote {out}")
+        else:
+            args.run(args)
+    except ConfigError as exc:
+        sys.exit(f"vision-gateway: {exc}")
