@@ -64,6 +64,8 @@ class RowBatchKVCache(BatchKVCache):
     @classmethod
     def merge(cls, caches: list[KVCache]) -> RowBatchKVCache:  # type: ignore[override]
         merged = super().merge(caches)
+        if not isinstance(merged, RowBatchKVCache):  # mlx-lm returns a plain one when all empty
+            merged = cls([0] * len(caches))
         merged.rope_deltas = mx.array([getattr(c, "rope_delta", 0) for c in caches], dtype=mx.int32)
         return merged
 
