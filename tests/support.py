@@ -1,0 +1,156 @@
+"""Shared test helpers (importable as `support`; pytest puts tests/ on sys.path).
+
+Building the tiny models once per session and driving the engine without HTTP.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from caches.hashing import pixel_hash  # noqa: E402
+from gateway.media import DecodedImage  # noqa: E402
+
+MODEL_ROOT = Path(os.environ.get("VISION_GATEWAY_TEST_MODELS", "/tmp/vision-gateway-test-models"))
+_build_lock = threading.Lock()
+
+
+def tiny_model(arch: str = "qwen2_vl") -> Path:
+    """A tiny random-weight checkpoint of `arch`, built once per machine (deterministic)."""
+    from gateway.offline_model import build_model
+
+    out = MODEL_ROOT / f"{arch}-tiny"
+    with _build_lock:
+        if not (out / "vision_gateway_build.json").exists():
+            build_model(out, arch, "tiny", 0)
+    return out
+
+
+def noise_image(seed: int, width: int = 56, height: int = 56) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray((rng.random((height, width, 3)) * 255).astype("uint8"), "RGB")
+
+
+def decoded(image: Image.Image) -> DecodedImage:
+    rgb = image.convert("RGB")
+    return DecodedImage(
+        image=rgb,
+        content_hash=pixel_hash("RGB", rgb.width, rgb.height, rgb.tobytes()),
+        width=rgb.width,
+        height=rgb.height,
+        source="data",
+        decode_seconds=0.0,
+        hash_seconds=0.0,
+    )
+
+
+def chat_body(question: str, images: int = 0, max_tokens: int = 8, **extra: object) -> dict:
+    """A greedy OpenAI chat body; image parts (URLs are placeholders) come before the text."""
+    content: list[dict] = [{"type": "image_url", "image_url": {"url": "x"}}] * images
+    content.append({"type": "text", "text": question})
+    body = {
+        "model": "test",
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "logprobs": True,
+        "messages": [{"role": "user", "content": content if images else question}],
+    }
+    body.update(extra)
+    return body
+
+
+@dataclass
+class Run:
+    """One request's events, filled by the engine thread."""
+
+    events: list = field(default_factory=list)
+    done: threading.Event = field(default_factory=threading.Event)
+    progress: threading.Condition = field(default_factory=threading.Condition)
+
+    def sink(self, event: object) -> None:
+        from gateway.engine.request import ErrorEvent, FinishEvent
+
+        with self.progress:
+            self.events.append(event)
+            self.progress.notify_all()
+        if isinstance(event, (FinishEvent, ErrorEvent)):
+            self.done.set()
+
+    def wait(self, timeout: float = 120.0) -> Run:
+        assert self.done.wait(timeout), "request did not finish in time"
+        return self
+
+    def wait_tokens(self, n: int, timeout: float = 120.0) -> None:
+        with self.progress:
+            assert self.progress.wait_for(
+                lambda: len(self.token_ids) >= n or self.done.is_set(), timeout
+            )
+
+    @property
+    def token_ids(self) -> list[int]:
+        from gateway.engine.request import TokenEvent
+
+        return [t for e in self.events if isinstance(e, TokenEvent) for t in e.token_ids]
+
+    @property
+    def logprobs(self) -> list[float]:
+        from gateway.engine.request import TokenEvent
+
+        return [lp.logprob for e in self.events if isinstance(e, TokenEvent) for lp in e.logprobs]
+
+    @property
+    def text(self) -> str:
+        from gateway.engine.request import FinishEvent, TokenEvent
+
+        return "".join(e.text for e in self.events if isinstance(e, (TokenEvent, FinishEvent)))
+
+    @property
+    def finish(self):  # noqa: ANN201
+        return self.events[-1]
+
+
+class EngineHarness:
+    """An Engine plus a PromptBuilder, driven directly (no HTTP)."""
+
+    def __init__(self, arch: str = "qwen2_vl", **engine_kwargs: object) -> None:
+        from gateway.config import CacheConfig, EngineConfig
+        from gateway.engine.core import Engine
+        from gateway.metrics import Metrics
+        from gateway.prompt import PromptBuilder
+
+        caches = engine_kwargs.pop("cache", CacheConfig())
+        config = EngineConfig(
+            model=str(tiny_model(arch)), served_model_name="test", cache=caches, **engine_kwargs
+        )
+        self.metrics = Metrics()
+        self.engine = Engine(config, self.metrics)
+        self.engine.start(timeout=300)
+        self.prompts = PromptBuilder(self.engine.model, self.engine.has_features, 8192, 16)
+        self._ids = 0
+
+    def submit(self, body: dict, images: list[Image.Image] | tuple = ()) -> Run:
+        from gateway.openai_api import parse_chat_request
+
+        self._ids += 1
+        chat = parse_chat_request(body)
+        request = self.prompts.build(
+            chat, [decoded(i) for i in images], f"req-{self._ids}", time.perf_counter()
+        )
+        run = Run()
+        self.engine.submit(request, run.sink)
+        return run
+
+    def run(self, body: dict, images: list[Image.Image] | tuple = ()) -> Run:
+        return self.submit(body, images).wait()
+
+    def close(self) -> None:
+        self.engine.stop()
