@@ -72,7 +72,7 @@ def test_cancel_frees_the_row(harness: EngineHarness) -> None:
     """Invariant: a cancelled request stops producing tokens and gives its row back."""
     run = harness.submit(chat_body("count forever", max_tokens=400))
     run.wait_tokens(2)
-    harness.engine.cancel("req-%d" % harness._ids)
+    harness.engine.cancel(f"req-{harness._ids}")
     run.wait()
     assert run.finish.finish_reason == "cancelled"
     assert len(run.token_ids) < 400
