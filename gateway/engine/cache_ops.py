@@ -142,9 +142,9 @@ class CacheOps:
     def _store(
         self, job: Job, tokens: Any, kv: list[Any], delta: int, spans: list[ImageSpan]
     ) -> None:
-        if self.prefix.capacity_bytes == 0:
-            return
         try:
+            if self.prefix.capacity_bytes == 0:
+                return
             nbytes = sum(c.used_nbytes() for c in kv)
             self.prefix.store(list(tokens), spans, PrefixEntry(kv, len(tokens), delta, nbytes))
         except Exception:
