@@ -26,9 +26,9 @@ _build_lock = threading.Lock()
 
 def tiny_model(arch: str = "qwen2_vl") -> Path:
     """A tiny random-weight checkpoint of `arch`, built once per machine (deterministic)."""
-    from gateway.offline_model import build_model
+    from gateway.offline_model import BUILDER_VERSION, build_model
 
-    out = MODEL_ROOT / f"{arch}-tiny"
+    out = MODEL_ROOT / f"{arch}-tiny-{BUILDER_VERSION}"
     with _build_lock:
         if not (out / "vision_gateway_build.json").exists():
             build_model(out, arch, "tiny", 0)
