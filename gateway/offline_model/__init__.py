@@ -1,0 +1,234 @@
+"""Offline builder of random-weight Qwen-VL checkpoints that `mlx_vlm.load` accepts.
+
+    build_model(out_dir, arch, size, seed, progress) -> out_dir
+    ensure_model(arch, size, seed, progress) -> default_model_dir(arch, size, seed), built once
+
+A checkpoint is: a byte-level BPE tokenizer trained here (Qwen2-VL special tokens and a
+Qwen2-VL-style chat template), config.json / generation_config.json checked by mlx-vlm's own
+config classes, preprocessor_config.json, and normal(0, 0.02) weights (norms 1/0) in
+safetensors under the exact names mlx-vlm's Model uses. Everything is a pure function of
+(arch, size, seed, dtype, BUILDER_VERSION): the same arguments give byte-identical files.
+Nothing touches the network. The answers of such a model are noise; only its shapes,
+tokenizer and processing are real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+from .checkpoint import write_weights
+from .params import validate_config
+from .shapes import (
+    ARCHS,
+    SIZES,
+    check_arch_size,
+    generation_config,
+    model_config,
+    preprocessor_config,
+)
+from .tokenizer import train_tokenizer, write_tokenizer_files
+
+__all__ = ["ARCHS", "SIZES", "BUILDER_VERSION", "build_model", "default_model_dir", "ensure_model"]
+
+_RECIPE = "1"  # bump by hand for changes the digest below cannot see
+MARKER = "vision_gateway_build.json"  # written last: its presence means the build completed
+
+
+def _builder_version() -> str:
+    # The recipe version plus a digest of this package's sources and of the library versions
+    # that shape the bytes (BPE training, numpy's normal sampler, mlx-vlm's parameter names):
+    # editing the recipe or upgrading one of them yields a new cache dir, never a stale one.
+    h = hashlib.sha256()
+    for src in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(src.name.encode() + b"\0" + src.read_bytes())
+    for dist in ("tokenizers", "numpy", "mlx-vlm"):
+        try:
+            h.update(f"{dist}={metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{dist}=none".encode())
+    return f"{_RECIPE}.{h.hexdigest()[:10]}"
+
+
+BUILDER_VERSION: str = _builder_version()
+
+
+def _check_seed(seed: int) -> None:
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+
+
+def _dump(path: Path, obj: object) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_checkpoint(
+    out: Path, arch: str, size: str, seed: int, dtype: str, say: Callable[[str], None]
+) -> None:
+    say("training tokenizer")
+    ids = write_tokenizer_files(out, train_tokenizer())
+    say("writing configs")
+    config = model_config(arch, size, ids, dtype)
+    _dump(out / "config.json", config)
+    _dump(out / "generation_config.json", generation_config(ids))
+    _dump(out / "preprocessor_config.json", preprocessor_config(arch, size))
+    say("validating config with mlx-vlm")
+    specs = validate_config(config)
+    write_weights(out, specs, seed, dtype, say)
+    files = {p.name: p.stat().st_size for p in sorted(out.iterdir())}
+    _dump(
+        out / MARKER,
+        {
+            "builder_version": BUILDER_VERSION,
+            "arch": arch,
+            "size": size,
+            "seed": seed,
+            "dtype": dtype,
+            "files": files,
+        },
+    )
+    say("done")
+
+
+def _is_complete(path: Path, arch: str, size: str, seed: int, dtype: str) -> bool:
+    """True if `path` holds a finished build of exactly these arguments, files intact."""
+    try:
+        info = json.loads((path / MARKER).read_text(encoding="utf-8"))
+        want = {
+            "builder_version": BUILDER_VERSION,
+            "arch": arch,
+            "size": size,
+            "seed": seed,
+            "dtype": dtype,
+        }
+        if any(info.get(k) != v for k, v in want.items()):
+            return False
+        return all((path / n).stat().st_size == s for n, s in info["files"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def _build_tmp(
+    out_dir: Path,
+    arch: str,
+    size: str,
+    seed: int,
+    dtype: str,
+    progress: Callable[[str], None] | None,
+) -> Path:
+    """Build into a fresh temp dir next to `out_dir` (same file system: rename is atomic)."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; the result is a shareable model dir
+        _write_checkpoint(tmp, arch, size, seed, dtype, progress or (lambda _msg: None))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tmp
+
+
+def _move_aside(path: Path) -> Path | None:
+    """Rename `path` out of the way (for deletion); None if it vanished meanwhile."""
+    trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+    try:
+        os.rename(path, trash / "x")
+    except FileNotFoundError:
+        shutil.rmtree(trash, ignore_errors=True)
+        return None
+    return trash
+
+
+def build_model(
+    out_dir: Path,
+    arch: str = "qwen2_vl",
+    size: str = "tiny",
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+    *,
+    dtype: str | None = None,
+) -> Path:
+    """Write a complete checkpoint dir for (arch, size, seed) at `out_dir`; return `out_dir`.
+
+    `dtype` defaults to float32 for tiny and bfloat16 for 7b. The build happens in a temp dir
+    next to `out_dir` that is renamed into place at the end, so `out_dir` never holds a
+    partial checkpoint; an existing `out_dir` is replaced. `progress` receives short status
+    lines ("training tokenizer", "writing weights 1/4 ..."). Raises ValueError for an
+    unknown arch, size or dtype or a negative seed.
+    """
+    dtype = check_arch_size(arch, size, dtype)
+    _check_seed(seed)
+    out_dir = Path(out_dir).expanduser().absolute()
+    tmp = _build_tmp(out_dir, arch, size, seed, dtype, progress)
+    trash = _move_aside(out_dir) if out_dir.exists() else None
+    try:
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if trash is not None:  # put the previous checkpoint back rather than lose it
+            os.rename(trash / "x", out_dir)
+            trash.rmdir()
+        raise
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+    return out_dir
+
+
+def cache_root() -> Path:
+    """$VISION_GATEWAY_CACHE, else $XDG_CACHE_HOME/vision-gateway, else ~/.cache/vision-gateway."""
+    if os.environ.get("VISION_GATEWAY_CACHE"):
+        return Path(os.environ["VISION_GATEWAY_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "vision-gateway"
+
+
+def default_model_dir(
+    arch: str = "qwen2_vl", size: str = "tiny", seed: int = 0, *, dtype: str | None = None
+) -> Path:
+    """Where `ensure_model` keeps this checkpoint: `<cache_root>/models/<name>`, the name
+    spelling out arch, size, dtype, seed and BUILDER_VERSION (nothing is created here)."""
+    dtype = check_arch_size(arch, size, dtype)
+    _check_seed(seed)
+    return cache_root() / "models" / f"{arch}-{size}-{dtype}-seed{seed}-b{BUILDER_VERSION}"
+
+
+def ensure_model(
+    arch: str = "qwen2_vl",
+    size: str = "tiny",
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+    *,
+    dtype: str | None = None,
+) -> Path:
+    """Return `default_model_dir(...)`, building it first if it is missing or incomplete.
+
+    Safe when processes race: each builds in its own temp dir and renames it into place;
+    a loser finds the winner's complete dir, discards its own and uses the winner's. (Both
+    spend the build time; that is seconds for tiny.)
+    """
+    dtype = check_arch_size(arch, size, dtype)
+    target = default_model_dir(arch, size, seed, dtype=dtype)
+    if _is_complete(target, arch, size, seed, dtype):
+        return target
+    tmp = _build_tmp(target, arch, size, seed, dtype, progress)
+    try:
+        for _ in range(3):
+            try:
+                os.rename(tmp, target)  # atomic; fails if target exists and is not empty
+                return target
+            except OSError:
+                if _is_complete(target, arch, size, seed, dtype):
+                    return target  # another process won the race
+                trash = _move_aside(target)  # a stale or broken dir: replace it
+                if trash is not None:
+                    shutil.rmtree(trash, ignore_errors=True)
+        raise RuntimeError(f"could not install the model at {target}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
