@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _make_model_parser(sub)
+    from gateway.bench.cli import add_bench_parser
+
+    add_bench_parser(sub)
     return parser
 
 

@@ -18,6 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from caches.hashing import pixel_hash  # noqa: E402
+from gateway.bench.server import LocalServer  # noqa: E402
 from gateway.media import DecodedImage  # noqa: E402
 
 MODEL_ROOT = Path(os.environ.get("VISION_GATEWAY_TEST_MODELS", "/tmp/vision-gateway-test-models"))
@@ -156,85 +157,12 @@ class EngineHarness:
         self.engine.stop()
 
 
-def free_port() -> int:
-    import socket
+class ServerProcess(LocalServer):
+    """The gateway on a tiny test model (served as "test"), in a subprocess on 127.0.0.1."""
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """`python -m gateway serve ...` on 127.0.0.1 in a subprocess, for end-to-end tests."""
-
-    def __init__(self, *args: str, arch: str = "qwen2_vl", model: Path | None = None) -> None:
-        import subprocess
-        import sys
-
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(self.port)]
-        if model is not None or arch:
-            cmd += ["--model", str(model or tiny_model(arch)), "--served-model-name", "test"]
-        self.log_path = MODEL_ROOT / f"server-{self.port}.log"
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen(
-            [*cmd, *args], stdout=self._log, stderr=subprocess.STDOUT, env=env
-        )
-        self._wait_ready()
-
-    def _wait_ready(self, timeout: float = 120.0) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log()}")
-            try:
-                if httpx.get(self.base_url + "/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"server did not become ready:\n{self.log()}")
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-5000:]
-
-    def client(self, **kwargs: object):  # noqa: ANN201
-        from openai import OpenAI
-
-        kwargs.setdefault("api_key", "unused")
-        return OpenAI(base_url=self.base_url + "/v1", max_retries=0, timeout=120, **kwargs)
-
-    def metrics(self) -> dict[str, float]:
-        """Prometheus samples by name (labels folded into the name)."""
-        import httpx
-
-        out: dict[str, float] = {}
-        for line in httpx.get(self.base_url + "/metrics", timeout=10).text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
-
-    def stop(self) -> bool:
-        """SIGTERM, wait; True when the server shut down cleanly (uvicorn re-raises SIGTERM
-        after its graceful shutdown, so -15 with a completed shutdown is clean)."""
-        import signal
-
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except Exception:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
-        clean = "Application shutdown complete" in self.log()
-        return self.proc.returncode in (0, -signal.SIGTERM) and clean
+    def __init__(self, *args: str, arch: str = "qwen2_vl") -> None:
+        model = ["--model", str(tiny_model(arch)), "--served-model-name", "test"]
+        super().__init__([*model, *args])
 
 
 class ImageServer:

@@ -1,0 +1,143 @@
+"""`vision-gateway bench repeat-image | stall | load`: argparse -> bench runs.
+
+Each bench starts its own server(s) on 127.0.0.1 (a subprocess of this installation), so the
+numbers include HTTP, JSON, image decoding and hashing, exactly what a client sees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    bench = sub.add_parser("bench", help="benchmarks against a local server")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+
+    p = kinds.add_parser("repeat-image", help="TTFT of repeat questions, caches on/off/ablation")
+    _common(p)
+    p.add_argument("--images", type=int, default=3, help="distinct images (conversations)")
+    p.add_argument("--image-size", type=int, default=448)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--configs", default="none,vision only,prefix only,both")
+    p.add_argument("--plot", type=Path, help="write a PNG plot (needs matplotlib)")
+    p.set_defaults(run=_repeat_image)
+
+    p = kinds.add_parser("stall", help="inter-token gaps of text streams while an image joins")
+    _common(p)
+    p.add_argument("--streams", type=int, default=4)
+    p.add_argument("--image-size", type=int, nargs="+", default=[448])
+    p.add_argument("--prefill-chunk", type=int, nargs="+", default=[512])
+    p.set_defaults(run=_stall)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="model dir or hub id (default: the embedded tiny model)")
+    p.add_argument("--server-arg", action="append", default=[], help="extra serve flag")
+    p.add_argument("--out", type=Path, help="write results as JSON")
+
+
+def _model(args: argparse.Namespace) -> str:
+    if args.model:
+        return args.model
+    from gateway.offline_model import ensure_model
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return str(ensure_model(progress=lambda m: print(f"embedded model: {m}")))
+
+
+def machine() -> dict[str, Any]:
+    import mlx.core as mx
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "mlx_device": str(mx.default_device()),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def _server(model: str, extra: list[str]) -> Any:
+    from gateway.bench.server import LocalServer
+
+    return LocalServer(["--model", model, "--served-model-name", "bench", *extra])
+
+
+def _repeat_image(args: argparse.Namespace) -> None:
+    from gateway.bench import repeat_image as bench
+
+    model = _model(args)
+    names = [n.strip() for n in args.configs.split(",")]
+    results = {}
+    for name in names:
+        print(f"config '{name}': starting server")
+        server = _server(model, bench.CONFIGS[name] + args.server_arg)
+        try:
+            results[name] = bench.run_config(
+                server, "bench", name, args.images, args.image_size, args.max_tokens, print
+            )
+        finally:
+            server.stop()
+    reference = results.get("none")
+    mismatches = (
+        {n: bench.compare_answers(reference, r) for n, r in results.items()} if (reference) else {}
+    )
+    table = bench.markdown(results, mismatches)
+    print(table)
+    if args.plot and bench.plot(results, str(args.plot)):
+        print(f"plot: {args.plot}")
+    if args.out:
+        payload = {
+            "machine": machine(),
+            "model": model,
+            "args": {k: str(v) for k, v in vars(args).items() if k != "run"},
+            "results": {
+                n: {
+                    "ttft_ms": r.ttft_ms,
+                    "cached_tokens": r.cached_tokens,
+                    "prompt_tokens": r.prompt_tokens,
+                }
+                for n, r in results.items()
+            },
+            "mismatches": mismatches,
+            "table": table,
+        }
+        args.out.write_text(json.dumps(payload, indent=2))
+    if any(mismatches.values()):
+        raise SystemExit("cached answers differ from uncached answers")
+
+
+def _stall(args: argparse.Namespace) -> None:
+    from gateway.bench import stall
+
+    model = _model(args)
+    rows = []
+    for chunk in args.prefill_chunk:
+        print(f"prefill chunk {chunk}: starting server")
+        server = _server(model, ["--prefill-chunk", str(chunk), *args.server_arg])
+        try:
+            for size in args.image_size:
+                rows.append(stall.run_stall(server, "bench", chunk, args.streams, size, log=print))
+        finally:
+            server.stop()
+    print(stall.HEADER)
+    for result in rows:
+        print(result.row())
+    if args.out:
+        args.out.write_text(
+            json.dumps(
+                {
+                    "machine": machine(),
+                    "model": model,
+                    "rows": [{"prefill_chunk": c, **r.__dict__} for c, r in rows],
+                },
+                indent=2,
+            )
+        )

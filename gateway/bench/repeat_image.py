@@ -1,0 +1,129 @@
+"""`bench repeat-image`: time to first token for repeat questions about one image.
+
+For each cache configuration (both caches, vision only, prefix only, none) a fresh server is
+started; then, for several distinct images, a 5-turn conversation about the image is streamed
+through the `openai` client (turn 1 is cold; turns 2..5 carry the history and the same image).
+Every answer is compared with the answer of the no-cache configuration: cached output must be
+identical (greedy token strings and logprobs).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.bench.timing import image_data_uri, image_message, timed_stream
+
+CONFIGS: dict[str, list[str]] = {
+    "none": ["--no-vision-cache", "--no-prefix-cache"],
+    "vision only": ["--no-prefix-cache"],
+    "prefix only": ["--no-vision-cache"],
+    "both": [],
+}
+QUESTIONS = [
+    "What is in this picture?",
+    "What colours do you see?",
+    "How many shapes are there?",
+    "Which shape is the largest?",
+    "Describe the background.",
+]
+
+
+@dataclass
+class ConfigResult:
+    name: str
+    ttft_ms: dict[int, list[float]] = field(default_factory=dict)  # turn -> samples
+    cached_tokens: dict[int, list[int]] = field(default_factory=dict)
+    prompt_tokens: dict[int, list[int]] = field(default_factory=dict)
+    answers: list[list[tuple[list[str], list[float]]]] = field(default_factory=list)
+
+    def median_ttft(self, turn: int) -> float:
+        return statistics.median(self.ttft_ms[turn])
+
+    def warm_median(self) -> float:
+        return statistics.median([t for turn in range(2, 6) for t in self.ttft_ms[turn]])
+
+
+def run_config(
+    server: Any, model: str, name: str, images: int, image_size: int, max_tokens: int, log: Any
+) -> ConfigResult:
+    client = server.client()
+    result = ConfigResult(name)
+    # One untimed request so imports, kernels and allocators are warm before timing.
+    timed_stream(client, model, [image_message(image_data_uri(size=56, seed=999), "hi")], 2)
+    for index in range(images):
+        uri = image_data_uri(size=image_size, seed=index)
+        messages: list[dict[str, Any]] = []
+        answers = []
+        for turn, question in enumerate(QUESTIONS, start=1):
+            if turn == 1:
+                messages.append(image_message(uri, question))
+            else:
+                messages.append({"role": "user", "content": question})
+            timing = timed_stream(client, model, messages, max_tokens)
+            messages.append({"role": "assistant", "content": timing.text})
+            answers.append((timing.token_ids, timing.logprobs))
+            result.ttft_ms.setdefault(turn, []).append(1000 * timing.ttft_s)
+            result.cached_tokens.setdefault(turn, []).append(timing.cached_tokens)
+            result.prompt_tokens.setdefault(turn, []).append(timing.usage.prompt_tokens)
+        result.answers.append(answers)
+        log(
+            f"  [{name}] image {index + 1}/{images}: TTFT turn1 "
+            f"{result.ttft_ms[1][-1]:.1f} ms, turns 2-5 "
+            + ", ".join(f"{result.ttft_ms[t][-1]:.1f}" for t in range(2, 6))
+            + " ms"
+        )
+    return result
+
+
+def compare_answers(reference: ConfigResult, other: ConfigResult, tol: float = 1e-4) -> int:
+    """Number of answers that differ from the reference (token strings or logprobs)."""
+    mismatches = 0
+    for ref_conv, conv in zip(reference.answers, other.answers, strict=True):
+        for (ref_ids, ref_lps), (ids, lps) in zip(ref_conv, conv, strict=True):
+            same = ref_ids == ids and all(abs(a - b) <= tol for a, b in zip(ref_lps, lps))
+            mismatches += not same
+    return mismatches
+
+
+def markdown(results: dict[str, ConfigResult], mismatches: dict[str, int]) -> str:
+    lines = [
+        "| caches | TTFT turn 1 (cold, ms) | TTFT turns 2-5 (warm, median ms) | "
+        "cold / warm | cached tokens turn 2 / prompt | answers differing from no-cache |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        cold, warm = r.median_ttft(1), r.warm_median()
+        cached = statistics.median(r.cached_tokens[2])
+        prompt = statistics.median(r.prompt_tokens[2])
+        lines.append(
+            f"| {name} | {cold:.1f} | {warm:.1f} | {cold / warm:.1f}x | "
+            f"{cached:.0f} / {prompt:.0f} | {mismatches.get(name, 0)} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, ConfigResult], path: str) -> bool:
+    """TTFT per turn, one line per configuration. False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    turns = list(range(1, 6))
+    for name, r in results.items():
+        ax.plot(turns, [r.median_ttft(t) for t in turns], marker="o", label=name)
+    ax.set_xlabel("turn (1 = cold)")
+    ax.set_ylabel("median time to first token (ms)")
+    ax.set_yscale("log")
+    ax.set_xticks(turns)
+    ax.set_title("Repeat questions about one image")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True

@@ -1,0 +1,102 @@
+"""A `vision-gateway serve` subprocess on 127.0.0.1, for benchmarks and end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalServer:
+    """Starts the server with `args`, waits for /health, stops it with SIGTERM.
+
+    The log goes to a file (`log()` returns its tail) so a failing start explains itself.
+    """
+
+    def __init__(self, args: Sequence[str], ready_timeout_s: float = 300.0) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        fd, log_name = tempfile.mkstemp(prefix=f"vision-gateway-{self.port}-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(log_name)
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(self.port), *args]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self._wait_ready(ready_timeout_s)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early:\n{self.log()}")
+            try:
+                if httpx.get(self.base_url + "/health", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server did not become ready:\n{self.log()}")
+
+    def log(self, chars: int = 5000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def client(self, **kwargs: Any) -> Any:
+        from openai import OpenAI
+
+        kwargs.setdefault("api_key", "unused")
+        return OpenAI(base_url=self.base_url + "/v1", max_retries=0, timeout=300, **kwargs)
+
+    def metrics(self, headers: dict[str, str] | None = None) -> dict[str, float]:
+        """Prometheus samples by name (labels kept in the name)."""
+        out: dict[str, float] = {}
+        text = httpx.get(self.base_url + "/metrics", timeout=10, headers=headers).text
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out
+
+    def pid_rss_bytes(self) -> int:
+        """Resident memory of the server process (Linux /proc; 0 elsewhere)."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/statm").read_text().split()
+            return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            return 0
+
+    def stop(self, timeout: float = 60.0) -> bool:
+        """SIGTERM and wait. True when the server shut down cleanly (uvicorn re-raises SIGTERM
+        after a graceful shutdown, so -15 after 'Application shutdown complete' is clean)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+        clean = "Application shutdown complete" in self.log(20000)
+        return self.proc.returncode in (0, -signal.SIGTERM) and clean
+
+    def __enter__(self) -> LocalServer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

@@ -1,0 +1,107 @@
+"""Timed streaming requests through the real `openai` client."""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class StreamTiming:
+    """Arrival times are `time.perf_counter()` seconds. With `logprobs=True` every token
+    yields one chunk, so `token_times` has one entry per generated token."""
+
+    start: float
+    token_times: list[float] = field(default_factory=list)
+    text: str = ""
+    token_ids: list[str] = field(default_factory=list)  # token strings (logprobs), for equality
+    logprobs: list[float] = field(default_factory=list)
+    usage: Any = None
+    finish_reason: str | None = None
+
+    @property
+    def ttft_s(self) -> float:
+        return self.token_times[0] - self.start if self.token_times else float("nan")
+
+    @property
+    def gaps_s(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
+
+    @property
+    def cached_tokens(self) -> int:
+        details = getattr(self.usage, "prompt_tokens_details", None)
+        return int(getattr(details, "cached_tokens", 0) or 0)
+
+
+def timed_stream(
+    client: Any,
+    model: str,
+    messages: list[dict[str, Any]],
+    max_tokens: int,
+    timing: StreamTiming | None = None,
+    **kwargs: Any,
+) -> StreamTiming:
+    """Stream one greedy completion, recording token arrivals into `timing` (pass your own to
+    watch progress from another thread)."""
+    timing = timing or StreamTiming(start=time.perf_counter())
+    stream = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        logprobs=True,
+        temperature=kwargs.pop("temperature", 0),
+        **kwargs,
+    )
+    for chunk in stream:
+        now = time.perf_counter()
+        if chunk.usage is not None:
+            timing.usage = chunk.usage
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        if choice.logprobs is not None and choice.logprobs.content:
+            for entry in choice.logprobs.content:
+                timing.token_times.append(now)
+                timing.token_ids.append(entry.token)
+                timing.logprobs.append(entry.logprob)
+        timing.text += choice.delta.content or ""
+        if choice.finish_reason:
+            timing.finish_reason = choice.finish_reason
+    return timing
+
+
+def image_data_uri(path: Path | None = None, size: int = 448, seed: int = 0) -> str:
+    """A PNG data URI: the file at `path`, or a deterministic `size`x`size` drawing that
+    differs with `seed` (distinct pixels, so distinct cache entries)."""
+    if path is not None:
+        data = path.read_bytes()
+    else:
+        from PIL import Image, ImageDraw
+
+        image = Image.new("RGB", (size, size), (240 - seed % 50, 235, 225 + seed % 30))
+        draw = ImageDraw.Draw(image)
+        for i in range(6):
+            x = (seed * 37 + i * 71) % (size - size // 4)
+            y = (seed * 53 + i * 97) % (size - size // 4)
+            color = ((seed * 11 + i * 40) % 256, (i * 90) % 256, (seed * 7 + i * 60) % 256)
+            draw.ellipse((x, y, x + size // 4, y + size // 4), fill=color)
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        data = buf.getvalue()
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def image_message(uri: str, question: str) -> dict[str, Any]:
+    return {
+        "role": "user",
+        "content": [
+            {"type": "image_url", "image_url": {"url": uri}},
+            {"type": "text", "text": question},
+        ],
+    }
