@@ -1,0 +1,250 @@
+"""Image sources (http(s) URL, base64 data URI, local path) -> decoded, hashed RGB images.
+
+`MediaLoader.load` is the one entry point: for ANY input string it returns a `DecodedImage` or
+raises `APIError` with a 4xx status whose `param` is the field the string came from. URL rules
+live in `gateway.url_fetch`, decoding rules in `gateway.image_decode`.
+
+Reading data URIs and local files lives in `gateway.media_sources`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from PIL import Image
+
+from caches.hashing import bytes_hash
+from caches.lru import ByteLRU
+from gateway.config import MIB, MediaConfig
+from gateway.errors import APIError, invalid, too_large
+from gateway.image_decode import decode_and_hash, raise_pillow_pixel_limit
+from gateway.media_sources import file_url_path, parse_data_uri, read_media_file
+from gateway.single_flight import SingleFlight
+from gateway.url_fetch import TransportFactory, UrlFetcher
+from gateway.url_policy import AddressPolicy, Resolver, shorten
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_FORMS = (
+    "supported image references are http:// and https:// URLs, "
+    "data:image/<type>;base64,<data> URIs, and absolute paths or file:// URLs under a "
+    "directory allowed with --allowed-media-dir"
+)
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_T = TypeVar("_T")
+_THREAD_THRESHOLD = 1 * MIB  # hash/base64 larger inputs off the event loop
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    """A decoded image and its identity.
+
+    `image` is RGB, EXIF orientation applied, fully loaded; it may be shared (memo), so treat
+    it as immutable. `content_hash` is `pixel_hash("RGB", width, height, image.tobytes())`.
+    `source` is "url", "data" or "path". `decode_seconds` is 0.0 when the memo supplied the
+    image; `hash_seconds` covers hashing the encoded bytes (memo key) and, on a miss, the pixels.
+    """
+
+    image: Image.Image
+    content_hash: str
+    width: int
+    height: int
+    source: str
+    decode_seconds: float
+    hash_seconds: float
+
+
+class MediaLoader:
+    """Loads images for requests under the limits of a `MediaConfig`.
+
+    Bound to one event loop (in-flight maps hold its futures); not thread-safe. Decoding runs
+    in worker threads. `resolver`, `transport_factory` and `address_policy` are passed to
+    `UrlFetcher` (tests inject fakes so nothing leaves loopback).
+    """
+
+    def __init__(
+        self,
+        config: MediaConfig,
+        *,
+        resolver: Resolver | None = None,
+        transport_factory: TransportFactory | None = None,
+        address_policy: AddressPolicy | None = None,
+    ) -> None:
+        self._config = config
+        self._fetcher = UrlFetcher(
+            config,
+            resolver=resolver,
+            transport_factory=transport_factory,
+            address_policy=address_policy,
+        )
+        self._memo: ByteLRU[str, DecodedImage] = ByteLRU(config.decode_memo_mb * MIB)
+        self._decoding: SingleFlight[str, DecodedImage] = SingleFlight()
+        self._counts = dict(decodes=0, unexpected_errors=0)
+        self._sources = dict(url=0, data=0, path=0)
+        raise_pillow_pixel_limit(config.max_image_pixels)
+
+    def stats(self) -> dict[str, object]:
+        """A snapshot of memo and loader counters (plain ints, JSON-ready)."""
+        memo = self._memo.stats()
+        return {
+            "memo_hits": memo.hits,
+            "memo_misses": memo.misses,
+            "memo_entries": memo.entries,
+            "memo_bytes": memo.bytes,
+            "memo_capacity_bytes": memo.capacity_bytes,
+            "memo_evictions": memo.evictions,
+            **self._counts,
+            "decode_joined": self._decoding.joined,
+            "loads_by_source": dict(self._sources),
+            "fetch": self._fetcher.stats(),
+        }
+
+    async def aclose(self) -> None:
+        """Cancel in-flight fetches and drop the memo. The loader stays usable afterwards."""
+        await self._fetcher.aclose()
+        await self._decoding.cancel_all()
+        self._memo.clear()
+
+    async def load(self, url: str, param: str = "image_url.url") -> DecodedImage:
+        """Load one image reference; APIError (4xx, `param` set) for every failure."""
+        try:
+            return await self._load(url)
+        except APIError as err:
+            if err.param is None:
+                err.param = param
+            raise
+        except Exception as exc:
+            # A bug, not bad input. The client still gets a 4xx (the contract), the log gets
+            # the traceback and the counter makes it visible in stats.
+            self._counts["unexpected_errors"] += 1
+            log.exception("unexpected error loading image %s", param)
+            raise invalid(
+                f"could not load image: unexpected {type(exc).__name__} (logged by the server)",
+                param,
+                code="image_load_failed",
+            ) from None
+
+    async def load_all(self, urls: Sequence[tuple[str, str]]) -> list[DecodedImage]:
+        """Load (url, param) pairs concurrently; results in input order.
+
+        Enforces `max_images_per_request` (400) before loading and `max_request_pixels` (413)
+        as images complete. On the first failure the remaining loads are cancelled and, of the
+        pairs that have failed by then, the error of the first in input order is raised.
+        """
+        limit = self._config.max_images_per_request
+        if len(urls) > limit:
+            raise invalid(
+                f"the request has {len(urls)} images, over the limit of {limit} per request "
+                "(the limit is set by --max-images-per-request)",
+                code="too_many_images",
+            )
+        tasks = [asyncio.ensure_future(self.load(u, p)) for u, p in urls]
+        pending: set[asyncio.Future[DecodedImage]] = set(tasks)
+        total = 0
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                failed = [t for t in tasks if t in done and t.exception() is not None]
+                if failed:
+                    raise failed[0].exception()  # type: ignore[misc]
+                total += sum(t.result().width * t.result().height for t in done)
+                if total > self._config.max_request_pixels:
+                    raise too_large(
+                        f"the request's images have at least {total} pixels together, "
+                        f"over the limit of {self._config.max_request_pixels} "
+                        "(the limit is set by --max-request-pixels)"
+                    )
+        finally:
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+        return [t.result() for t in tasks]
+
+    async def _load(self, url: str) -> DecodedImage:
+        if not isinstance(url, str):
+            raise invalid(
+                f"image URL must be a string; {SUPPORTED_FORMS}", code="invalid_image_url"
+            )
+        ref = url.strip()
+        match = _SCHEME.match(ref)
+        scheme = match.group(1).lower() if match else ""
+        if scheme == "data":
+            self._sources["data"] += 1
+            data = await self._off_loop(len(ref), lambda: parse_data_uri(ref, self._cap))
+            return await self._decode(data, "data")
+        if scheme in ("http", "https"):
+            self._sources["url"] += 1
+            return await self._decode(await self._fetcher.fetch(ref), "url")
+        if scheme == "file" or (not scheme and ref.startswith("/")):
+            self._sources["path"] += 1
+            path = file_url_path(ref) if scheme == "file" else ref
+            roots = self._config.allowed_media_dirs
+            data = await asyncio.to_thread(read_media_file, path, roots, self._cap)
+            return await self._decode(data, "path")
+        if scheme:
+            raise invalid(
+                f"unsupported image URL scheme {scheme!r}; {SUPPORTED_FORMS}",
+                code="unsupported_image_source",
+            )
+        raise invalid(
+            f"unsupported image reference {shorten(ref, 60)!r}; {SUPPORTED_FORMS}",
+            code="unsupported_image_source",
+        )
+
+    @property
+    def _cap(self) -> int:
+        return self._config.max_image_bytes
+
+    @staticmethod
+    async def _off_loop(size: int, fn: Callable[[], _T]) -> _T:
+        """Run `fn` in a worker thread when the input is big enough to stall the loop."""
+        return await asyncio.to_thread(fn) if size > _THREAD_THRESHOLD else fn()
+
+    async def _decode(self, data: bytes, source: str) -> DecodedImage:
+        """Memo lookup by encoded-bytes hash, then a (deduplicated) decode in a thread."""
+        if self._memo.capacity_bytes == 0:
+            return await self._decode_uncached(data, source, 0.0, None)
+        start = time.perf_counter()
+        key = await self._off_loop(len(data), lambda: bytes_hash(data))
+        key_seconds = time.perf_counter() - start
+        hit = self._memo.get(key)
+        if hit is None:
+            leader = False
+
+            def begin() -> Awaitable[DecodedImage]:
+                nonlocal leader  # called synchronously by run() only when no decode is running
+                leader = True
+                return self._decode_uncached(data, source, key_seconds, key)
+
+            hit = await self._decoding.run(key, begin)
+            if leader:
+                return hit
+        return dataclasses.replace(hit, source=source, decode_seconds=0.0, hash_seconds=key_seconds)
+
+    async def _decode_uncached(
+        self, data: bytes, source: str, key_seconds: float, memo_key: str | None
+    ) -> DecodedImage:
+        self._counts["decodes"] += 1
+        image, digest, decode_s, hash_s = await asyncio.to_thread(
+            decode_and_hash, data, self._config.max_image_pixels
+        )
+        decoded = DecodedImage(
+            image=image,
+            content_hash=digest,
+            width=image.width,
+            height=image.height,
+            source=source,
+            decode_seconds=decode_s,
+            hash_seconds=hash_s + key_seconds,
+        )
+        if memo_key is not None:
+            self._memo.put(memo_key, decoded, decoded.width * decoded.height * 3)
+        return decoded
