@@ -59,7 +59,6 @@ class OutputState:
         self._detok = IncrementalDetokenizer(decode)
         self._token_text = token_text
         self._pending = ""  # decoded but not yet emitted (possible stop-string prefix)
-        self._holdback = max((len(s) for s in params.stop), default=1) - 1
         self.completion_tokens = 0
         self.stopped = False
 
@@ -83,12 +82,20 @@ class OutputState:
                 self.stopped = True
                 out, self._pending = self._pending[:at], ""
                 return out
-        if final or self._holdback == 0:
-            out, self._pending = self._pending, ""
-            return out
-        cut = max(0, len(self._pending) - self._holdback)
+        keep = 0 if final else self._partial_stop_len(self._pending)
+        cut = len(self._pending) - keep
         out, self._pending = self._pending[:cut], self._pending[cut:]
         return out
+
+    def _partial_stop_len(self, text: str) -> int:
+        """Length of the longest suffix of `text` that could begin a stop string."""
+        best = 0
+        for stop in self._params.stop:
+            for k in range(min(len(stop) - 1, len(text)), best, -1):
+                if text.endswith(stop[:k]):
+                    best = k
+                    break
+        return best
 
     def logprob(self, token: int, row_logprobs: mx.array) -> TokenLogprob:
         """The sampled token's logprob and the requested top alternatives."""

@@ -1,0 +1,104 @@
+"""Request parsing: every field validated with a message naming it; valid requests become a
+typed ChatRequest with OpenAI's defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.errors import APIError
+from gateway.openai_api import ImagePart, TextPart, parse_chat_request
+
+BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _with(**fields: object) -> dict:
+    return {**BASE, **fields}
+
+
+def test_defaults_follow_openai() -> None:
+    r = parse_chat_request(BASE)
+    assert r.temperature == 1.0 and r.top_p == 1.0 and r.max_tokens is None
+    assert not r.stream and not r.logprobs and r.stop == ()
+
+
+def test_content_parts_keep_their_order() -> None:
+    content = [
+        {"type": "text", "text": "a"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
+        {"type": "text", "text": "b"},
+    ]
+    r = parse_chat_request(_with(messages=[{"role": "user", "content": content}]))
+    parts = r.messages[0].parts
+    assert [type(p) for p in parts] == [TextPart, ImagePart, TextPart]
+    assert parts[1].param == "messages[0].content[1].image_url.url"
+
+
+def test_max_completion_tokens_wins_and_developer_is_system() -> None:
+    r = parse_chat_request(
+        _with(
+            max_tokens=5, max_completion_tokens=7, messages=[{"role": "developer", "content": "x"}]
+        )
+    )
+    assert r.max_tokens == 7 and r.messages[0].role == "system"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ([], None),
+        ({"messages": BASE["messages"]}, "model"),
+        (_with(messages=[]), "messages"),
+        (_with(messages=[1]), "messages[0]"),
+        (_with(messages=[{"role": "robot", "content": "x"}]), "messages[0].role"),
+        (_with(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
+        (
+            _with(messages=[{"role": "user", "content": [{"type": "audio"}]}]),
+            "messages[0].content[0].type",
+        ),
+        (
+            _with(messages=[{"role": "user", "content": [{"type": "text", "text": 1}]}]),
+            "messages[0].content[0].text",
+        ),
+        (
+            _with(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+            "messages[0].content[0].image_url.url",
+        ),
+        (
+            _with(
+                messages=[
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "image_url", "image_url": {"url": "x"}}],
+                    }
+                ]
+            ),
+            "messages[0].content[0]",
+        ),
+        (_with(max_tokens=0), "max_tokens"),
+        (_with(max_tokens="7"), "max_tokens"),
+        (_with(max_tokens=True), "max_tokens"),
+        (_with(temperature=-1), "temperature"),
+        (_with(temperature=float("nan")), "temperature"),
+        (_with(top_p=0), "top_p"),
+        (_with(top_p=1.5), "top_p"),
+        (_with(stop=""), "stop"),
+        (_with(stop=["a"] * 17), "stop"),
+        (_with(stop=[1]), "stop"),
+        (_with(n=2), "n"),
+        (_with(seed="x"), "seed"),
+        (_with(logprobs="yes"), "logprobs"),
+        (_with(top_logprobs=3), "top_logprobs"),
+        (_with(logprobs=True, top_logprobs=21), "top_logprobs"),
+        (_with(stream=1), "stream"),
+        (_with(stream_options=[]), "stream_options"),
+        (_with(presence_penalty=0.5), "presence_penalty"),
+        (_with(tools=[{"type": "function"}]), "tools"),
+        (_with(response_format={"type": "json_object"}), "response_format"),
+    ],
+)
+def test_invalid_fields_name_the_field(body: object, param: str | None) -> None:
+    with pytest.raises(APIError) as info:
+        parse_chat_request(body)
+    assert info.value.status == 400
+    assert info.value.param == param
+    assert info.value.message
