@@ -64,7 +64,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     a("--max-image-bytes", type=int, default=20 * MIB)
     a("--max-image-pixels", type=int, default=40_000_000)
+    a("--max-request-pixels", type=int, default=160_000_000, help="all images of one request")
     a("--max-images-per-request", type=int, default=16)
+    a("--max-redirects", type=int, default=3, help="redirects followed per image URL")
     a("--max-body-bytes", type=int, default=64 * MIB)
     a("--shutdown-grace", type=float, default=30.0, help="seconds to finish running requests")
     a("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -124,7 +126,9 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         allowed_url_hosts=tuple(args.allowed_url_host),
         max_image_bytes=args.max_image_bytes,
         max_image_pixels=args.max_image_pixels,
+        max_request_pixels=args.max_request_pixels,
         max_images_per_request=args.max_images_per_request,
+        max_redirects=args.max_redirects,
     )
     return server, engine, media
 

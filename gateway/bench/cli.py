@@ -35,6 +35,16 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prefill-chunk", type=int, nargs="+", default=[512])
     p.set_defaults(run=_stall)
 
+    p = kinds.add_parser("load", help="N clients mixing text and image requests for M seconds")
+    _common(p)
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--seconds", type=float, default=120.0)
+    p.add_argument("--image-pool", type=int, default=24, help="distinct images in rotation")
+    p.add_argument("--image-size", type=int, default=112)
+    p.add_argument("--kv-cache-mb", type=int, default=8, help="small, so eviction happens")
+    p.add_argument("--vision-cache-mb", type=int, default=2)
+    p.set_defaults(run=_load)
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model dir or hub id (default: the embedded tiny model)")
@@ -141,3 +151,30 @@ def _stall(args: argparse.Namespace) -> None:
                 indent=2,
             )
         )
+
+
+def _load(args: argparse.Namespace) -> None:
+    import asyncio
+
+    from gateway.bench.load import run_load
+
+    if args.clients > 256 or args.seconds > 3600:
+        raise SystemExit("bench load is bounded: at most 256 clients and 3600 s")
+    model = _model(args)
+    extra = ["--kv-cache-mb", str(args.kv_cache_mb), "--vision-cache-mb", str(args.vision_cache_mb)]
+    server = _server(model, [*extra, "--max-waiting", str(4 * args.clients), *args.server_arg])
+    try:
+        print(f"{args.clients} clients for {args.seconds:.0f} s against {server.base_url}")
+        report = asyncio.run(
+            run_load(server, "bench", args.clients, args.seconds, args.image_pool, args.image_size)
+        )
+        server_stats = server.metrics()
+    finally:
+        clean = server.stop()
+    summary = report.summary()
+    summary["clean_shutdown"] = clean
+    summary["decode_steps"] = server_stats.get("vision_gateway_decode_steps_total")
+    summary["generation_tokens"] = server_stats.get("vision_gateway_generation_tokens_total")
+    print(json.dumps(summary, indent=2))
+    if args.out:
+        args.out.write_text(json.dumps({"machine": machine(), "model": model, **summary}, indent=2))
