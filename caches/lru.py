@@ -100,7 +100,8 @@ class ByteLRU(Generic[K, V]):
             raise ValueError("nbytes must be >= 0")
         evicted: list[tuple[K, V]] = []
         with self._lock:
-            if nbytes > self._capacity:
+            # capacity 0 means disabled: even a 0-byte entry is refused (as documented above).
+            if nbytes > self._capacity or self._capacity == 0:
                 self._rejected += 1
                 return False
             old = self._items.pop(key, None)
