@@ -1,0 +1,122 @@
+"""Caches wired into the engine, on every architecture.
+
+Pinned: greedy output with caches == without caches (token ids and logprobs) for turns 1..5 of
+a conversation about one image and for a fresh question on the same image; later turns reuse
+the earlier turns' KV; two images differing in one pixel share nothing past the text before
+them; swapping two images' order shares nothing past the text before them; a stored entry is
+not mutated by requests that extend it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+from support import EngineHarness, chat_body, noise_image
+
+from gateway.config import CacheConfig
+
+ARCHS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def pair(request: pytest.FixtureRequest):
+    cached = EngineHarness(request.param, max_batch=4, prefill_chunk_tokens=16)
+    plain = EngineHarness(
+        request.param, max_batch=4, cache=CacheConfig(vision_enabled=False, prefix_enabled=False)
+    )
+    yield cached, plain
+    cached.close()
+    plain.close()
+
+
+def _image_turn(text: str, images: int = 1) -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": "x"}}] * images
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
+
+
+def _conversation(h: EngineHarness, image: Image.Image, turns: int = 5) -> list:
+    messages = [_image_turn("What is in this picture?")]
+    runs = []
+    for turn in range(turns):
+        body = {
+            "model": "t",
+            "temperature": 0,
+            "max_tokens": 8,
+            "logprobs": True,
+            "messages": messages,
+        }
+        run = h.run(body, [image])
+        runs.append(run)
+        messages = [
+            *messages,
+            {"role": "assistant", "content": run.text},
+            {"role": "user", "content": f"Tell me more, part {turn + 2}."},
+        ]
+    runs.append(h.run(chat_body("A different question about it", images=1), [image]))
+    return runs
+
+
+def test_cached_output_equals_uncached_over_a_conversation(pair) -> None:  # noqa: ANN001
+    cached, plain = pair
+    image = noise_image(11, 112, 84)
+    with_cache = _conversation(cached, image)
+    without = _conversation(plain, image)
+    for turn, (a, b) in enumerate(zip(with_cache, without, strict=True)):
+        assert a.token_ids == b.token_ids, f"turn {turn + 1}"
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4), f"turn {turn + 1}"
+    usage = [r.finish.usage for r in with_cache]
+    assert usage[0].cached_tokens == 0 and usage[0].vision_misses == 1
+    model = cached.engine.model
+    for turn in range(1, 5):
+        previous, current = with_cache[turn - 1], usage[turn]
+        # Turn N+1 reuses turn N's prompt and as much of its answer as re-tokenizes to the
+        # generated ids (the client sends the answer back as text; a random-weight model's
+        # answers are often not in the tokenizer's canonical form).
+        resent = model.tokenize(previous.text)
+        agree = next(
+            (i for i, (a, b) in enumerate(zip(resent, previous.token_ids)) if a != b),
+            min(len(resent), len(previous.token_ids)),
+        )
+        assert current.cached_tokens >= previous.finish.usage.prompt_tokens + agree
+    assert usage[-1].cached_tokens > 12  # the fresh question still reuses the image prefix
+    assert all(u.cached_tokens == 0 for u in (r.finish.usage for r in without))
+
+
+def test_one_changed_pixel_shares_no_image_kv(pair) -> None:  # noqa: ANN001
+    cached, _ = pair
+    first = noise_image(21, 84, 56)
+    pixels = np.array(first)
+    pixels[10, 10, 0] ^= 1
+    second = Image.fromarray(pixels)
+    a = cached.run(chat_body("Same question", images=1), [first])
+    b = cached.run(chat_body("Same question", images=1), [second])
+    image_start = cached.engine.model.tokenize(
+        cached.engine.model.render([{"role": "user", "content": [{"type": "image"}]}])
+    ).index(cached.engine.model.image_token_id)
+    assert a.finish.usage.vision_misses == 1 and b.finish.usage.vision_misses == 1
+    assert b.finish.usage.cached_tokens <= image_start
+
+
+def test_swapped_images_share_no_image_kv(pair) -> None:  # noqa: ANN001
+    cached, _ = pair
+    x, y = noise_image(31), noise_image(32)
+    cached.run(chat_body("Compare", images=2), [x, y])
+    swapped = cached.run(chat_body("Compare", images=2), [y, x])
+    assert swapped.finish.usage.vision_hits == 2  # features are per image, order-free
+    image_start = 3  # "<|im_start|>user\n" precedes <|vision_start|>
+    assert swapped.finish.usage.cached_tokens <= image_start + 1
+
+
+def test_stored_entry_is_not_mutated_by_extensions(pair) -> None:  # noqa: ANN001
+    cached, plain = pair
+    image = noise_image(41, 56, 56)
+    body = chat_body("Repeat me", images=1, max_tokens=6)
+    first = cached.run(body, [image])
+    for i in range(3):  # requests that extend the stored prefix in different directions
+        cached.run(chat_body(f"Repeat me, variant {i}", images=1, max_tokens=6), [image])
+    again = cached.run(body, [image])
+    reference = plain.run(body, [image])
+    assert first.token_ids == again.token_ids == reference.token_ids
+    assert again.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
+    assert again.finish.usage.cached_tokens == again.finish.usage.prompt_tokens - 1
