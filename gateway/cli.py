@@ -39,8 +39,8 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     a("--prefill-chunk", type=int, default=512, help="tokens per prefill chunk between decodes")
     a("--default-max-tokens", type=int, default=512)
     a("--max-context", type=int, default=32768, help="prompt + completion tokens")
-    a("--vision-cache-mb", type=int, default=512)
-    a("--kv-cache-mb", type=int, default=2048)
+    a("--vision-cache-mb", type=float, default=512, help="vision-feature cache budget, MiB")
+    a("--kv-cache-mb", type=float, default=2048, help="KV prefix cache budget, MiB")
     a("--no-vision-cache", action="store_true", help="disable the vision-feature cache")
     a("--no-prefix-cache", action="store_true", help="disable the KV prefix cache")
     a(

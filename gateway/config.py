@@ -61,8 +61,8 @@ class MediaConfig:
 class CacheConfig:
     """Budgets for the content-addressed caches (bytes of used array size)."""
 
-    vision_cache_mb: int = 512
-    kv_cache_mb: int = 2048
+    vision_cache_mb: float = 512
+    kv_cache_mb: float = 2048
     vision_enabled: bool = True
     prefix_enabled: bool = True
 
@@ -72,11 +72,11 @@ class CacheConfig:
 
     @property
     def vision_capacity_bytes(self) -> int:
-        return self.vision_cache_mb * MIB if self.vision_enabled else 0
+        return int(self.vision_cache_mb * MIB) if self.vision_enabled else 0
 
     @property
     def kv_capacity_bytes(self) -> int:
-        return self.kv_cache_mb * MIB if self.prefix_enabled else 0
+        return int(self.kv_cache_mb * MIB) if self.prefix_enabled else 0
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seconds", type=float, default=120.0)
     p.add_argument("--image-pool", type=int, default=24, help="distinct images in rotation")
     p.add_argument("--image-size", type=int, default=112)
-    p.add_argument("--kv-cache-mb", type=int, default=8, help="small, so eviction happens")
-    p.add_argument("--vision-cache-mb", type=int, default=2)
+    p.add_argument("--kv-cache-mb", type=float, default=8, help="small, so eviction happens")
+    p.add_argument("--vision-cache-mb", type=float, default=2)
     p.set_defaults(run=_load)
 
 
