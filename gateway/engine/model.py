@@ -118,6 +118,8 @@ class VisionLanguageModel:
         self.vocab_size: int = int(config.text_config.vocab_size)
         self.eos_token_ids: tuple[int, ...] = self._eos_ids()
         self.text_core = TextCore(self.model.language_model)
+        if self.arch == "qwen2_5_vl":
+            drop_empty_attention_windows(self.model.vision_tower)
         self.embed_dtype = self.model.language_model.model.embed_tokens.weight.dtype
         self.vision_dtype = self.model.vision_tower.patch_embed.proj.weight.dtype
         self.fingerprint = self._model_fingerprint()
@@ -307,6 +309,26 @@ class PrefillPlan:
     @property
     def length(self) -> int:
         return int(self.ids.shape[1])
+
+
+def drop_empty_attention_windows(tower: nn.Module) -> None:
+    """Make Qwen2.5-VL's window boundaries unique.
+
+    mlx-vlm 0.7.10 dedupes `cu_window_seqlens` with a Python `set` of `mx.array` scalars, which
+    hash by identity, so nothing is removed: repeated boundaries become empty attention
+    windows (5 of 9 at a 16x16 patch grid) and reach scaled_dot_product_attention with empty
+    inputs, which dies with SIGFPE on CUDA in bf16. Boundaries are non-decreasing, so dropping
+    repeats of the previous value is an exact dedupe; the output is unchanged (tested).
+    """
+    original = tower.get_window_index
+
+    def get_window_index(grid_thw: mx.array) -> tuple[mx.array, mx.array]:
+        window_index, bounds = original(grid_thw)
+        values = bounds.tolist()
+        keep = [i for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
+        return window_index, bounds[mx.array(keep, dtype=mx.int32)]
+
+    object.__setattr__(tower, "get_window_index", get_window_index)
 
 
 def smart_resize(
