@@ -1,0 +1,197 @@
+"""SIGTERM against a real `vision-gateway serve` subprocess on 127.0.0.1.
+
+Pinned invariants:
+- a stream running when SIGTERM arrives still completes (finish_reason, usage, [DONE]) within
+  --shutdown-grace, new connections are refused meanwhile, and the process exits cleanly
+  (uvicorn re-raises SIGTERM after a graceful shutdown: -15 plus 'Application shutdown
+  complete' in the log, as LocalServer.stop checks);
+- a request that outlives the grace period does not keep the process alive: it exits soon
+  after the grace period, cleanly, and the client's connection is closed;
+- --shutdown-grace 0 means "do not wait" (currently a bug: it means "wait forever").
+
+Observed and not pinned as desired behaviour: when the grace period expires, uvicorn cancels
+the request task, so the client's SSE stream is cut mid-body (no error event, no [DONE], no
+terminating chunk).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+import httpx
+import pytest
+from support import ServerProcess
+
+CHAT = "/v1/chat/completions"
+
+
+class RawStream:
+    """A streaming chat request over a raw socket, read by a background thread."""
+
+    def __init__(self, port: int, max_tokens: int) -> None:
+        body = json.dumps(
+            {
+                "model": "test",
+                "messages": [{"role": "user", "content": "Tell me a very long story."}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ).encode()
+        head = (
+            f"POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        self.sock.sendall(head + body)
+        self.data = bytearray()
+        self.done_at: float | None = None  # when "data: [DONE]" arrived
+        self.ended = threading.Event()  # the server closed the connection (or it broke)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    break
+                self.data += chunk
+                if self.done_at is None and b"data: [DONE]" in self.data:
+                    self.done_at = time.monotonic()
+                if self.data.endswith(b"\r\n0\r\n\r\n"):
+                    break  # the chunked body is complete
+        except OSError:
+            pass
+        finally:
+            self.ended.set()
+
+    def events(self) -> int:
+        return bytes(self.data).count(b"data: ")
+
+    def wait_events(self, count: int, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.ended.is_set():
+            if self.events() >= count:
+                return True
+            time.sleep(0.01)
+        return self.events() >= count
+
+    def close(self) -> None:
+        self.sock.close()
+        self._thread.join(10)
+
+
+def _exited_within(proc: subprocess.Popen, timeout: float) -> bool:
+    try:
+        proc.wait(timeout)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def _new_request_outcome(server: ServerProcess) -> str:
+    """'refused' (connection refused), '503' (error object), or 'served' (the request slipped
+    in before shutdown began)."""
+    try:
+        r = httpx.post(
+            server.base_url + CHAT,
+            json={
+                "model": "test",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 1,
+            },
+            timeout=10,
+        )
+    except httpx.ConnectError:
+        return "refused"
+    if r.status_code == 503:
+        assert r.json()["error"]["message"], r.text
+        return "503"
+    assert r.status_code == 200, r.text
+    return "served"
+
+
+def test_sigterm_lets_a_running_stream_finish_and_refuses_new_requests() -> None:
+    """Invariant: after SIGTERM a running stream still completes (finish_reason, usage, [DONE])
+    within --shutdown-grace 20, a new request is refused while it runs, and the process exits
+    cleanly soon after the stream ends."""
+    server = ServerProcess("--shutdown-grace", "20")
+    stream = None
+    try:
+        stream = RawStream(server.port, 500)
+        assert stream.wait_events(3, 30), bytes(stream.data)[-500:]
+        sent = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        outcome, refused_at = "served", None
+        deadline = time.monotonic() + 5
+        while outcome == "served" and time.monotonic() < deadline:
+            outcome = _new_request_outcome(server)
+            refused_at = time.monotonic()
+        assert outcome in ("refused", "503")
+        assert stream.ended.wait(25), "the stream did not finish within the grace period"
+        data = bytes(stream.data)
+        assert stream.done_at is not None, data[-800:]
+        assert refused_at is not None and refused_at < stream.done_at, "refusal came too late"
+        assert b'"finish_reason":"length"' in data, data[-800:]
+        usage = re.findall(rb'"completion_tokens":(\d+)', data)
+        assert usage == [b"500"], data[-800:]
+        assert b'"error"' not in data
+        assert _exited_within(server.proc, 25), server.log()
+        assert time.monotonic() - sent < 20 + 5
+    finally:
+        if stream is not None:
+            stream.close()
+        clean = server.stop()
+    assert clean, server.log()
+
+
+def test_grace_expiry_bounds_shutdown_time() -> None:
+    """Invariant: a request that would outlive --shutdown-grace 1 (20000 tokens) does not keep
+    the process alive: it exits cleanly within a few seconds of the grace period and the
+    client's connection is closed rather than left hanging."""
+    server = ServerProcess("--shutdown-grace", "1")
+    stream = None
+    try:
+        stream = RawStream(server.port, 20_000)
+        assert stream.wait_events(3, 30), bytes(stream.data)[-500:]
+        sent = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        assert _exited_within(server.proc, 15), server.log()
+        assert time.monotonic() - sent < 1 + 8
+        assert stream.ended.wait(5), "the client's connection was left open"
+        assert stream.done_at is None  # cut short: 20000 tokens cannot have been generated
+    finally:
+        if stream is not None:
+            stream.close()
+        clean = server.stop()
+    assert clean, server.log()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: cli.py serve passes timeout_graceful_shutdown=int(server.shutdown_grace_s) or "
+    "None to uvicorn, so --shutdown-grace 0 (and any value below 1, e.g. 0.5) becomes None, "
+    "which uvicorn reads as 'wait for every connection forever'",
+)
+def test_zero_grace_does_not_wait_for_running_requests() -> None:
+    """Invariant: with --shutdown-grace 0 SIGTERM does not wait for a running request: the
+    process exits within a few seconds."""
+    server = ServerProcess("--shutdown-grace", "0")
+    stream = None
+    try:
+        stream = RawStream(server.port, 20_000)
+        assert stream.wait_events(3, 30), bytes(stream.data)[-500:]
+        server.proc.send_signal(signal.SIGTERM)
+        assert _exited_within(server.proc, 5), "still running 5 s after SIGTERM"
+    finally:
+        if stream is not None:
+            stream.close()  # under the bug, this is what finally lets the server exit
+        server.stop()
