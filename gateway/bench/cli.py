@@ -45,6 +45,12 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--vision-cache-mb", type=float, default=2)
     p.set_defaults(run=_load)
 
+    p = kinds.add_parser("engine", help="engine alone (no HTTP): TTFT stages and decode steps")
+    _common(p)
+    p.add_argument("--image-size", type=int, default=448)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    p.set_defaults(run=_engine)
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model dir or hub id (default: the embedded tiny model)")
@@ -146,7 +152,7 @@ def _stall(args: argparse.Namespace) -> None:
                 {
                     "machine": machine(),
                     "model": model,
-                    "rows": [{"prefill_chunk": c, **r.__dict__} for c, r in rows],
+                    "rows": [r.__dict__ for r in rows],
                 },
                 indent=2,
             )
@@ -178,3 +184,13 @@ def _load(args: argparse.Namespace) -> None:
     print(json.dumps(summary, indent=2))
     if args.out:
         args.out.write_text(json.dumps({"machine": machine(), "model": model, **summary}, indent=2))
+
+
+def _engine(args: argparse.Namespace) -> None:
+    from gateway.bench.engine_profile import Profiler
+
+    results = Profiler(_model(args)).run(args.image_size, args.batch)
+    for key, value in results.items():
+        print(f"{key:28s} {value:10.2f}")
+    if args.out:
+        args.out.write_text(json.dumps({"machine": machine(), **results}, indent=2))
