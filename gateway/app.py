@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -92,7 +92,8 @@ class Gateway:
             return
         header = request.headers.get("authorization", "")
         scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip(), key):
+        given = token.strip().encode("latin-1", errors="replace")  # headers are latin-1
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, key.encode("utf-8")):
             raise APIError(
                 401,
                 "missing or wrong API key: send `Authorization: Bearer <key>`",
@@ -107,15 +108,20 @@ class Gateway:
             raise too_large(f"the request body is over {limit} bytes (--max-body-bytes)")
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large(f"the request body is over {limit} bytes (--max-body-bytes)")
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(f"the request body is over {limit} bytes (--max-body-bytes)")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise APIError(499, "the client closed the connection", code="client_closed") from None
         try:
             return json.loads(b"".join(chunks))
         except (ValueError, UnicodeDecodeError) as exc:
             raise invalid(f"the request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise invalid("the request body is nested too deeply") from None
 
     @staticmethod
     async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
@@ -285,24 +291,31 @@ def _sse(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
+def _error_response(error: APIError) -> Response:
+    # ensure_ascii: messages may quote user input, including lone surrogates that UTF-8
+    # cannot encode; escaped JSON is still exactly what the client sent.
+    body = json.dumps(error.to_dict(), ensure_ascii=True)
+    return Response(body, error.status, error.headers, media_type="application/json")
+
+
 async def _api_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
     if exc.status >= 500:
         log.error("request failed: %s", exc.message)
-    return JSONResponse(exc.to_dict(), status_code=exc.status, headers=exc.headers)
+    return _error_response(exc)
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    error = APIError(exc.status_code, str(exc.detail), kind)
-    return JSONResponse(error.to_dict(), status_code=exc.status_code)
+    return _error_response(APIError(exc.status_code, str(exc.detail), kind))
 
 
 async def _server_error(_: Request, exc: Exception) -> Response:
     log.exception("unhandled error", exc_info=exc)
-    error = APIError(500, f"internal server error: {type(exc).__name__}", "server_error")
-    return JSONResponse(error.to_dict(), status_code=500)
+    return _error_response(
+        APIError(500, f"internal server error: {type(exc).__name__}", "server_error")
+    )
 
 
 def create_app(

@@ -156,7 +156,8 @@ def serve(args: argparse.Namespace) -> None:
         host=server.host,
         port=server.port,
         log_level=server.log_level,
-        timeout_graceful_shutdown=int(server.shutdown_grace_s) or None,
+        # 0 must mean 'no grace', not uvicorn's None ('wait forever')
+        timeout_graceful_shutdown=max(server.shutdown_grace_s, 0.001),
     )
 
 

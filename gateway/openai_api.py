@@ -120,9 +120,20 @@ def _messages(raw: Any) -> tuple[ChatMessage, ...]:
     return tuple(out)
 
 
+def _text(value: str, where: str) -> str:
+    """Text must be encodable as UTF-8 (JSON allows lone surrogates such as "\\ud800")."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid(
+            f"`{where}` contains an unpaired surrogate; send valid Unicode", where
+        ) from None
+    return value
+
+
 def _content(raw: Any, where: str, allow_images: bool) -> tuple[TextPart | ImagePart, ...]:
     if isinstance(raw, str):
-        return (TextPart(raw),)
+        return (TextPart(_text(raw, where)),)
     if not isinstance(raw, list):
         raise invalid(f"`{where}` must be a string or an array of content parts", where)
     parts: list[TextPart | ImagePart] = []
@@ -132,7 +143,7 @@ def _content(raw: Any, where: str, allow_images: bool) -> tuple[TextPart | Image
         if kind == "text":
             if not isinstance(part.get("text"), str):
                 raise invalid(f"`{at}.text` must be a string", f"{at}.text")
-            parts.append(TextPart(part["text"]))
+            parts.append(TextPart(_text(part["text"], f"{at}.text")))
         elif kind == "image_url":
             if not allow_images:
                 raise invalid(f"`{at}`: images are only accepted in user messages", at)
@@ -170,7 +181,7 @@ def _stop(raw: Any) -> tuple[str, ...]:
         raise invalid("`stop` must be a non-empty string or an array of non-empty strings", "stop")
     if len(stops) > MAX_STOP_STRINGS:
         raise invalid(f"`stop` accepts at most {MAX_STOP_STRINGS} strings", "stop")
-    return tuple(stops)
+    return tuple(_text(s, "stop") for s in stops)
 
 
 def _opt_int(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:

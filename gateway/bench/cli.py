@@ -126,7 +126,7 @@ def _repeat_image(args: argparse.Namespace) -> None:
             "table": table,
         }
         args.out.write_text(json.dumps(payload, indent=2))
-    if any(mismatches.values()):
+    if any(differ for differ, _ in mismatches.values()):
         raise SystemExit("cached answers differ from uncached answers")
 
 

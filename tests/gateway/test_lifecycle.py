@@ -25,7 +25,6 @@ import threading
 import time
 
 import httpx
-import pytest
 from support import ServerProcess
 
 CHAT = "/v1/chat/completions"
@@ -175,12 +174,6 @@ def test_grace_expiry_bounds_shutdown_time() -> None:
     assert clean, server.log()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: cli.py serve passes timeout_graceful_shutdown=int(server.shutdown_grace_s) or "
-    "None to uvicorn, so --shutdown-grace 0 (and any value below 1, e.g. 0.5) becomes None, "
-    "which uvicorn reads as 'wait for every connection forever'",
-)
 def test_zero_grace_does_not_wait_for_running_requests() -> None:
     """Invariant: with --shutdown-grace 0 SIGTERM does not wait for a running request: the
     process exits within a few seconds."""
