@@ -144,7 +144,9 @@ class Gateway:
         self._authorize(request, self.server.api_key)
         if self.draining or self.prompts is None:
             raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
-        chat = parse_chat_request(await self._read_json(request))
+        body = await self._read_json(request)
+        t_read = time.perf_counter()
+        chat = parse_chat_request(body)
         served = self.engine_config.served_model_name
         if chat.model != served:
             raise model_not_found(chat.model, served)
@@ -153,12 +155,14 @@ class Gateway:
             self.metrics.image_decode_seconds.observe(image.decode_seconds)
             self.metrics.image_hash_seconds.observe(image.hash_seconds)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        t_media = time.perf_counter()
         try:
             prepared = await asyncio.to_thread(
                 self.prompts.build, chat, images, request_id, arrival
             )
         except ValueError as exc:  # e.g. an image placeholder typed into the text
             raise invalid(f"could not build the prompt: {exc}", "messages") from None
+        t_prompt = time.perf_counter()
         stream = EventStream(asyncio.get_running_loop())
         self.engine.submit(prepared, stream.sink)
         first = await self._unless_disconnected(request, stream.get())
@@ -168,11 +172,22 @@ class Gateway:
         if isinstance(first, ErrorEvent):
             raise APIError(first.status, first.message, first.type)
         assert isinstance(first, AdmittedEvent)
+        t_admit = time.perf_counter()
         headers = {
             "x-request-id": request_id,
             "x-cache": (
                 f"vision-hits={first.vision_hits}; vision-misses={first.vision_misses}; "
                 f"cached-tokens={first.cached_tokens}; prompt-tokens={first.prompt_tokens}"
+            ),
+            # Standard Server-Timing: where this request's time went before its first token.
+            "server-timing": ", ".join(
+                f"{name};dur={1000 * (b - a):.1f}"
+                for name, a, b in (
+                    ("read", arrival, t_read),
+                    ("media", t_read, t_media),
+                    ("prompt", t_media, t_prompt),
+                    ("admit", t_prompt, t_admit),
+                )
             ),
         }
         created = int(time.time())
