@@ -110,7 +110,7 @@ class Profiler:
         out["prepare_warm_ms"] = 1000 * statistics.median(p for p, _ in warm)
         out["ttft_warm_ms"] = 1000 * statistics.median(t for _, t in warm)
         enc = self.metrics.vision_encode_seconds
-        out["vision_encode_ms_mean"] = 1000 * enc._sum.get() / max(1, _count(enc))
+        out["vision_block_step_ms_mean"] = 1000 * enc._sum.get() / max(1, _count(enc))
         for batch in batch_sizes:
             probes = []
             for i in range(batch):

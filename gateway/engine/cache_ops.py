@@ -79,16 +79,26 @@ class CacheOps:
             log.exception("vision cache lookup failed; treating as a miss")
             return None
 
-    def encode_next(self, job: Job) -> None:
-        """Run the vision tower for the next image of `job` that is not encoded yet."""
-        i = job.to_encode.pop(0)
+    def encode_step(self, job: Job) -> bool:
+        """One vision block of the next image of `job` that is not encoded yet. Returns True
+        when that image's features are complete (and stored in the vision cache)."""
+        i = job.to_encode[0]
         image = job.request.images[i]
-        for j, other in enumerate(job.request.images):  # the same image twice in one prompt
-            if job.encoded[j] is not None and other.content_hash == image.content_hash:
-                job.encoded[i] = job.encoded[j]
-                return
-        pixels = image.pixel_values if image.pixel_values is not None else image.pixels_fn()
-        encoded = self.model.encode_image(pixels, image.grid_thw)
+        if job.encoding is None:
+            for j, other in enumerate(job.request.images):  # the same image twice in a prompt
+                if job.encoded[j] is not None and other.content_hash == image.content_hash:
+                    job.encoded[i] = job.encoded[j]
+                    job.to_encode.pop(0)
+                    return True
+            pixels = image.pixel_values if image.pixel_values is not None else image.pixels_fn()
+            job.encoding = self.model.encode_steps(pixels, image.grid_thw)
+        try:
+            next(job.encoding)
+            return False
+        except StopIteration as done:
+            encoded: EncodedImage = done.value
+        job.encoding = None
+        job.to_encode.pop(0)
         if encoded.features.shape[0] != image.layout.num_tokens:
             raise RuntimeError(
                 f"vision tower gave {encoded.features.shape[0]} features for "
@@ -100,6 +110,7 @@ class CacheOps:
             self.vision.store(self.vision_key(image.content_hash), entry)
         except Exception:
             log.exception("vision cache store failed; continuing without caching")
+        return True
 
     def prefill_chunk(self, job: Job, chunk_tokens: int) -> bool:
         """Feed the next chunk of prompt tokens [cached_tokens, split). True when done; then

@@ -258,7 +258,7 @@ class Engine:
         try:
             if job.to_encode:
                 started = time.perf_counter()
-                self._cache_ops.encode_next(job)
+                self._cache_ops.encode_step(job)
                 self.metrics.vision_encode_seconds.observe(time.perf_counter() - started)
                 return
             job.stage = "prefill"
@@ -366,7 +366,7 @@ class Engine:
             self._prefilling.remove(job)
         if job.uid is not None and self._rows.pop(job.uid, None) is not None:
             self._batch.remove([job.uid])
-        job.cache = job.plan = None
+        job.cache = job.plan = job.encoding = None
         job.stage = "done"
         with self._count_lock:
             self._active -= 1

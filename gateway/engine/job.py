@@ -29,6 +29,7 @@ class Job:
     vision_misses: int = 0
     encoded: list[EncodedImage | None] = field(default_factory=list)
     to_encode: list[int] = field(default_factory=list)  # image indices still to encode
+    encoding: Any = None  # the vision tower of to_encode[0], mid-way (a generator)
     cache: list[Any] | None = None  # KV being built for the image part
     split: int = 0  # prompt tokens [0, split) prefilled by us; [split:] inserted in the batch
     plan: PrefillPlan | None = None

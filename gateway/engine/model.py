@@ -17,7 +17,7 @@ import json
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,6 +120,7 @@ class VisionLanguageModel:
         self.text_core = TextCore(self.model.language_model)
         if self.arch == "qwen2_5_vl":
             drop_empty_attention_windows(self.model.vision_tower)
+        self._record_block_outputs()
         self.embed_dtype = self.model.language_model.model.embed_tokens.weight.dtype
         self.vision_dtype = self.model.vision_tower.patch_embed.proj.weight.dtype
         self.fingerprint = self._model_fingerprint()
@@ -196,10 +197,34 @@ class VisionLanguageModel:
     def encode_image(
         self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
     ) -> EncodedImage:
-        """Run the vision tower on one image."""
+        """Run the vision tower on one image, all at once."""
+        steps = self.encode_steps(pixel_values, grid_thw)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def encode_steps(
+        self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
+    ) -> Generator[None, None, EncodedImage]:
+        """The vision tower one block per `next()`; the generator returns the features.
+
+        MLX is lazy: calling the tower only builds the graph. Each block's (lazy) output is
+        recorded as the graph is built, and evaluating them in order runs the tower one block
+        at a time, so the engine can decode between blocks instead of stalling every running
+        stream for a whole encode. No model code is re-implemented.
+        """
         pixels = mx.array(pixel_values).astype(self.vision_dtype)
         grid = mx.array([grid_thw], dtype=mx.int32)
-        out = self.model.vision_tower(pixels, grid, output_hidden_states=False)
+        self._block_outputs = []
+        try:
+            out = self.model.vision_tower(pixels, grid, output_hidden_states=False)
+        finally:
+            block_outputs, self._block_outputs = self._block_outputs, None
+        for hidden in block_outputs:
+            mx.eval(hidden)
+            yield
         deepstack = None
         if isinstance(out, tuple):  # Qwen3-VL: (features, [per-layer deepstack features])
             out, stack = out
@@ -207,6 +232,23 @@ class VisionLanguageModel:
         features = out.astype(self.embed_dtype)
         mx.eval(features, deepstack or [])
         return EncodedImage(features, deepstack)
+
+    def _record_block_outputs(self) -> None:
+        """Give every vision block a subclass whose __call__ also reports its output (kept in
+        `self._block_outputs` while `encode_steps` builds the graph). Parameters, names and
+        numerics are untouched."""
+        self._block_outputs: list[mx.array] | None = None
+        adapter = self
+        for block in self.model.vision_tower.blocks:
+            base = type(block)
+
+            def call(blk: nn.Module, *args: Any, _base: type = base, **kwargs: Any) -> Any:
+                out = _base.__call__(blk, *args, **kwargs)
+                if adapter._block_outputs is not None:
+                    adapter._block_outputs.append(out)
+                return out
+
+            block.__class__ = type(f"Recorded{base.__name__}", (base,), {"__call__": call})
 
     def prefill_plan(
         self,

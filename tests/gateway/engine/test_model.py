@@ -37,3 +37,28 @@ def test_qwen2_5_vl_windows_are_unique_and_output_unchanged() -> None:
     object.__setattr__(tower, "get_window_index", original)
     unpatched = model.encode_image(pixels, grid).features
     assert np.allclose(np.array(fixed), np.array(unpatched), atol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
+def test_stepwise_encode_is_one_block_per_step_and_exact(arch: str) -> None:
+    """Invariant: the tower runs one block per step (so decode can interleave) and the
+    features equal a plain call of mlx-vlm's tower."""
+    model = VisionLanguageModel(str(tiny_model(arch)))
+    pixels, grid = model.preprocess(noise_image(5, 112, 84))
+    steps = model.encode_steps(pixels, grid)
+    yields = 0
+    while True:
+        try:
+            next(steps)
+            yields += 1
+        except StopIteration as done:
+            encoded = done.value
+            break
+    assert yields == len(model.model.vision_tower.blocks)
+    reference = model.model.vision_tower(
+        mx.array(pixels).astype(model.vision_dtype), mx.array([grid]), output_hidden_states=False
+    )
+    if isinstance(reference, tuple):
+        reference, deepstack = reference
+        assert len(deepstack) == len(encoded.deepstack)
+    assert np.array_equal(np.array(encoded.features), np.array(reference.astype(model.embed_dtype)))
