@@ -208,7 +208,8 @@ class VisionLanguageModel:
     def encode_steps(
         self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
     ) -> Generator[None, None, EncodedImage]:
-        """The vision tower one block per `next()`; the generator returns the features.
+        """The vision tower one unit (patch embedding, then each block) per `next()`; the
+        generator returns the features.
 
         MLX is lazy: calling the tower only builds the graph. Each block's (lazy) output is
         recorded as the graph is built, and evaluating them in order runs the tower one block
@@ -239,7 +240,8 @@ class VisionLanguageModel:
         numerics are untouched."""
         self._block_outputs: list[mx.array] | None = None
         adapter = self
-        for block in self.model.vision_tower.blocks:
+        tower = self.model.vision_tower
+        for block in [tower.patch_embed, *tower.blocks]:
             base = type(block)
 
             def call(blk: nn.Module, *args: Any, _base: type = base, **kwargs: Any) -> Any:

@@ -54,7 +54,7 @@ def test_stepwise_encode_is_one_block_per_step_and_exact(arch: str) -> None:
         except StopIteration as done:
             encoded = done.value
             break
-    assert yields == len(model.model.vision_tower.blocks)
+    assert yields == 1 + len(model.model.vision_tower.blocks)  # patch embedding + blocks
     reference = model.model.vision_tower(
         mx.array(pixels).astype(model.vision_dtype), mx.array([grid]), output_hidden_states=False
     )
