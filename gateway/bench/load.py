@@ -52,6 +52,17 @@ class LoadReport:
         first = next((r for t, r in self.rss_samples if t - t0 >= self.seconds / 4), 0)
         return first, max(later)
 
+    def rss_by_decile(self) -> list[float]:
+        """RSS (MiB) at the end of each tenth of the run: flat after warm-up means no leak."""
+        if not self.rss_samples:
+            return []
+        t0 = self.rss_samples[0][0]
+        out = []
+        for tenth in range(1, 11):
+            upto = [r for t, r in self.rss_samples if t - t0 <= self.seconds * tenth / 10]
+            out.append(round(upto[-1] / 2**20, 1) if upto else 0.0)
+        return out
+
     def cache_within_budget(self) -> bool:
         return all(s[c]["bytes"] <= s[c]["capacity_bytes"] for s in self.cache_samples for c in s)
 
@@ -68,6 +79,7 @@ class LoadReport:
             "p50_latency_s": round(self.percentile(0.50), 3),
             "p99_latency_s": round(self.percentile(0.99), 3),
             "peak_rss_mb": round(max((r for _, r in self.rss_samples), default=0) / 2**20, 1),
+            "rss_mb_by_decile": self.rss_by_decile(),
             "rss_after_warmup_mb": round(warm / 2**20, 1),
             "peak_rss_after_warmup_mb": round(peak / 2**20, 1),
             "cache_within_budget": self.cache_within_budget(),
