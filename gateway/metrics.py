@@ -69,6 +69,12 @@ class Metrics:
             p + "image_hash_seconds", "Pixel hash time", buckets=_FAST_BUCKETS, registry=r
         )
 
+        self.mlx_active_bytes = Gauge(p + "mlx_active_bytes", "MLX memory in use", registry=r)
+        self.mlx_cache_bytes = Gauge(
+            p + "mlx_cache_bytes", "MLX allocator cache (freed, kept for reuse)", registry=r
+        )
+        self.mlx_peak_bytes = Gauge(p + "mlx_peak_bytes", "MLX peak memory", registry=r)
+
     def add_collector(self, collector: object) -> None:
         """Register a custom collector (e.g. cache stats read at scrape time)."""
         self.registry.register(collector)  # type: ignore[arg-type]

@@ -157,6 +157,11 @@ class CacheOps:
             if self.prefix.capacity_bytes == 0:
                 return
             nbytes = sum(c.used_nbytes() for c in kv)
+            if nbytes > self.prefix.capacity_bytes:
+                return
+            # Materialise the snapshot now: a lazy slice would keep its whole source buffer
+            # (a batch's KV, every row) alive for as long as the entry lives, unaccounted.
+            mx.eval([c.keys for c in kv], [c.values for c in kv])
             self.prefix.store(list(tokens), spans, PrefixEntry(kv, len(tokens), delta, nbytes))
         except Exception:
             log.exception("prefix cache store failed for %s; continuing", job.request_id)

@@ -24,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 
+import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from caches.prefix import PrefixCache
@@ -69,6 +70,7 @@ class Engine:
         self._inbox: queue.Queue[object] = queue.Queue()
         self._thread = threading.Thread(target=self._main, name="mlx-engine", daemon=True)
         self._ready = threading.Event()
+        self._stopped = threading.Event()
         self._load_error: BaseException | None = None
         self._count_lock = threading.Lock()
         self._queued = 0  # submitted, not yet given a row (read from any thread)
@@ -112,10 +114,11 @@ class Engine:
         self._inbox.put(("cancel", request_id))
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop the thread; requests still in flight get a 503 ErrorEvent."""
-        if self._thread.is_alive():
+        """Stop serving; requests still in flight get a 503 ErrorEvent. Returns once the
+        engine has finished its last step (the thread then parks; see `_main`)."""
+        if self._thread.is_alive() and not self._stopped.is_set():
             self._inbox.put(_STOP)
-            self._thread.join(timeout)
+            self._stopped.wait(timeout)
 
     @property
     def running(self) -> int:
@@ -179,6 +182,14 @@ class Engine:
             self.metrics.step_seconds.observe(time.perf_counter() - started)
         for job in list(self._jobs.values()):
             self._fail(job, 503, "the server is shutting down")
+        mx.synchronize(self._batch.stream)  # the batch computes one token ahead
+        self._batch = None
+        self._stopped.set()
+        # Park instead of returning. mlx 0.32's thread-local destructors (random state,
+        # compile cache) take the GIL when a thread exits; if that races interpreter
+        # shutdown the process aborts ("terminate called without an active exception",
+        # ml-explore/mlx#3126, fixed after 0.32). A parked daemon thread never runs them.
+        threading.Event().wait()
 
     def _new_batch(self) -> BatchGenerator:
         assert self.model is not None
@@ -218,11 +229,17 @@ class Engine:
         self._waiting.append(job)
 
     def _step(self) -> None:
-        self._admit()
-        self._encode_or_prefill()
-        self._decode()
+        # All MLX work of this thread runs on the batch's stream: one stream, one ordering,
+        # and no extra per-thread stream whose worker MLX would abort on at process exit.
+        with mx.stream(self._batch.stream):
+            self._admit()
+            self._encode_or_prefill()
+            self._decode()
         self.metrics.running.set(self._active)
         self.metrics.waiting.set(self._queued)
+        self.metrics.mlx_active_bytes.set(mx.get_active_memory())
+        self.metrics.mlx_cache_bytes.set(mx.get_cache_memory())
+        self.metrics.mlx_peak_bytes.set(mx.get_peak_memory())
 
     def _admit(self) -> None:
         while self._waiting and self._active < self.config.max_batch:

@@ -120,3 +120,30 @@ def test_stored_entry_is_not_mutated_by_extensions(pair) -> None:  # noqa: ANN00
     assert first.token_ids == again.token_ids == reference.token_ids
     assert again.logprobs == pytest.approx(reference.logprobs, abs=1e-4)
     assert again.finish.usage.cached_tokens == again.finish.usage.prompt_tokens - 1
+
+
+def test_stored_kv_holds_only_its_accounted_bytes() -> None:
+    """Invariant: MLX memory held by cache entries is what the budget counts. (A lazy KV
+    slice of a batch buffer once pinned every row's whole buffer per entry: 300 MB held for
+    8 MB accounted under load.)"""
+    import mlx.core as mx
+
+    h = EngineHarness("qwen2_vl", max_batch=8)
+    try:
+        h.run(chat_body("warm up", max_tokens=2))
+        mx.clear_cache()
+        before = mx.get_active_memory()
+        for wave in range(4):  # concurrent rows, so entries come out of shared batch buffers
+            runs = [
+                h.submit(chat_body(f"wave {wave} question {i} " * 8, max_tokens=12))
+                for i in range(8)
+            ]
+            for run in runs:
+                run.wait()
+        held = mx.get_active_memory() - before
+        stats = h.engine.cache_stats()
+        accounted = stats["prefix"]["bytes"] + stats["vision"]["bytes"]
+        assert stats["prefix"]["entries"] >= 16
+        assert held <= accounted + 2 * 1024 * 1024, (held, accounted)
+    finally:
+        h.close()
