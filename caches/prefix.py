@@ -217,7 +217,20 @@ class PrefixCache:
             self._lru.record(hit is not None)
             return hit
 
-    def _find(self, ids: tuple[int, ...], spans: Sequence[ImageSpan]) -> PrefixHit | None:
+    def peek(self, token_ids: Sequence[int], spans: Sequence[ImageSpan]) -> int:
+        """How many prompt tokens `lookup` would serve now (0 for none), without counting a
+        query or touching recency. Advisory: entries may be evicted before the real lookup."""
+        with self._lock:
+            try:
+                hit = self._find(tuple(token_ids), spans, touch=False)
+            except Exception:
+                logger.exception("prefix cache peek failed; treating as a miss")
+                return 0
+            return hit.tokens if hit is not None else 0
+
+    def _find(
+        self, ids: tuple[int, ...], spans: Sequence[ImageSpan], touch: bool = True
+    ) -> PrefixHit | None:
         key, _ = self._key(ids, spans)
         i = bisect.bisect_left(self._sorted, key)
         best_m, best_key = 0, None
@@ -229,7 +242,8 @@ class PrefixCache:
         tokens = _leave_one(_items_to_tokens(best_m, spans), len(ids), spans)
         if stored is None or tokens <= 0:
             return None
-        self._lru.touch(best_key)
+        if touch:
+            self._lru.touch(best_key)
         return PrefixHit(entry=stored.entry, tokens=tokens)
 
     def store(

@@ -73,7 +73,7 @@ class Gateway:
         assert self.engine.model is not None
         self.prompts = PromptBuilder(
             self.engine.model,
-            self.engine.has_features,
+            self.engine.needs_pixels,
             self.engine_config.max_context_tokens,
             self.engine_config.default_max_tokens,
         )

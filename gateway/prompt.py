@@ -12,6 +12,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from caches.prefix import ImageSpan
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.request import EngineRequest, ImageInput, SamplingParams
 from gateway.errors import invalid
@@ -40,20 +41,21 @@ def template_messages(chat: ChatRequest) -> list[dict[str, Any]]:
 class PromptBuilder:
     """Builds engine requests for one model. Thread-safe (the model guards its tokenizer).
 
-    `has_features(content_hash)` tells whether the vision cache already holds an image's
-    features; then pixel preprocessing is deferred to the engine (which only needs it if the
-    entry is evicted before the request is admitted).
+    `needs_pixels(prompt_ids, spans)` tells, per image, whether the engine will run the
+    vision tower on it (not covered by a prefix-cache hit, not in the vision cache). Other
+    images skip pixel preprocessing; the engine preprocesses itself on the rare eviction in
+    between.
     """
 
     def __init__(
         self,
         model: VisionLanguageModel,
-        has_features: Callable[[str], bool],
+        needs_pixels: Callable[[list[int], list[ImageSpan]], list[bool]],
         max_context_tokens: int,
         default_max_tokens: int,
     ) -> None:
         self.model = model
-        self._has_features = has_features
+        self._needs_pixels = needs_pixels
         self._max_context = max_context_tokens
         self._default_max_tokens = default_max_tokens
 
@@ -62,17 +64,22 @@ class PromptBuilder:
     ) -> EngineRequest:
         text = self.model.render(template_messages(chat))
         ids = self.model.tokenize(text)
-        grids: list[tuple[int, int, int]] = []
-        pixels: list[Any] = []
-        for image in images:
-            if self._has_features(image.content_hash):
-                grids.append(self.model.image_grid(image.width, image.height))
-                pixels.append(None)
-            else:
-                values, grid = self.model.preprocess(image.image)
-                grids.append(grid)
-                pixels.append(values)
+        grids = [self.model.image_grid(image.width, image.height) for image in images]
         prompt, layouts = self.model.layout_prompt(ids, grids)
+        spans = [
+            ImageSpan(layout.start, layout.end, image.content_hash)
+            for image, layout in zip(images, layouts, strict=True)
+        ]
+        # Pixel preprocessing only for images the engine will actually encode.
+        needed = self._needs_pixels(prompt, spans) if spans else []
+        pixels: list[Any] = []
+        for image, grid, need in zip(images, grids, needed, strict=True):
+            values = None
+            if need:
+                values, processed_grid = self.model.preprocess(image.image)
+                if processed_grid != grid:
+                    raise RuntimeError(f"image grid {processed_grid} != predicted {grid}")
+            pixels.append(values)
         inputs = tuple(
             ImageInput(
                 content_hash=image.content_hash,

@@ -135,7 +135,7 @@ class EngineHarness:
         self.metrics = Metrics()
         self.engine = Engine(config, self.metrics)
         self.engine.start(timeout=300)
-        self.prompts = PromptBuilder(self.engine.model, self.engine.has_features, 8192, 16)
+        self.prompts = PromptBuilder(self.engine.model, self.engine.needs_pixels, 8192, 16)
         self._ids = 0
 
     def submit(self, body: dict, images: list[Image.Image] | tuple = ()) -> Run:

@@ -66,7 +66,7 @@ class Profiler:
         started = time.perf_counter()
         self.engine.start()
         log(f"model loaded in {time.perf_counter() - started:.1f} s")
-        self.prompts = PromptBuilder(self.engine.model, self.engine.has_features, 65536, 64)
+        self.prompts = PromptBuilder(self.engine.model, self.engine.needs_pixels, 65536, 64)
         self._n = 0
 
     def submit(self, body: dict, images: list[DecodedImage]) -> tuple[_Probe, float]:

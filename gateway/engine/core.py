@@ -22,12 +22,12 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
-from caches.prefix import PrefixCache
+from caches.prefix import ImageSpan, PrefixCache
 from caches.vision import VisionCache
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import CacheOps
@@ -145,10 +145,18 @@ class Engine:
         prefix["token_hit_rate"] = int(prefix["tokens_hit"]) / queried if queried else 0.0  # type: ignore[call-overload]
         return out
 
-    def has_features(self, content_hash: str) -> bool:
-        """Whether the vision cache holds this image's features now (any thread; advisory)."""
+    def needs_pixels(self, prompt_ids: Sequence[int], images: Sequence[ImageSpan]) -> list[bool]:
+        """Per image: will the engine have to run the vision tower on it, i.e. is it neither
+        covered by a prefix-cache hit nor in the vision cache? (Any thread; advisory: the
+        engine falls back to preprocessing itself if an entry is evicted meanwhile.)"""
         ops = getattr(self, "_cache_ops", None)
-        return ops is not None and ops.vision_key(content_hash) in self.vision_cache
+        if ops is None:
+            return [True] * len(images)
+        covered = self.prefix_cache.peek(prompt_ids, images)
+        return [
+            span.end > covered and ops.vision_key(span.content_hash) not in self.vision_cache
+            for span in images
+        ]
 
     def clear_caches(self) -> None:
         self.vision_cache.clear()

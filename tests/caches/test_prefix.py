@@ -295,3 +295,17 @@ def test_lookup_matches_brute_force(
         if hit is not None:
             assert annotate(hit.entry.kv)[: hit.tokens] == annotate(q)[: hit.tokens]
     assert cache.stats().tokens_queried == sum(len(P(*q)[0]) for q in queries)
+
+
+def test_peek_counts_nothing_and_matches_lookup() -> None:
+    """Invariant: peek reports what lookup would serve, without touching stats or recency."""
+    cache = PrefixCache(10**6)
+    ids, spans = [1, 2, 3, 4, 5, 6], [ImageSpan(1, 4, "a")]
+    cache.store(ids, spans, PrefixEntry("kv", 6, 0, 10))
+    before = cache.stats()
+    query = [1, 2, 3, 4, 5, 9, 9]
+    assert cache.peek(query, spans) == 5
+    assert cache.stats() == before
+    hit = cache.lookup(query, spans)
+    assert hit is not None and hit.tokens == 5
+    assert cache.peek([7, 7], []) == 0
