@@ -119,6 +119,7 @@ def _repeat_image(args: argparse.Namespace) -> None:
                     "ttft_ms": r.ttft_ms,
                     "cached_tokens": r.cached_tokens,
                     "prompt_tokens": r.prompt_tokens,
+                    "server_pre_admission_ms": r.server_ms,
                 }
                 for n, r in results.items()
             },

@@ -37,6 +37,7 @@ class ConfigResult:
     cached_tokens: dict[int, list[int]] = field(default_factory=dict)
     prompt_tokens: dict[int, list[int]] = field(default_factory=dict)
     answers: list[list[tuple[list[str], list[float]]]] = field(default_factory=list)
+    server_ms: dict[int, list[float]] = field(default_factory=dict)  # turn -> server-side
 
     def median_ttft(self, turn: int) -> float:
         return statistics.median(self.ttft_ms[turn])
@@ -71,6 +72,8 @@ def run_config(
             result.ttft_ms.setdefault(turn, []).append(1000 * timing.ttft_s)
             result.cached_tokens.setdefault(turn, []).append(timing.cached_tokens)
             result.prompt_tokens.setdefault(turn, []).append(timing.usage.prompt_tokens)
+            # time the server spent before admitting the request (read + media + prompt)
+            result.server_ms.setdefault(turn, []).append(sum(timing.server_timing.values()))
         result.answers.append(answers)
         log(
             f"  [{name}] image {index + 1}/{images}: TTFT turn1 "
@@ -100,17 +103,20 @@ def compare_answers(
 def markdown(results: dict[str, ConfigResult], mismatches: dict[str, tuple[int, float]]) -> str:
     lines = [
         "| caches | TTFT turn 1 (cold, ms) | TTFT turns 2-5 (warm, median ms) | "
-        "cold / warm | cached tokens turn 2 / prompt | answers differing from no-cache | "
-        "max first-token logprob diff |",
-        "|---|---|---|---|---|---|---|",
+        "cold / warm | server pre-admission ms (cold / warm) | cached tokens turn 2 / prompt | "
+        "answers differing from no-cache | max first-token logprob diff |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         cold, warm = r.median_ttft(1), r.warm_median()
         cached = statistics.median(r.cached_tokens[2])
         prompt = statistics.median(r.prompt_tokens[2])
         differ, drift = mismatches.get(name, (0, 0.0))
+        server_cold = statistics.median(r.server_ms[1])
+        server_warm = statistics.median([t for turn in range(2, 6) for t in r.server_ms[turn]])
         lines.append(
             f"| {name} | {cold:.1f} | {warm:.1f} | {cold / warm:.1f}x | "
+            f"{server_cold:.1f} / {server_warm:.1f} | "
             f"{cached:.0f} / {prompt:.0f} | {differ} | {drift:.1e} |"
         )
     return "\n".join(lines)

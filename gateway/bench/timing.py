@@ -22,6 +22,7 @@ class StreamTiming:
     logprobs: list[float] = field(default_factory=list)
     usage: Any = None
     finish_reason: str | None = None
+    server_timing: dict[str, float] = field(default_factory=dict)  # ms, from the header
 
     @property
     def ttft_s(self) -> float:
@@ -48,7 +49,7 @@ def timed_stream(
     """Stream one greedy completion, recording token arrivals into `timing` (pass your own to
     watch progress from another thread)."""
     timing = timing or StreamTiming(start=time.perf_counter())
-    stream = client.chat.completions.create(
+    raw = client.chat.completions.with_raw_response.create(
         model=model,
         messages=messages,
         max_tokens=max_tokens,
@@ -58,7 +59,11 @@ def timed_stream(
         temperature=kwargs.pop("temperature", 0),
         **kwargs,
     )
-    for chunk in stream:
+    for item in raw.headers.get("server-timing", "").split(","):
+        name, _, duration = item.strip().partition(";dur=")
+        if duration:
+            timing.server_timing[name] = float(duration)
+    for chunk in raw.parse():
         now = time.perf_counter()
         if chunk.usage is not None:
             timing.usage = chunk.usage
