@@ -25,18 +25,16 @@ from starlette.routing import Route
 from gateway.config import EngineConfig, MediaConfig, ServerConfig
 from gateway.engine.core import Engine
 from gateway.engine.model import VisionLanguageModel
-from gateway.engine.request import AdmittedEvent, ErrorEvent, FinishEvent, TokenEvent
+from gateway.engine.request import AdmittedEvent, ErrorEvent
 from gateway.errors import APIError, invalid, too_large
 from gateway.media import MediaLoader
 from gateway.metrics import CacheCollector, Metrics
 from gateway.openai_api import (
-    chunk_body,
-    completion_body,
     model_not_found,
     parse_chat_request,
-    usage_chunk_body,
 )
 from gateway.prompt import PromptBuilder
+from gateway.responses import api_error, collect, http_error, server_error, sse_stream
 from gateway.streams import EventStream
 
 log = logging.getLogger(__name__)
@@ -192,48 +190,22 @@ class Gateway:
         }
         created = int(time.time())
         if chat.stream:
-            body = self._sse(stream, request_id, created, chat.model, chat.include_usage)
+            body = sse_stream(
+                stream,
+                request_id,
+                created,
+                chat.model,
+                chat.include_usage,
+                lambda: self.engine.cancel(request_id),
+            )
             return StreamingResponse(body, media_type="text/event-stream", headers=headers)
         result = await self._unless_disconnected(
-            request, _collect(stream, request_id, created, chat.model, chat.logprobs)
+            request, collect(stream, request_id, created, chat.model, chat.logprobs)
         )
         if result is None:
             self.engine.cancel(request_id)
             return Response(status_code=499)
         return JSONResponse(result, headers=headers)
-
-    async def _sse(
-        self, stream: EventStream, request_id: str, created: int, model: str, usage: bool
-    ) -> AsyncIterator[str]:
-        done = False
-        try:
-            yield _sse(chunk_body(request_id, created, model, {"role": "assistant", "content": ""}))
-            while True:
-                event = await stream.get()
-                if isinstance(event, TokenEvent):
-                    if event.text or event.logprobs:
-                        delta = {"content": event.text}
-                        body = chunk_body(
-                            request_id, created, model, delta, None, list(event.logprobs)
-                        )
-                        yield _sse(body)
-                elif isinstance(event, FinishEvent):
-                    done = True
-                    if event.text:
-                        yield _sse(chunk_body(request_id, created, model, {"content": event.text}))
-                    yield _sse(chunk_body(request_id, created, model, {}, event.finish_reason))
-                    if usage:
-                        yield _sse(usage_chunk_body(request_id, created, model, event.usage))
-                    yield "data: [DONE]\n\n"
-                    return
-                elif isinstance(event, ErrorEvent):
-                    done = True
-                    yield _sse(APIError(event.status, event.message, event.type).to_dict())
-                    yield "data: [DONE]\n\n"
-                    return
-        finally:
-            if not done:  # the client went away mid-stream: free the row now
-                self.engine.cancel(request_id)
 
     async def models(self, request: Request) -> Response:
         self._authorize(request, self.server.api_key)
@@ -281,58 +253,6 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def _collect(
-    stream: EventStream, request_id: str, created: int, model: str, want_logprobs: bool
-) -> dict[str, Any]:
-    pieces: list[str] = []
-    logprobs: list[Any] = []
-    while True:
-        event = await stream.get()
-        if isinstance(event, TokenEvent):
-            pieces.append(event.text)
-            logprobs.extend(event.logprobs)
-        elif isinstance(event, FinishEvent):
-            pieces.append(event.text)
-            text = "".join(pieces)
-            lps = logprobs if want_logprobs else None
-            return completion_body(
-                request_id, created, model, text, event.finish_reason, event.usage, lps
-            )
-        elif isinstance(event, ErrorEvent):
-            raise APIError(event.status, event.message, event.type)
-
-
-def _sse(body: dict[str, Any]) -> str:
-    return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
-
-
-def _error_response(error: APIError) -> Response:
-    # ensure_ascii: messages may quote user input, including lone surrogates that UTF-8
-    # cannot encode; escaped JSON is still exactly what the client sent.
-    body = json.dumps(error.to_dict(), ensure_ascii=True)
-    return Response(body, error.status, error.headers, media_type="application/json")
-
-
-async def _api_error(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, APIError)
-    if exc.status >= 500:
-        log.error("request failed: %s", exc.message)
-    return _error_response(exc)
-
-
-async def _http_error(_: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return _error_response(APIError(exc.status_code, str(exc.detail), kind))
-
-
-async def _server_error(_: Request, exc: Exception) -> Response:
-    log.exception("unhandled error", exc_info=exc)
-    return _error_response(
-        APIError(500, f"internal server error: {type(exc).__name__}", "server_error")
-    )
-
-
 def create_app(
     server: ServerConfig,
     engine: EngineConfig,
@@ -353,9 +273,9 @@ def create_app(
         routes=routes,
         lifespan=gateway.lifespan,
         exception_handlers={
-            APIError: _api_error,
-            HTTPException: _http_error,
-            Exception: _server_error,
+            APIError: api_error,
+            HTTPException: http_error,
+            Exception: server_error,
         },
     )
     app.state.gateway = gateway

@@ -7,7 +7,9 @@ request: the caches are an optimisation, the request must still be answered.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -16,8 +18,9 @@ from caches.prefix import ImageSpan, PrefixCache, PrefixEntry
 from caches.vision import VisionCache, VisionEntry, VisionKey
 from gateway.engine.job import Job
 from gateway.engine.kv import RowKVCache
-from gateway.engine.model import EncodedImage, VisionLanguageModel
+from gateway.engine.model import VisionLanguageModel
 from gateway.engine.positions import rope_delta_at
+from gateway.engine.vision import EncodedImage
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,16 @@ class CacheOps:
             ImageSpan(i.layout.start, i.layout.end, i.content_hash)
             for i in job.request.images
             if upto is None or i.layout.end <= upto
+        ]
+
+    def needs_pixels(self, prompt_ids: Sequence[int], images: Sequence[ImageSpan]) -> list[bool]:
+        """Per image: is it neither covered by a prefix-cache hit nor in the vision cache, so
+        the tower must run on it? Thread-safe (the caches lock); advisory: if an entry is
+        evicted before admission, the engine preprocesses the image itself."""
+        covered = self.prefix.peek(prompt_ids, images)
+        return [
+            span.end > covered and self.vision_key(span.content_hash) not in self.vision
+            for span in images
         ]
 
     def vision_key(self, content_hash: str) -> VisionKey:
@@ -177,4 +190,19 @@ def fork(kv: list[RowKVCache], tokens: int, rope_delta: int) -> list[RowKVCache]
         values = layer.values[..., :tokens, :]
         out.append(RowKVCache.from_arrays(keys, values, rope_delta))
     mx.eval([c.keys for c in out])
+    return out
+
+
+def cache_stats(vision: VisionCache, prefix: PrefixCache) -> dict[str, dict[str, object]]:
+    """Both caches' counters as JSON-able dicts: the one source for /v1/cache/stats and
+    /metrics. Thread-safe."""
+    out: dict[str, dict[str, object]] = {}
+    p = prefix.stats()
+    for name, stats in (("vision", vision.stats()), ("prefix", p)):
+        d = dataclasses.asdict(stats)
+        d["queries"] = stats.hits + stats.misses
+        d["hit_rate"] = stats.hit_rate
+        d["enabled"] = stats.capacity_bytes > 0
+        out[name] = d
+    out["prefix"]["token_hit_rate"] = p.tokens_hit / p.tokens_queried if p.tokens_queried else 0.0
     return out

@@ -16,7 +16,6 @@ thread; everything else runs on the engine thread.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import queue
 import threading
@@ -30,7 +29,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 from caches.prefix import ImageSpan, PrefixCache
 from caches.vision import VisionCache
 from gateway.config import EngineConfig
-from gateway.engine.cache_ops import CacheOps
+from gateway.engine.cache_ops import CacheOps, cache_stats
 from gateway.engine.job import Job, Sink
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.output import OutputState
@@ -130,33 +129,12 @@ class Engine:
 
     def cache_stats(self) -> dict[str, dict[str, object]]:
         """Both caches' counters as plain JSON-able dicts (any thread)."""
-        out: dict[str, dict[str, object]] = {}
-        for name, stats in (
-            ("vision", self.vision_cache.stats()),
-            ("prefix", self.prefix_cache.stats()),
-        ):
-            d = dataclasses.asdict(stats)
-            d["queries"] = stats.hits + stats.misses
-            d["hit_rate"] = stats.hit_rate
-            d["enabled"] = stats.capacity_bytes > 0
-            out[name] = d
-        prefix = out["prefix"]
-        queried = int(prefix["tokens_queried"])  # type: ignore[call-overload]
-        prefix["token_hit_rate"] = int(prefix["tokens_hit"]) / queried if queried else 0.0  # type: ignore[call-overload]
-        return out
+        return cache_stats(self.vision_cache, self.prefix_cache)
 
     def needs_pixels(self, prompt_ids: Sequence[int], images: Sequence[ImageSpan]) -> list[bool]:
-        """Per image: will the engine have to run the vision tower on it, i.e. is it neither
-        covered by a prefix-cache hit nor in the vision cache? (Any thread; advisory: the
-        engine falls back to preprocessing itself if an entry is evicted meanwhile.)"""
+        """Per image: will the engine run the vision tower on it? (Any thread; advisory.)"""
         ops = getattr(self, "_cache_ops", None)
-        if ops is None:
-            return [True] * len(images)
-        covered = self.prefix_cache.peek(prompt_ids, images)
-        return [
-            span.end > covered and ops.vision_key(span.content_hash) not in self.vision_cache
-            for span in images
-        ]
+        return [True] * len(images) if ops is None else ops.needs_pixels(prompt_ids, images)
 
     def clear_caches(self) -> None:
         self.vision_cache.clear()

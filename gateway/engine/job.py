@@ -9,9 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.engine.model import EncodedImage, PrefillPlan
+from gateway.engine.model import PrefillPlan
 from gateway.engine.output import OutputState
 from gateway.engine.request import EngineRequest
+from gateway.engine.vision import EncodedImage
 
 Sink = Callable[[object], None]  # delivers one event to the request's async consumer
 

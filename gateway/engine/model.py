@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
@@ -23,12 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
 from caches.hashing import fingerprint
-from gateway.engine.kv import RowKVCache, row_positions
+from gateway.engine.kv import RowKVCache
 from gateway.engine.positions import ImageLayout, mrope_positions
+from gateway.engine.text_core import TextCore
+from gateway.engine.vision import EncodedImage, VisionEncoder, smart_resize
 
 log = logging.getLogger(__name__)
 
@@ -51,54 +51,6 @@ _PROCESSOR_KEYS = (
 )
 
 
-@dataclass(frozen=True)
-class EncodedImage:
-    """Vision-tower output for one image, in the language model's dtype.
-
-    `deepstack` holds Qwen3-VL's per-layer features (each (num_tokens, hidden)), else None.
-    """
-
-    features: mx.array  # (num_tokens, hidden)
-    deepstack: tuple[mx.array, ...] | None
-
-    @property
-    def nbytes(self) -> int:
-        extra = sum(d.nbytes for d in self.deepstack) if self.deepstack else 0
-        return self.features.nbytes + extra
-
-
-class TextCore(nn.Module):
-    """The language model as mlx-lm's BatchGenerator sees it: tokens in, logits out.
-
-    Positions come from each row's cache (`tokens in cache + row rope delta`), so image rows
-    (delta < 0) and text rows (delta 0) decode in one batch.
-    """
-
-    def __init__(self, language_model: nn.Module) -> None:
-        super().__init__()
-        self.lm = language_model
-
-    @property
-    def layers(self) -> list[nn.Module]:
-        return self.lm.model.layers
-
-    def make_cache(self) -> list[RowKVCache]:
-        return [RowKVCache() for _ in self.layers]
-
-    def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **_: Any) -> mx.array:
-        batch, length = inputs.shape
-        positions = row_positions(cache[0], length) if cache else mx.arange(length)[None]
-        positions = mx.broadcast_to(positions[None], (3, batch, length))
-        hidden = self.lm.model(inputs, cache=cache, position_ids=positions)
-        return logits_from_hidden(self.lm, hidden)
-
-
-def logits_from_hidden(language_model: nn.Module, hidden: mx.array) -> mx.array:
-    if getattr(language_model.args, "tie_word_embeddings", False):
-        return language_model.model.embed_tokens.as_linear(hidden)
-    return language_model.lm_head(hidden)
-
-
 class VisionLanguageModel:
     """A loaded Qwen-VL checkpoint. Construct on the thread that will own MLX."""
 
@@ -118,11 +70,9 @@ class VisionLanguageModel:
         self.vocab_size: int = int(config.text_config.vocab_size)
         self.eos_token_ids: tuple[int, ...] = self._eos_ids()
         self.text_core = TextCore(self.model.language_model)
-        if self.arch == "qwen2_5_vl":
-            drop_empty_attention_windows(self.model.vision_tower)
-        self._record_block_outputs()
         self.embed_dtype = self.model.language_model.model.embed_tokens.weight.dtype
-        self.vision_dtype = self.model.vision_tower.patch_embed.proj.weight.dtype
+        self.vision = VisionEncoder(self.model.vision_tower, self.arch, self.embed_dtype)
+        self.vision_dtype = self.vision.dtype
         self.fingerprint = self._model_fingerprint()
         self.processor_fingerprint = fingerprint(
             *((k, _plain(getattr(self.image_processor, k, None))) for k in _PROCESSOR_KEYS)
@@ -198,59 +148,13 @@ class VisionLanguageModel:
         self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
     ) -> EncodedImage:
         """Run the vision tower on one image, all at once."""
-        steps = self.encode_steps(pixel_values, grid_thw)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value
+        return self.vision.encode(pixel_values, grid_thw)
 
     def encode_steps(
         self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
     ) -> Generator[None, None, EncodedImage]:
-        """The vision tower one unit (patch embedding, then each block) per `next()`; the
-        generator returns the features.
-
-        MLX is lazy: calling the tower only builds the graph. Each block's (lazy) output is
-        recorded as the graph is built, and evaluating them in order runs the tower one block
-        at a time, so the engine can decode between blocks instead of stalling every running
-        stream for a whole encode. No model code is re-implemented.
-        """
-        pixels = mx.array(pixel_values).astype(self.vision_dtype)
-        grid = mx.array([grid_thw], dtype=mx.int32)
-        self._block_outputs = []
-        try:
-            out = self.model.vision_tower(pixels, grid, output_hidden_states=False)
-        finally:
-            block_outputs, self._block_outputs = self._block_outputs, None
-        for hidden in block_outputs:
-            mx.eval(hidden)
-            yield
-        deepstack = None
-        if isinstance(out, tuple):  # Qwen3-VL: (features, [per-layer deepstack features])
-            out, stack = out
-            deepstack = tuple(d.astype(self.embed_dtype) for d in stack) or None
-        features = out.astype(self.embed_dtype)
-        mx.eval(features, deepstack or [])
-        return EncodedImage(features, deepstack)
-
-    def _record_block_outputs(self) -> None:
-        """Give every vision block a subclass whose __call__ also reports its output (kept in
-        `self._block_outputs` while `encode_steps` builds the graph). Parameters, names and
-        numerics are untouched."""
-        self._block_outputs: list[mx.array] | None = None
-        adapter = self
-        tower = self.model.vision_tower
-        for block in [tower.patch_embed, *tower.blocks]:
-            base = type(block)
-
-            def call(blk: nn.Module, *args: Any, _base: type = base, **kwargs: Any) -> Any:
-                out = _base.__call__(blk, *args, **kwargs)
-                if adapter._block_outputs is not None:
-                    adapter._block_outputs.append(out)
-                return out
-
-            block.__class__ = type(f"Recorded{base.__name__}", (base,), {"__call__": call})
+        """The vision tower one unit per `next()` (see `VisionEncoder.steps`)."""
+        return self.vision.steps(pixel_values, grid_thw)
 
     def prefill_plan(
         self,
@@ -353,44 +257,6 @@ class PrefillPlan:
     @property
     def length(self) -> int:
         return int(self.ids.shape[1])
-
-
-def drop_empty_attention_windows(tower: nn.Module) -> None:
-    """Make Qwen2.5-VL's window boundaries unique.
-
-    mlx-vlm 0.7.10 dedupes `cu_window_seqlens` with a Python `set` of `mx.array` scalars, which
-    hash by identity, so nothing is removed: repeated boundaries become empty attention
-    windows (5 of 9 at a 16x16 patch grid) and reach scaled_dot_product_attention with empty
-    inputs, which dies with SIGFPE on CUDA in bf16. Boundaries are non-decreasing, so dropping
-    repeats of the previous value is an exact dedupe; the output is unchanged (tested).
-    """
-    original = tower.get_window_index
-
-    def get_window_index(grid_thw: mx.array) -> tuple[mx.array, mx.array]:
-        window_index, bounds = original(grid_thw)
-        values = bounds.tolist()
-        keep = [i for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
-        return window_index, bounds[mx.array(keep, dtype=mx.int32)]
-
-    object.__setattr__(tower, "get_window_index", get_window_index)
-
-
-def smart_resize(
-    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
-) -> tuple[int, int]:
-    """Qwen-VL's resize rule: both sides multiples of `factor`, area within [min, max] pixels,
-    aspect ratio kept as closely as possible."""
-    h = max(factor, round(height / factor) * factor)
-    w = max(factor, round(width / factor) * factor)
-    if h * w > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h = max(factor, math.floor(height / beta / factor) * factor)
-        w = max(factor, math.floor(width / beta / factor) * factor)
-    elif h * w < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h = math.ceil(height * beta / factor) * factor
-        w = math.ceil(width * beta / factor) * factor
-    return h, w
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,134 @@
+"""The vision tower, run one unit at a time, plus the image-geometry rules of Qwen-VL.
+
+MLX is lazy: calling mlx-vlm's tower only builds the graph. `VisionEncoder` records each unit's
+(lazy) output while the graph is built (the patch embedding, then every block) and evaluates
+them in order, so the engine can decode between two blocks instead of stalling every running
+stream for a whole encode. No model code is re-implemented; the numerics are mlx-vlm's.
+
+Engine thread only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """Vision-tower output for one image, in the language model's dtype.
+
+    `deepstack` holds Qwen3-VL's per-layer features (each (num_tokens, hidden)), else None.
+    """
+
+    features: mx.array  # (num_tokens, hidden)
+    deepstack: tuple[mx.array, ...] | None
+
+    @property
+    def nbytes(self) -> int:
+        extra = sum(d.nbytes for d in self.deepstack) if self.deepstack else 0
+        return self.features.nbytes + extra
+
+
+class VisionEncoder:
+    """Wraps a loaded tower (mutating only the Python classes of its blocks, not weights)."""
+
+    def __init__(self, tower: nn.Module, arch: str, embed_dtype: mx.Dtype) -> None:
+        self.tower = tower
+        self.embed_dtype = embed_dtype
+        self.dtype = tower.patch_embed.proj.weight.dtype
+        if arch == "qwen2_5_vl":
+            drop_empty_attention_windows(tower)
+        self._outputs: list[mx.array] | None = None
+        self._record_unit_outputs()
+
+    def encode(self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]) -> EncodedImage:
+        """Run the whole tower on one image."""
+        steps = self.steps(pixel_values, grid_thw)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value
+
+    def steps(
+        self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
+    ) -> Generator[None, None, EncodedImage]:
+        """One unit (patch embedding, then each block) per `next()`; returns the features."""
+        pixels = mx.array(pixel_values).astype(self.dtype)
+        grid = mx.array([grid_thw], dtype=mx.int32)
+        self._outputs = []
+        try:
+            out = self.tower(pixels, grid, output_hidden_states=False)
+        finally:
+            unit_outputs, self._outputs = self._outputs, None
+        for hidden in unit_outputs:
+            mx.eval(hidden)
+            yield
+        deepstack = None
+        if isinstance(out, tuple):  # Qwen3-VL: (features, [per-layer deepstack features])
+            out, stack = out
+            deepstack = tuple(d.astype(self.embed_dtype) for d in stack) or None
+        features = out.astype(self.embed_dtype)
+        mx.eval(features, deepstack or [])
+        return EncodedImage(features, deepstack)
+
+    def _record_unit_outputs(self) -> None:
+        """Give the patch embedding and every block a subclass whose __call__ also reports
+        its output while `steps` builds the graph. Parameters, names and numerics are
+        untouched."""
+        encoder = self
+        for unit in [self.tower.patch_embed, *self.tower.blocks]:
+            base = type(unit)
+
+            def call(module: nn.Module, *args: Any, _base: type = base, **kwargs: Any) -> Any:
+                out = _base.__call__(module, *args, **kwargs)
+                if encoder._outputs is not None:
+                    encoder._outputs.append(out)
+                return out
+
+            unit.__class__ = type(f"Recorded{base.__name__}", (base,), {"__call__": call})
+
+
+def drop_empty_attention_windows(tower: nn.Module) -> None:
+    """Make Qwen2.5-VL's window boundaries unique.
+
+    mlx-vlm 0.7.10 dedupes `cu_window_seqlens` with a Python `set` of `mx.array` scalars, which
+    hash by identity, so nothing is removed: repeated boundaries become empty attention
+    windows (5 of 9 at a 16x16 patch grid) and reach scaled_dot_product_attention with empty
+    inputs, which dies with SIGFPE on CUDA in bf16. Boundaries are non-decreasing, so dropping
+    repeats of the previous value is an exact dedupe; the output is unchanged (tested).
+    """
+    original = tower.get_window_index
+
+    def get_window_index(grid_thw: mx.array) -> tuple[mx.array, mx.array]:
+        window_index, bounds = original(grid_thw)
+        values = bounds.tolist()
+        keep = [i for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
+        return window_index, bounds[mx.array(keep, dtype=mx.int32)]
+
+    object.__setattr__(tower, "get_window_index", get_window_index)
+
+
+def smart_resize(
+    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
+) -> tuple[int, int]:
+    """Qwen-VL's resize rule: both sides multiples of `factor`, area within [min, max] pixels,
+    aspect ratio kept as closely as possible."""
+    h = max(factor, round(height / factor) * factor)
+    w = max(factor, round(width / factor) * factor)
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
