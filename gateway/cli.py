@@ -1,4 +1,4 @@
-"""`vision-gateway serve | make-model | bench`: argv -> frozen config dataclasses, nothing else."""
+"""Command line: argv -> frozen config dataclasses, nothing else below this module."""
 
 from __future__ import annotations
 
@@ -18,26 +18,31 @@ EMBEDDED_NOTICE = (
 
 
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="run the OpenAI-compatible server")
+    p = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible server",
+        description="Serve a Qwen2/2.5/3-VL model with an OpenAI-compatible API.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     a = p.add_argument
     a("--model", help="local model dir or hub id (default: the embedded tiny offline model)")
     a("--served-model-name", help="model name clients send (default: derived from --model)")
-    a("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    a("--port", type=int, default=8000)
+    a("--host", default="127.0.0.1", help="bind address")
+    a("--port", type=int, default=8000, help="TCP port")
     a(
         "--api-key",
-        default=os.environ.get("VISION_GATEWAY_API_KEY"),
+        default=None,
         help="require `Authorization: Bearer KEY` (env VISION_GATEWAY_API_KEY)",
     )
     a(
         "--metrics-api-key",
-        default=os.environ.get("VISION_GATEWAY_METRICS_API_KEY"),
-        help="separate key for /metrics (default: --api-key)",
+        default=None,
+        help="separate key for /metrics (env VISION_GATEWAY_METRICS_API_KEY; default: --api-key)",
     )
     a("--max-batch", type=int, default=16, help="rows decoding at once")
     a("--max-waiting", type=int, default=64, help="queued requests before 429")
     a("--prefill-chunk", type=int, default=512, help="tokens per prefill chunk between decodes")
-    a("--default-max-tokens", type=int, default=512)
+    a("--default-max-tokens", type=int, default=512, help="when a request sets none")
     a("--max-context", type=int, default=32768, help="prompt + completion tokens")
     a("--vision-cache-mb", type=float, default=512, help="vision-feature cache budget, MiB")
     a("--kv-cache-mb", type=float, default=2048, help="KV prefix cache budget, MiB")
@@ -62,18 +67,23 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         metavar="HOST",
         help="only fetch image URLs from these hosts (repeatable)",
     )
-    a("--max-image-bytes", type=int, default=20 * MIB)
-    a("--max-image-pixels", type=int, default=40_000_000)
+    a("--max-image-bytes", type=int, default=20 * MIB, help="per image, bytes")
+    a("--max-image-pixels", type=int, default=40_000_000, help="per image, from the header")
     a("--max-request-pixels", type=int, default=160_000_000, help="all images of one request")
     a("--max-images-per-request", type=int, default=16)
     a("--max-redirects", type=int, default=3, help="redirects followed per image URL")
-    a("--max-body-bytes", type=int, default=64 * MIB)
+    a("--max-body-bytes", type=int, default=64 * MIB, help="request body cap, bytes")
     a("--shutdown-grace", type=float, default=30.0, help="seconds to finish running requests")
     a("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def _make_model_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("make-model", help="build a random-weight Qwen-VL checkpoint offline")
+    p = sub.add_parser(
+        "make-model",
+        help="build a random-weight Qwen-VL checkpoint offline",
+        description="Build a deterministic random-weight checkpoint that mlx_vlm.load accepts.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("out", type=Path)
     p.add_argument("--arch", default="qwen2_vl", choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
     p.add_argument("--size", default="tiny", choices=["tiny", "7b"])
@@ -81,7 +91,11 @@ def _make_model_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vision-gateway", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="vision-gateway",
+        description="OpenAI-compatible gateway for vision-language models on MLX, with "
+        "content-addressed vision-feature and KV caches.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _make_model_parser(sub)
@@ -96,8 +110,9 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
     server = ServerConfig(
         host=args.host,
         port=args.port,
-        api_key=args.api_key,
-        metrics_api_key=args.metrics_api_key,
+        # Keys may come from the environment so they stay out of `ps` and shell history.
+        api_key=args.api_key or os.environ.get("VISION_GATEWAY_API_KEY"),
+        metrics_api_key=args.metrics_api_key or os.environ.get("VISION_GATEWAY_METRICS_API_KEY"),
         max_body_bytes=args.max_body_bytes,
         shutdown_grace_s=args.shutdown_grace,
         log_level=args.log_level,
@@ -141,6 +156,16 @@ def serve(args: argparse.Namespace) -> None:
     from gateway.app import create_app
 
     server, engine, media = configs_from_args(args)
+    model = engine.model
+    if (
+        model
+        and model.startswith(("/", "./", "../", "~"))
+        and not Path(model).expanduser().is_dir()
+    ):
+        raise ConfigError(
+            f"--model {model}: no such directory; pass a local model directory or a hub id "
+            "such as mlx-community/Qwen2.5-VL-7B-Instruct-4bit"
+        )
     notice = None
     if not engine.model:
         from gateway.offline_model import ensure_model

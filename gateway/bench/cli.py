@@ -24,7 +24,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--images", type=int, default=3, help="distinct images (conversations)")
     p.add_argument("--image-size", type=int, default=448)
     p.add_argument("--max-tokens", type=int, default=16)
-    p.add_argument("--configs", default="none,vision only,prefix only,both")
+    p.add_argument(
+        "--configs",
+        default="none,vision only,prefix only,both",
+        help="comma-separated cache configurations to run: none, vision only, prefix only, both",
+    )
     p.add_argument("--plot", type=Path, help="write a PNG plot (needs matplotlib)")
     p.set_defaults(run=_repeat_image)
 
@@ -58,7 +62,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="write results as JSON")
 
 
+def _quiet_clients() -> None:
+    """The benches make thousands of requests: keep httpx's per-request INFO lines out."""
+    import logging
+
+    for name in ("httpx", "httpx2", "openai"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def _model(args: argparse.Namespace) -> str:
+    _quiet_clients()
     if args.model:
         return args.model
     from gateway.offline_model import ensure_model

@@ -96,7 +96,10 @@ class Engine:
         Raises APIError 429 (with Retry-After) when the waiting queue is full.
         """
         with self._count_lock:
-            if self._queued >= self.config.max_waiting and self._active >= self.config.max_batch:
+            # Rows plus queue is the capacity; counting them together also covers requests
+            # submitted but not yet admitted (so a burst cannot overshoot the queue).
+            capacity = self.config.max_waiting + self.config.max_batch
+            if self._queued + self._active >= capacity:
                 raise APIError(
                     429,
                     f"the server is at capacity ({self.config.max_batch} running, "

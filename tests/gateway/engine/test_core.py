@@ -91,3 +91,24 @@ def test_seeded_sampling_is_batch_independent(harness: EngineHarness) -> None:
     assert together.token_ids == alone.token_ids
     unseeded = harness.run(chat_body("tell me a story", max_tokens=10, temperature=1.0, seed=99))
     assert unseeded.token_ids != alone.token_ids
+
+
+def test_capacity_is_rows_plus_queue_even_in_a_burst() -> None:
+    """Invariant: at most max_batch + max_waiting requests are held; the rest get a 429 with
+    Retry-After, however fast they arrive (submitted-but-unadmitted requests count)."""
+    from gateway.errors import APIError
+
+    h = EngineHarness("qwen2_vl", cache=NO_CACHE, max_batch=1, max_waiting=1)
+    try:
+        accepted, refused = [], []
+        for i in range(5):
+            try:
+                accepted.append(h.submit(chat_body(f"burst {i}", max_tokens=40)))
+            except APIError as exc:
+                assert exc.status == 429 and exc.headers == {"Retry-After": "1"}
+                refused.append(exc)
+        assert (len(accepted), len(refused)) == (2, 3)
+        for run in accepted:
+            assert run.wait().finish.finish_reason == "length"
+    finally:
+        h.close()
