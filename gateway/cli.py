@@ -44,6 +44,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     a("--prefill-chunk", type=int, default=512, help="tokens per prefill chunk between decodes")
     a("--default-max-tokens", type=int, default=512, help="when a request sets none")
     a("--max-context", type=int, default=32768, help="prompt + completion tokens")
+    a(
+        "--mlx-cache-limit-mb",
+        type=float,
+        default=None,
+        help="cap MLX's pool of freed buffers (MiB); default: MLX's own limit",
+    )
     a("--vision-cache-mb", type=float, default=512, help="vision-feature cache budget, MiB")
     a("--kv-cache-mb", type=float, default=2048, help="KV prefix cache budget, MiB")
     a("--no-vision-cache", action="store_true", help="disable the vision-feature cache")
@@ -132,6 +138,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         max_waiting=args.max_waiting,
         prefill_chunk_tokens=args.prefill_chunk,
         default_max_tokens=args.default_max_tokens,
+        mlx_cache_limit_mb=args.mlx_cache_limit_mb,
         max_context_tokens=args.max_context,
         cache=cache,
     )

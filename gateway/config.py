@@ -91,6 +91,7 @@ class EngineConfig:
     default_max_tokens: int = 512
     max_context_tokens: int = 32768
     seed: int = 0
+    mlx_cache_limit_mb: float | None = None  # MLX's pool of freed buffers; None: MLX default
     cache: CacheConfig = field(default_factory=CacheConfig)
 
     def __post_init__(self) -> None:

@@ -151,6 +151,8 @@ class Engine:
 
     def _main(self) -> None:
         try:
+            if self.config.mlx_cache_limit_mb is not None:
+                mx.set_cache_limit(int(self.config.mlx_cache_limit_mb * 1024 * 1024))
             self.model = self._loader()
             self._cache_ops = CacheOps(self.model, self.vision_cache, self.prefix_cache)
             self._batch = self._new_batch()
