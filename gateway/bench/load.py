@@ -63,6 +63,20 @@ class LoadReport:
             out.append(round(upto[-1] / 2**20, 1) if upto else 0.0)
         return out
 
+    def rss_slope_after_warmup(self) -> float:
+        """Least-squares RSS growth after the first quarter, MiB per minute (about 0 = flat)."""
+        if not self.rss_samples:
+            return 0.0
+        t0 = self.rss_samples[0][0]
+        points = [(t, r / 2**20) for t, r in self.rss_samples if t - t0 >= self.seconds / 4]
+        if len(points) < 2:
+            return 0.0
+        mean_t = sum(t for t, _ in points) / len(points)
+        mean_r = sum(r for _, r in points) / len(points)
+        var = sum((t - mean_t) ** 2 for t, _ in points)
+        cov = sum((t - mean_t) * (r - mean_r) for t, r in points)
+        return 60.0 * cov / var if var else 0.0
+
     def cache_within_budget(self) -> bool:
         return all(s[c]["bytes"] <= s[c]["capacity_bytes"] for s in self.cache_samples for c in s)
 
@@ -82,6 +96,7 @@ class LoadReport:
             "rss_mb_by_decile": self.rss_by_decile(),
             "rss_after_warmup_mb": round(warm / 2**20, 1),
             "peak_rss_after_warmup_mb": round(peak / 2**20, 1),
+            "rss_slope_after_warmup_mb_per_min": round(self.rss_slope_after_warmup(), 2),
             "cache_within_budget": self.cache_within_budget(),
             "cache_bytes": {c: (v["bytes"], v["capacity_bytes"]) for c, v in last.items()},
         }

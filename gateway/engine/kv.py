@@ -82,6 +82,11 @@ class RowBatchKVCache(BatchKVCache):
         plain = super().extract(idx)
         return RowKVCache.from_arrays(plain.keys, plain.values, int(self.rope_deltas[idx].item()))
 
+    def bookkeeping(self) -> list[mx.array]:
+        """The small per-row arrays (offsets, left padding, rope deltas) that every update,
+        filter and extend rebuilds lazily from their previous value."""
+        return [self.offset, self.left_padding, self.rope_deltas]
+
 
 def row_positions(cache: KVCache | BatchKVCache, length: int) -> mx.array:
     """Text positions for the next `length` tokens of every row: (B, length) int32.
