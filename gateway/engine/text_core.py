@@ -7,7 +7,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from gateway.engine.kv import RowBatchKVCache, RowKVCache, row_positions
+from gateway.engine.kv import RowBatchKVCache, RowKVCache, row_positions, share_row_state
 
 
 class TextCore(nn.Module):
@@ -33,24 +33,9 @@ class TextCore(nn.Module):
         positions = row_positions(cache[0], length) if cache else mx.arange(length)[None]
         positions = mx.broadcast_to(positions[None], (3, batch, length))
         hidden = self.lm.model(inputs, cache=cache, position_ids=positions)
-        if cache:
-            _settle_bookkeeping(cache)
+        if cache and isinstance(cache[0], RowBatchKVCache):
+            share_row_state(cache)
         return logits_from_hidden(self.lm, hidden)
-
-
-def _settle_bookkeeping(cache: list[Any]) -> None:
-    """Schedule the evaluation of every layer's per-row bookkeeping arrays.
-
-    Only layer 0's offsets feed the forward (through the positions); the other layers'
-    offsets and rope deltas are rebuilt from their previous value on every step, filter and
-    extend but nothing ever evaluates them. Left alone, each layer grows a lazy graph that
-    lives as long as the batch, which under continuous load is forever: a native-memory leak
-    outside MLX's active-memory count (about 0.2 MB/s on the tiny model). `async_eval` keeps
-    each chain one node deep without waiting for anything.
-    """
-    arrays = [a for c in cache if isinstance(c, RowBatchKVCache) for a in c.bookkeeping()]
-    if arrays:
-        mx.async_eval(arrays)
 
 
 def logits_from_hidden(language_model: nn.Module, hidden: mx.array) -> mx.array:

@@ -34,7 +34,7 @@ def test_batch_bookkeeping_stays_evaluated_under_churn() -> None:
     live: set[int] = set()
     steps = 0
     with mx.stream(batch.stream):
-        while steps < 120:
+        while steps < 300:
             while len(live) < 6:  # refill so the batch never drains
                 prompt = [rng.randrange(100, 1000) for _ in range(rng.randint(3, 12))]
                 [uid] = batch.insert([prompt], max_tokens=[rng.randint(2, 9)])
@@ -46,4 +46,4 @@ def test_batch_bookkeeping_stays_evaluated_under_churn() -> None:
         assert len(caches) == len(model.text_core.layers)
         depth = max(graph_ops(a) for c in caches for a in c.bookkeeping())
         mx.synchronize(batch.stream)
-    assert depth <= 8, f"bookkeeping graph is {depth} ops deep after {steps} steps"
+    assert depth <= 16, f"bookkeeping graph is {depth} ops deep after {steps} steps"
