@@ -47,6 +47,14 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=int, default=112)
     p.add_argument("--kv-cache-mb", type=float, default=8, help="small, so eviction happens")
     p.add_argument("--vision-cache-mb", type=float, default=2)
+    p.add_argument("--plot", type=Path, help="write RSS over time as a PNG (needs matplotlib)")
+    p.add_argument(
+        "--compare",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="earlier --out files whose RSS series go on the same plot",
+    )
     p.set_defaults(run=_load)
 
     p = kinds.add_parser("engine", help="engine alone (no HTTP): TTFT stages and decode steps")
@@ -176,7 +184,7 @@ def _stall(args: argparse.Namespace) -> None:
 def _load(args: argparse.Namespace) -> None:
     import asyncio
 
-    from gateway.bench.load import run_load
+    from gateway.bench.load import plot_rss, run_load
 
     if args.clients > 256 or args.seconds > 3600:
         raise SystemExit("bench load is bounded: at most 256 clients and 3600 s")
@@ -196,8 +204,17 @@ def _load(args: argparse.Namespace) -> None:
     summary["decode_steps"] = server_stats.get("vision_gateway_decode_steps_total")
     summary["generation_tokens"] = server_stats.get("vision_gateway_generation_tokens_total")
     print(json.dumps(summary, indent=2))
+    summary["rss_mb_series"] = report.rss_series()
     if args.out:
         args.out.write_text(json.dumps({"machine": machine(), "model": model, **summary}, indent=2))
+    if args.plot:
+        series = {}
+        for earlier in args.compare:
+            data = json.loads(earlier.read_text())
+            series[data.get("label", earlier.stem)] = data.get("rss_mb_series", [])
+        series["this run"] = summary["rss_mb_series"]
+        if plot_rss(series, str(args.plot)):
+            print(f"plot: {args.plot}")
 
 
 def _engine(args: argparse.Namespace) -> None:

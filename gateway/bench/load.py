@@ -4,7 +4,8 @@ Bounded in time and count, loopback only. Each client loops: pick a request (tex
 from a pool of distinct images so the caches both hit and evict; streamed or not), send it, and
 classify the outcome: complete answer, 4xx, 429, 5xx, or lost (connection error, truncated
 stream, missing finish). Meanwhile a sampler reads the server's RSS and cache stats every
-second. Reports requests, outcomes by status, p50/p99 latency, peak RSS and cache bytes vs
+second. Reports requests, outcomes by status, p50/p99 latency, peak RSS, RSS by tenth of the run
+and its slope after warm-up (a leak shows as a steady positive slope), and cache bytes vs
 budget.
 """
 
@@ -76,6 +77,13 @@ class LoadReport:
         var = sum((t - mean_t) ** 2 for t, _ in points)
         cov = sum((t - mean_t) * (r - mean_r) for t, r in points)
         return 60.0 * cov / var if var else 0.0
+
+    def rss_series(self) -> list[list[float]]:
+        """[[seconds since start, RSS MiB], ...]: one point per sample, for plots."""
+        if not self.rss_samples:
+            return []
+        t0 = self.rss_samples[0][0]
+        return [[round(t - t0, 1), round(r / 2**20, 1)] for t, r in self.rss_samples]
 
     def cache_within_budget(self) -> bool:
         return all(s[c]["bytes"] <= s[c]["capacity_bytes"] for s in self.cache_samples for c in s)
@@ -205,3 +213,25 @@ async def run_load(
 
 def p50(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def plot_rss(series: dict[str, list[list[float]]], path: str) -> bool:
+    """RSS over time, one line per run (label -> rss_series). False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, points in series.items():
+        ax.plot([t for t, _ in points], [mb for _, mb in points], label=label)
+    ax.set_xlabel("seconds of load")
+    ax.set_ylabel("server RSS (MiB)")
+    ax.set_title("Server memory under load")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
