@@ -47,6 +47,7 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=int, default=112)
     p.add_argument("--kv-cache-mb", type=float, default=8, help="small, so eviction happens")
     p.add_argument("--vision-cache-mb", type=float, default=2)
+    p.add_argument("--label", default="this run", help="this run's name in --out and plots")
     p.add_argument("--plot", type=Path, help="write RSS over time as a PNG (needs matplotlib)")
     p.add_argument(
         "--compare",
@@ -204,6 +205,7 @@ def _load(args: argparse.Namespace) -> None:
     summary["decode_steps"] = server_stats.get("vision_gateway_decode_steps_total")
     summary["generation_tokens"] = server_stats.get("vision_gateway_generation_tokens_total")
     print(json.dumps(summary, indent=2))
+    summary["label"] = args.label
     summary["rss_mb_series"] = report.rss_series()
     if args.out:
         args.out.write_text(json.dumps({"machine": machine(), "model": model, **summary}, indent=2))
@@ -212,7 +214,7 @@ def _load(args: argparse.Namespace) -> None:
         for earlier in args.compare:
             data = json.loads(earlier.read_text())
             series[data.get("label", earlier.stem)] = data.get("rss_mb_series", [])
-        series["this run"] = summary["rss_mb_series"]
+        series[args.label] = summary["rss_mb_series"]
         if plot_rss(series, str(args.plot)):
             print(f"plot: {args.plot}")
 
