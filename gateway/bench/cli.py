@@ -204,6 +204,9 @@ def _load(args: argparse.Namespace) -> None:
     summary["clean_shutdown"] = clean
     summary["decode_steps"] = server_stats.get("vision_gateway_decode_steps_total")
     summary["generation_tokens"] = server_stats.get("vision_gateway_generation_tokens_total")
+    for gauge in ("active", "cache", "peak"):  # MLX's own memory, to read RSS against
+        value = server_stats.get(f"vision_gateway_mlx_{gauge}_bytes", 0.0)
+        summary[f"mlx_{gauge}_mb_at_end"] = round(value / 2**20, 1)
     print(json.dumps(summary, indent=2))
     summary["label"] = args.label
     summary["rss_mb_series"] = report.rss_series()
