@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from gateway.bench.plots import line_plot
 from gateway.bench.timing import image_data_uri
 
 
@@ -217,21 +218,11 @@ def p50(values: list[float]) -> float:
 
 def plot_rss(series: dict[str, list[list[float]]], path: str) -> bool:
     """RSS over time, one line per run (label -> rss_series). False when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label, points in series.items():
-        ax.plot([t for t, _ in points], [mb for _, mb in points], label=label)
-    ax.set_xlabel("seconds of load")
-    ax.set_ylabel("server RSS (MiB)")
-    ax.set_title("Server memory under load")
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
+    lines = {label: ([t for t, _ in pts], [mb for _, mb in pts]) for label, pts in series.items()}
+    return line_plot(
+        lines,
+        path,
+        xlabel="seconds of load",
+        ylabel="server RSS (MiB)",
+        title="Server memory under load",
+    )

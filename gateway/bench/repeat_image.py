@@ -13,6 +13,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.bench.plots import line_plot
 from gateway.bench.timing import image_data_uri, image_message, timed_stream
 
 CONFIGS: dict[str, list[str]] = {
@@ -124,24 +125,15 @@ def markdown(results: dict[str, ConfigResult], mismatches: dict[str, tuple[int, 
 
 def plot(results: dict[str, ConfigResult], path: str) -> bool:
     """TTFT per turn, one line per configuration. False when matplotlib is missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4))
     turns = list(range(1, 6))
-    for name, r in results.items():
-        ax.plot(turns, [r.median_ttft(t) for t in turns], marker="o", label=name)
-    ax.set_xlabel("turn (1 = cold)")
-    ax.set_ylabel("median time to first token (ms)")
-    ax.set_yscale("log")
-    ax.set_xticks(turns)
-    ax.set_title("Repeat questions about one image")
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return True
+    lines = {name: (turns, [r.median_ttft(t) for t in turns]) for name, r in results.items()}
+    return line_plot(
+        lines,
+        path,
+        xlabel="turn (1 = cold)",
+        ylabel="median time to first token (ms)",
+        title="Repeat questions about one image",
+        log_y=True,
+        marker="o",
+        xticks=turns,
+    )
