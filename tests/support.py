@@ -5,9 +5,13 @@ Building the tiny models once per session and driving the engine without HTTP.
 
 from __future__ import annotations
 
+import base64
+import io
 import os
+import struct
 import threading
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +43,33 @@ def tiny_model(arch: str = "qwen2_vl") -> Path:
 def noise_image(seed: int, width: int = 56, height: int = 56) -> Image.Image:
     rng = np.random.default_rng(seed)
     return Image.fromarray((rng.random((height, width, 3)) * 255).astype("uint8"), "RGB")
+
+
+def noise_png(seed: int, width: int = 56, height: int = 56) -> bytes:
+    buf = io.BytesIO()
+    noise_image(seed, width, height).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def data_uri(data: bytes, mime: str = "image/png") -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+def png_claiming(width: int, height: int) -> bytes:
+    """A well-formed PNG whose header claims width x height but whose data is a few bytes
+    (a decompression bomb as far as anything that trusts the header is concerned)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"\x00" * 16))
+        + chunk(b"IEND", b"")
+    )
 
 
 def decoded(image: Image.Image) -> DecodedImage:

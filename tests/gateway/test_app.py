@@ -8,32 +8,20 @@ server keeps serving.
 
 from __future__ import annotations
 
-import base64
-import io
 import threading
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-from support import ImageServer, ServerProcess, noise_image
-
-
-def _png(seed: int, w: int = 56, h: int = 56) -> bytes:
-    buf = io.BytesIO()
-    noise_image(seed, w, h).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _data_uri(data: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+from support import ImageServer, ServerProcess, data_uri, noise_png
 
 
 @pytest.fixture(scope="module")
 def media_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("media")
-    (root / "a.png").write_bytes(_png(1))
-    (root / "b.png").write_bytes(_png(2, 84, 56))
+    (root / "a.png").write_bytes(noise_png(1))
+    (root / "b.png").write_bytes(noise_png(2, 84, 56))
     (root / "notes.txt").write_text("not an image")
     return root
 
@@ -80,7 +68,7 @@ def test_every_delivery_of_the_same_pixels_gives_one_answer(
     """Invariant: data URI, absolute path, file:// URL and http URL of one image answer alike."""
     path = media_dir / "a.png"
     urls = [
-        _data_uri(path.read_bytes()),
+        data_uri(path.read_bytes()),
         str(path),
         path.as_uri(),
         f"{images.url}/a.png",
@@ -232,7 +220,7 @@ def test_bad_images_are_4xx_and_the_server_keeps_serving(
 ) -> None:
     cases = [
         "data:image/png;base64,!!!not-base64!!!",
-        _data_uri(b"these bytes are not an image"),
+        data_uri(b"these bytes are not an image"),
         str(media_dir / "notes.txt"),
         "/etc/passwd",
         "relative/path.png",

@@ -21,16 +21,12 @@ Only servers these tests start on 127.0.0.1 are contacted.
 
 from __future__ import annotations
 
-import base64
 import copy
-import io
 import json
 import os
 import socket
-import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +36,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import ImageServer, ServerProcess, noise_image
+from support import ImageServer, ServerProcess, data_uri, noise_png, png_claiming
 
 KEY = "sk-hardening-key"
 METRICS_KEY = "sk-hardening-metrics-key"
@@ -54,34 +50,8 @@ IMAGE_PARAM = "messages[0].content[0].image_url.url"
 # ----- images and bodies --------------------------------------------------------------------
 
 
-def _png(seed: int = 0, width: int = 28, height: int = 28) -> bytes:
-    buf = io.BytesIO()
-    noise_image(seed, width, height).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _png_claiming(width: int, height: int) -> bytes:
-    """A well-formed PNG whose IHDR claims width x height (with a tiny IDAT)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", zlib.compress(b"\x00" * 16))
-        + chunk(b"IEND", b"")
-    )
-
-
-def _data_uri(data: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
-
-
-PNG = _png()
-TINY_PNG = _png(1, 1, 1)
+PNG = noise_png(0, 28, 28)
+TINY_PNG = noise_png(1, 1, 1)
 DROP = object()  # a field value meaning "leave the field out"
 
 
@@ -228,7 +198,7 @@ CASES: list[Any] = [
                 {"role": "user", "content": "hi"},
                 {
                     "role": "assistant",
-                    "content": [{"type": "image_url", "image_url": {"url": _data_uri(PNG)}}],
+                    "content": [{"type": "image_url", "image_url": {"url": data_uri(PNG)}}],
                 },
             ),
             param="messages[1].content[0]",
@@ -320,7 +290,7 @@ CASES: list[Any] = [
         id="data-uri-truncated-base64",
     ),
     pytest.param(
-        Case(image(_data_uri(PNG, "text/html")), 400, "invalid_data_uri", IMAGE_PARAM),
+        Case(image(data_uri(PNG, "text/html")), 400, "invalid_data_uri", IMAGE_PARAM),
         id="data-uri-non-image-mime",
     ),
     pytest.param(
@@ -332,24 +302,24 @@ CASES: list[Any] = [
         id="data-uri-without-comma",
     ),
     pytest.param(
-        Case(image(_data_uri(b"%PDF-1.4 not an image")), 400, "image_decode_failed", IMAGE_PARAM),
+        Case(image(data_uri(b"%PDF-1.4 not an image")), 400, "image_decode_failed", IMAGE_PARAM),
         id="data-uri-non-image-bytes",
     ),
     pytest.param(
-        Case(image(_data_uri(PNG[: len(PNG) // 2])), 400, "image_decode_failed", IMAGE_PARAM),
+        Case(image(data_uri(PNG[: len(PNG) // 2])), 400, "image_decode_failed", IMAGE_PARAM),
         id="truncated-png",
     ),
     pytest.param(
-        Case(image(_data_uri(_png_claiming(100_000, 100_000))), 413, "too_large", IMAGE_PARAM),
+        Case(image(data_uri(png_claiming(100_000, 100_000))), 413, "too_large", IMAGE_PARAM),
         id="png-header-claims-100000x100000",
     ),
     pytest.param(
-        Case(image(_data_uri(_png_claiming(0, 5))), 400, "image_decode_failed", IMAGE_PARAM),
+        Case(image(data_uri(png_claiming(0, 5))), 400, "image_decode_failed", IMAGE_PARAM),
         id="png-header-claims-zero-width",
     ),
-    pytest.param(Case(image(_data_uri(_png(3, 1, 500)))), id="image-aspect-ratio-500-to-1"),
+    pytest.param(Case(image(data_uri(noise_png(3, 1, 500)))), id="image-aspect-ratio-500-to-1"),
     pytest.param(
-        Case(image(_data_uri(PNG), count=3), 400, "too_many_images"),
+        Case(image(data_uri(PNG), count=3), 400, "too_many_images"),
         id="three-images-over-max-images-per-request-2",
     ),
     # --- image references: schemes and paths
@@ -522,7 +492,7 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     allowed.mkdir()
     outside.mkdir()
     (allowed / "a.png").write_bytes(PNG)
-    (outside / "b.png").write_bytes(_png(2))
+    (outside / "b.png").write_bytes(noise_png(2, 28, 28))
     (allowed / "folder.png").mkdir()
     os.mkfifo(allowed / "pipe.png")
     (allowed / "passwd.png").symlink_to("/etc/passwd")
@@ -633,13 +603,13 @@ LENIENT = [
         chat(), {"Content-Type": "application/x-www-form-urlencoded"}, id="json-body-labelled-form"
     ),
     pytest.param(chat(), {}, id="no-content-type"),
-    pytest.param(image(_data_uri(PNG, "image/jpeg")), None, id="png-bytes-labelled-image-jpeg"),
-    pytest.param(image(_data_uri(TINY_PNG)), None, id="one-by-one-pixel-image"),
+    pytest.param(image(data_uri(PNG, "image/jpeg")), None, id="png-bytes-labelled-image-jpeg"),
+    pytest.param(image(data_uri(TINY_PNG)), None, id="one-by-one-pixel-image"),
     pytest.param(
-        image(_data_uri(PNG, "IMAGE/PNG").replace("data:", "DATA:")), None, id="upper-case-data-uri"
+        image(data_uri(PNG, "IMAGE/PNG").replace("data:", "DATA:")), None, id="upper-case-data-uri"
     ),
     pytest.param(image("{media}/a.png"), None, id="allowed-path"),
-    pytest.param(image(_data_uri(PNG, "image/png"), count=2), None, id="two-images-at-the-cap"),
+    pytest.param(image(data_uri(PNG, "image/png"), count=2), None, id="two-images-at-the-cap"),
     pytest.param(chat(max_tokens=2.0), None, id="integral-float-max_tokens"),
 ]
 
@@ -812,7 +782,7 @@ VALID_BODIES: list[dict[str, Any]] = [
     chat(max_tokens=3),
     chat(stream=True, stream_options={"include_usage": True}, max_tokens=3),
     chat(logprobs=True, top_logprobs=2, stop=["x"], seed=1, temperature=0.5, top_p=0.9),
-    image(_data_uri(TINY_PNG)),
+    image(data_uri(TINY_PNG)),
     msgs(
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": [{"type": "text", "text": "a"}]},
@@ -896,7 +866,7 @@ def test_server_still_serves_after_the_hostile_traffic(
     """Invariant: after all of the above the server is healthy, idle and answers normally."""
     health = httpx.get(hostile.base_url + "/health", timeout=10).json()
     assert health["status"] == "ok"
-    r = client.post(CHAT, json=image(_data_uri(PNG)) | {"max_tokens": 3}, headers=AUTH)
+    r = client.post(CHAT, json=image(data_uri(PNG)) | {"max_tokens": 3}, headers=AUTH)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 3
     assert _wait_idle(hostile, 30), httpx.get(hostile.base_url + "/health").json()

@@ -13,11 +13,9 @@ import asyncio
 import base64
 import io
 import os
-import struct
 import threading
 import time
 import urllib.parse
-import zlib
 from collections.abc import Coroutine, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -28,6 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile
+from support import data_uri, png_claiming
 
 from caches.hashing import pixel_hash
 from gateway.config import MediaConfig
@@ -54,10 +53,6 @@ def encode(image: Image.Image, fmt: str, **params: object) -> bytes:
     buf = io.BytesIO()
     image.save(buf, fmt, **params)
     return buf.getvalue()
-
-
-def data_uri(data: bytes, mime: str = "image/png") -> str:
-    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
@@ -239,22 +234,6 @@ def test_animated_gif_uses_the_first_frame() -> None:
 
 
 # --- limits checked before decoding ----------------------------------------------------------
-
-
-def png_claiming(width: int, height: int) -> bytes:
-    """A PNG whose header claims width x height but whose data is a few bytes."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        crc = struct.pack(">I", zlib.crc32(kind + data))
-        return struct.pack(">I", len(data)) + kind + data + crc
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", zlib.compress(b"\0" * 16))
-        + chunk(b"IEND", b"")
-    )
 
 
 @pytest.mark.parametrize("side", [9_000, 100_000])  # under and over Pillow's own bomb limit
