@@ -25,7 +25,7 @@ from starlette.routing import Route
 from gateway.config import EngineConfig, MediaConfig, ServerConfig
 from gateway.engine.core import Engine
 from gateway.engine.model import VisionLanguageModel
-from gateway.engine.request import AdmittedEvent, ErrorEvent
+from gateway.engine.request import AdmittedEvent, EngineBusy, ErrorEvent
 from gateway.errors import APIError, invalid, too_large
 from gateway.media import MediaLoader
 from gateway.metrics import CacheCollector, Metrics
@@ -34,8 +34,16 @@ from gateway.openai_api import (
     parse_chat_request,
 )
 from gateway.prompt import PromptBuilder
-from gateway.responses import api_error, collect, http_error, server_error, sse_stream
-from gateway.streams import EventStream
+from gateway.responses import (
+    api_error,
+    collect,
+    engine_busy,
+    engine_error,
+    http_error,
+    server_error,
+    sse_stream,
+)
+from gateway.streams import EventStream, LoopDelivery
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -67,6 +75,7 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _: Starlette) -> AsyncIterator[None]:
+        self.delivery = LoopDelivery(asyncio.get_running_loop())
         await asyncio.to_thread(self.engine.start)
         assert self.engine.model is not None
         self.prompts = PromptBuilder(
@@ -161,14 +170,17 @@ class Gateway:
         except ValueError as exc:  # e.g. an image placeholder typed into the text
             raise invalid(f"could not build the prompt: {exc}", "messages") from None
         t_prompt = time.perf_counter()
-        stream = EventStream(asyncio.get_running_loop())
-        self.engine.submit(prepared, stream.sink)
+        stream = EventStream(self.delivery)
+        try:
+            self.engine.submit(prepared, stream.sink)
+        except EngineBusy as busy:
+            raise engine_busy(busy) from None
         first = await self._unless_disconnected(request, stream.get())
         if first is None:
             self.engine.cancel(request_id)
             return Response(status_code=499)
         if isinstance(first, ErrorEvent):
-            raise APIError(first.status, first.message, first.type)
+            raise engine_error(first)
         assert isinstance(first, AdmittedEvent)
         t_admit = time.perf_counter()
         headers = {

@@ -48,6 +48,7 @@ class ChatRequest:
     top_logprobs: int
     stream: bool
     include_usage: bool
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens (benchmarks)
 
     @property
     def images(self) -> list[ImagePart]:
@@ -78,6 +79,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if top_logprobs and not logprobs:
         raise invalid("`top_logprobs` requires `logprobs: true`", "top_logprobs")
     stream = _opt_bool(body, "stream", False)
+    ignore_eos = _opt_bool(body, "ignore_eos", False)
     include_usage = False
     options = body.get("stream_options")
     if options is not None:
@@ -100,6 +102,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         top_logprobs=top_logprobs,
         stream=stream,
         include_usage=include_usage,
+        ignore_eos=ignore_eos,
     )
 
 

@@ -127,4 +127,5 @@ class PromptBuilder:
             stop=chat.stop,
             logprobs=chat.logprobs,
             top_logprobs=chat.top_logprobs,
+            ignore_eos=chat.ignore_eos,
         )

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.engine.request import ErrorEvent, FinishEvent, TokenEvent
+from gateway.engine.request import EngineBusy, ErrorEvent, ErrorKind, FinishEvent, TokenEvent
 from gateway.errors import APIError
 from gateway.openai_api import chunk_body, completion_body, usage_chunk_body
 from gateway.streams import EventStream
@@ -31,31 +31,45 @@ async def sse_stream(
     on_abandon: Callable[[], None],
 ) -> AsyncIterator[str]:
     """OpenAI chat.completion.chunk events until [DONE]. `on_abandon` runs if the client goes
-    away before the end (the generator is closed early), to free the request's row."""
+    away before the end (the generator is closed early), to free the request's row.
+
+    Events that are already waiting are written together (one chunk per token still, but
+    one transport write), so a busy loop does not fall further behind the engine."""
     done = False
+
+    def token_chunk(event: TokenEvent) -> str:
+        if not (event.text or event.logprobs):
+            return ""  # held back (a possible stop string, a partial character)
+        delta = {"content": event.text}
+        return _sse(chunk_body(request_id, created, model, delta, None, list(event.logprobs)))
+
+    def final_chunks(event: FinishEvent) -> str:
+        out = []
+        if event.text:
+            out.append(_sse(chunk_body(request_id, created, model, {"content": event.text})))
+        out.append(_sse(chunk_body(request_id, created, model, {}, event.finish_reason)))
+        if usage:
+            out.append(_sse(usage_chunk_body(request_id, created, model, event.usage)))
+        return "".join(out) + "data: [DONE]\n\n"
+
     try:
         yield _sse(chunk_body(request_id, created, model, {"role": "assistant", "content": ""}))
-        while True:
-            event = await stream.get()
-            if isinstance(event, TokenEvent):
-                if event.text or event.logprobs:
-                    delta = {"content": event.text}
-                    body = chunk_body(request_id, created, model, delta, None, list(event.logprobs))
-                    yield _sse(body)
-            elif isinstance(event, FinishEvent):
-                done = True
-                if event.text:
-                    yield _sse(chunk_body(request_id, created, model, {"content": event.text}))
-                yield _sse(chunk_body(request_id, created, model, {}, event.finish_reason))
-                if usage:
-                    yield _sse(usage_chunk_body(request_id, created, model, event.usage))
-                yield "data: [DONE]\n\n"
-                return
-            elif isinstance(event, ErrorEvent):
-                done = True
-                yield _sse(APIError(event.status, event.message, event.type).to_dict())
-                yield "data: [DONE]\n\n"
-                return
+        while not done:
+            out: list[str] = []
+            for event in await stream.get_ready():
+                if isinstance(event, TokenEvent):
+                    out.append(token_chunk(event))
+                elif isinstance(event, FinishEvent):
+                    done = True
+                    out.append(final_chunks(event))
+                    break
+                elif isinstance(event, ErrorEvent):
+                    done = True
+                    out.append(_sse(engine_error(event).to_dict()) + "data: [DONE]\n\n")
+                    break
+            text = "".join(out)
+            if text:
+                yield text
     finally:
         if not done:
             on_abandon()
@@ -79,7 +93,24 @@ async def collect(
                 request_id, created, model, text, event.finish_reason, event.usage, lps
             )
         elif isinstance(event, ErrorEvent):
-            raise APIError(event.status, event.message, event.type)
+            raise engine_error(event)
+
+
+def engine_error(event: ErrorEvent) -> APIError:
+    """The OpenAI error for an engine failure: 503 while shutting down, else 500."""
+    if event.kind is ErrorKind.SHUTTING_DOWN:
+        return APIError(503, event.message, "server_error", code="unavailable")
+    return APIError(500, event.message, "server_error")
+
+
+def engine_busy(busy: EngineBusy) -> APIError:
+    return APIError(
+        429,
+        f"{busy}; retry shortly",
+        "rate_limit_error",
+        code="server_busy",
+        headers={"Retry-After": "1"},
+    )
 
 
 def _sse(body: dict[str, Any]) -> str:

@@ -67,7 +67,8 @@ class CacheOps:
         layouts = [i.layout for i in request.images]
         hit = None
         try:
-            hit = self.prefix.lookup(request.prompt_ids, self.spans(job))
+            if request.use_caches:
+                hit = self.prefix.lookup(request.prompt_ids, self.spans(job))
         except Exception:
             log.exception("prefix cache lookup failed; treating as a miss")
         if hit is not None:
@@ -76,8 +77,11 @@ class CacheOps:
         job.encoded = [None] * len(request.images)
         pending = [i for i, img in enumerate(request.images) if img.layout.end > job.cached_tokens]
         job.split = max((request.images[i].layout.end for i in pending), default=0)
+        job.fed = job.cached_tokens
         for i in pending:
-            entry = self._vision_lookup(request.images[i].content_hash, layouts[i].num_tokens)
+            entry = None
+            if request.use_caches:
+                entry = self._vision_lookup(request.images[i].content_hash, layouts[i].num_tokens)
             if entry is not None:
                 job.encoded[i] = entry.features
                 job.vision_hits += 1
@@ -118,6 +122,8 @@ class CacheOps:
                 f"{image.layout.num_tokens} placeholders"
             )
         job.encoded[i] = encoded
+        if not job.request.use_caches:
+            return True
         entry = VisionEntry(encoded, image.layout.num_tokens, image.grid_thw, encoded.nbytes)
         try:
             self.vision.store(self.vision_key(image.content_hash), entry)
@@ -125,36 +131,16 @@ class CacheOps:
             log.exception("vision cache store failed; continuing without caching")
         return True
 
-    def prefill_chunk(self, job: Job, chunk_tokens: int) -> bool:
-        """Feed the next chunk of prompt tokens [cached_tokens, split). True when done; then
-        the job's cache holds the image part with its rope delta set, and a snapshot of it is
-        stored in the prefix cache."""
-        model = self.model
-        layouts = [i.layout for i in job.request.images]
-        if job.plan is None:
-            encoded: list[EncodedImage | None] = list(job.encoded)
-            job.plan = model.prefill_plan(
-                job.request.prompt_ids, layouts, encoded, job.cached_tokens, job.split
-            )
-            if job.cache is None:
-                job.cache = model.new_cache()
-        lo = job.prefilled
-        hi = min(lo + chunk_tokens, job.plan.length)
-        model.prefill(job.plan, job.cache, lo, hi)
-        job.prefilled = hi
-        if hi < job.plan.length:
-            return False
-        delta = rope_delta_at(layouts, job.split)
-        for layer in job.cache:
-            layer.rope_delta = delta
+    def store_image_part(self, job: Job) -> None:
+        """Store a snapshot of the job's KV over the image-bearing part [0, split) (called once
+        that part is prefilled), so a later question about the same images skips it."""
         self._store(
             job,
             job.request.prompt_ids[: job.split],
-            [c.snapshot() for c in job.cache],
-            delta,
+            [c.snapshot() for c in job.cache or []],
+            job.cache[0].rope_delta if job.cache else 0,
             self.spans(job, job.split),
         )
-        return True
 
     def store_finished(self, job: Job, kv: list[Any], tokens: list[int], delta: int) -> None:
         """Store prompt + answer KV of a finished request (for the next turn)."""
@@ -167,7 +153,7 @@ class CacheOps:
         self, job: Job, tokens: Any, kv: list[Any], delta: int, spans: list[ImageSpan]
     ) -> None:
         try:
-            if self.prefix.capacity_bytes == 0:
+            if self.prefix.capacity_bytes == 0 or not job.request.use_caches:
                 return
             nbytes = sum(c.used_nbytes() for c in kv)
             if nbytes > self.prefix.capacity_bytes:

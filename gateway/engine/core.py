@@ -4,11 +4,17 @@ Every request, text or image, decodes in one shared mlx-lm BatchGenerator. Each 
 is one scheduling step:
 
     admit    queued requests into free rows: prefix-cache lookup, vision-cache lookups
-    encode   at most one image through the vision tower (for the oldest admitted request)
-    prefill  or one chunk of that request's image-bearing prompt part (inputs_embeds + mRoPE)
+    encode   one vision-tower unit (a block) for the oldest request with images to encode
+    prefill  up to `prefill_chunk_tokens` prompt tokens of the requests being prefilled,
+             oldest first; a request whose prompt is complete gets its first token from the
+             prefill logits and joins the batch (see gateway.engine.prefill)
     decode   one batched step of every running row; emit tokens; finish rows
 
-so a running stream waits at most one image encode or one prefill chunk between two tokens.
+so a running stream waits at most one vision unit plus one prefill budget between two tokens.
+
+Failure isolation: an exception while starting, encoding or prefilling one request fails that
+request; an exception in the batched decode step fails the rows of that batch (the batch is
+replaced first, so the recovery never touches the broken one); the loop itself never dies.
 
 Thread contract: `submit`, `cancel`, `stop` and the read-only properties may be called from any
 thread; everything else runs on the engine thread.
@@ -22,6 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
@@ -30,25 +37,44 @@ from caches.prefix import ImageSpan, PrefixCache
 from caches.vision import VisionCache
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import CacheOps, cache_stats
-from gateway.engine.job import Job, Sink
+from gateway.engine.job import Job, Sink, Stage
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.output import OutputState
 from gateway.engine.positions import rope_delta_at
+from gateway.engine.prefill import FirstToken, Prefiller
 from gateway.engine.request import (
     AdmittedEvent,
+    EngineBusy,
     EngineRequest,
     ErrorEvent,
+    ErrorKind,
     FinishEvent,
     TokenEvent,
     Usage,
 )
 from gateway.engine.sampling import GREEDY, make_sampler
-from gateway.errors import APIError
 from gateway.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-_STOP = object()
+
+@dataclass(frozen=True)
+class _Submit:
+    request: EngineRequest
+    sink: Sink
+
+
+@dataclass(frozen=True)
+class _Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+_Message = _Submit | _Cancel | _Stop
 
 
 class Engine:
@@ -66,7 +92,7 @@ class Engine:
         self.vision_cache = VisionCache(config.cache.vision_capacity_bytes)
         self.prefix_cache = PrefixCache(config.cache.kv_capacity_bytes)
         self.model: VisionLanguageModel | None = None
-        self._inbox: queue.Queue[object] = queue.Queue()
+        self._inbox: queue.Queue[_Message] = queue.Queue()
         self._thread = threading.Thread(target=self._main, name="mlx-engine", daemon=True)
         self._ready = threading.Event()
         self._stopped = threading.Event()
@@ -76,9 +102,11 @@ class Engine:
         self._active = 0  # holding a row: encoding, prefilling or decoding
         # engine-thread state
         self._waiting: deque[Job] = deque()
+        self._encoding: deque[Job] = deque()
         self._prefilling: deque[Job] = deque()
         self._rows: dict[int, Job] = {}
         self._jobs: dict[str, Job] = {}
+        self._step_hook: Callable[[], None] | None = None  # tests inject faults here
 
     # ----- any thread -------------------------------------------------------------------------
 
@@ -93,33 +121,26 @@ class Engine:
     def submit(self, request: EngineRequest, sink: Sink) -> None:
         """Queue a request; events go to `sink` (called on the engine thread, must not block).
 
-        Raises APIError 429 (with Retry-After) when the waiting queue is full.
+        Raises EngineBusy when every row and queue slot is taken.
         """
         with self._count_lock:
             # Rows plus queue is the capacity; counting them together also covers requests
             # submitted but not yet admitted (so a burst cannot overshoot the queue).
             capacity = self.config.max_waiting + self.config.max_batch
             if self._queued + self._active >= capacity:
-                raise APIError(
-                    429,
-                    f"the server is at capacity ({self.config.max_batch} running, "
-                    f"{self._queued} waiting); retry shortly",
-                    "rate_limit_error",
-                    code="server_busy",
-                    headers={"Retry-After": "1"},
-                )
+                raise EngineBusy(min(self._active, self.config.max_batch), self._queued)
             self._queued += 1
-        self._inbox.put((request, sink))
+        self._inbox.put(_Submit(request, sink))
 
     def cancel(self, request_id: str) -> None:
         """Drop a request wherever it is; its row is freed at the next step. Idempotent."""
-        self._inbox.put(("cancel", request_id))
+        self._inbox.put(_Cancel(request_id))
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving; requests still in flight get a 503 ErrorEvent. Returns once the
-        engine has finished its last step (the thread then parks; see `_main`)."""
+        """Stop serving; requests still in flight get an ErrorEvent (SHUTTING_DOWN). Returns
+        once the engine has finished its last step (the thread then parks; see `_main`)."""
         if self._thread.is_alive() and not self._stopped.is_set():
-            self._inbox.put(_STOP)
+            self._inbox.put(_Stop())
             self._stopped.wait(timeout)
 
     @property
@@ -147,7 +168,7 @@ class Engine:
     def idle(self) -> bool:
         return self._active == 0 and self._queued == 0
 
-    # ----- engine thread ----------------------------------------------------------------------
+    # ----- engine thread: the loop ------------------------------------------------------------
 
     def _main(self) -> None:
         try:
@@ -155,6 +176,7 @@ class Engine:
                 mx.set_cache_limit(int(self.config.mlx_cache_limit_mb * 1024 * 1024))
             self.model = self._loader()
             self._cache_ops = CacheOps(self.model, self.vision_cache, self.prefix_cache)
+            self._prefiller = Prefiller(self.model, self._cache_ops)
             self._batch = self._new_batch()
         except BaseException as exc:  # noqa: BLE001 - reported to start()
             log.exception("model load failed")
@@ -163,28 +185,34 @@ class Engine:
             return
         self._ready.set()
         log.info("engine ready: %s (%s)", self.config.model, self.model.arch)
-        while self._drain_inbox(block=not (self._waiting or self._active)):
-            started = time.perf_counter()
-            try:
+        try:
+            while self._drain_inbox(block=not (self._waiting or self._active)):
+                started = time.perf_counter()
                 self._step()
-            except Exception:
-                log.exception("batch step failed; failing the requests in the batch")
-                self._fail_batch()
-            self.metrics.step_seconds.observe(time.perf_counter() - started)
-        for job in list(self._jobs.values()):
-            self._fail(job, 503, "the server is shutting down")
-        mx.synchronize(self._batch.stream)  # the batch computes one token ahead
-        self._batch = None
-        self._stopped.set()
+                self.metrics.step_seconds.observe(time.perf_counter() - started)
+        finally:
+            self._shut_down()
         # Park instead of returning. mlx 0.32's thread-local destructors (random state,
         # compile cache) take the GIL when a thread exits; if that races interpreter
         # shutdown the process aborts ("terminate called without an active exception",
         # ml-explore/mlx#3126, fixed after 0.32). A parked daemon thread never runs them.
         threading.Event().wait()
 
+    def _shut_down(self) -> None:
+        for job in list(self._jobs.values()):
+            self._fail(job, ErrorKind.SHUTTING_DOWN, "the server is shutting down")
+        try:
+            mx.synchronize(self._batch.stream)  # the batch computes one token ahead
+        except Exception:
+            log.exception("the last batch step failed while shutting down")
+        self._batch = None
+        self._stopped.set()
+
     def _new_batch(self) -> BatchGenerator:
         assert self.model is not None
+        self._stop_ids = frozenset(self.model.eos_token_ids)
         self._stops = StopSequences([[t] for t in self.model.eos_token_ids])
+        self._no_stops = StopSequences()
         return BatchGenerator(
             self.model.text_core,
             sampler=GREEDY,
@@ -196,25 +224,24 @@ class Engine:
     def _drain_inbox(self, block: bool) -> bool:
         """Apply queued submits/cancels. Returns False on stop."""
         try:
-            item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+            message = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
         except queue.Empty:
             return True
         while True:
-            if item is _STOP:
+            if isinstance(message, _Stop):
                 return False
-            if isinstance(item, tuple) and item[0] == "cancel":
-                self._cancel(item[1])
+            if isinstance(message, _Cancel):
+                self._cancel(message.request_id)
             else:
-                request, sink = item  # type: ignore[misc]
-                self._enqueue(request, sink)
+                self._enqueue(message.request, message.sink)
             try:
-                item = self._inbox.get_nowait()
+                message = self._inbox.get_nowait()
             except queue.Empty:
                 return True
 
     def _enqueue(self, request: EngineRequest, sink: Sink) -> None:
         assert self.model is not None
-        output = OutputState(request.sampling, self.model.decode, self.model.token_text)
+        output = OutputState(request.sampling, self.model.new_detokenizer, self.model.token_text)
         job = Job(request=request, sink=sink, output=output)
         self._jobs[request.request_id] = job
         self._waiting.append(job)
@@ -224,18 +251,27 @@ class Engine:
         # and no extra per-thread stream whose worker MLX would abort on at process exit.
         with mx.stream(self._batch.stream):
             self._admit()
-            self._encode_or_prefill()
-            self._decode()
+            self._encode()
+            self._prefill()
+            try:
+                if self._step_hook is not None:
+                    self._step_hook()
+                self._decode()
+            except Exception:
+                log.exception("decode step failed; failing the requests in the batch")
+                self._fail_batch()
         self.metrics.running.set(self._active)
         self.metrics.waiting.set(self._queued)
         self.metrics.mlx_active_bytes.set(mx.get_active_memory())
         self.metrics.mlx_cache_bytes.set(mx.get_cache_memory())
         self.metrics.mlx_peak_bytes.set(mx.get_peak_memory())
 
+    # ----- engine thread: the stages ----------------------------------------------------------
+
     def _admit(self) -> None:
         while self._waiting and self._active < self.config.max_batch:
             job = self._waiting.popleft()
-            job.stage = "admitted"
+            job.stage = Stage.PREFILL
             with self._count_lock:
                 self._queued -= 1
                 self._active += 1
@@ -243,57 +279,84 @@ class Engine:
                 self._start(job)
             except Exception as exc:
                 log.exception("request %s failed to start", job.request_id)
-                self._fail(job, 500, f"internal error while starting the request: {exc}")
+                self._fail(job, ErrorKind.INTERNAL, f"internal error starting the request: {exc}")
 
     def _start(self, job: Job) -> None:
-        """Look the request up in the caches, then queue its image work or insert it."""
+        """Look the request up in the caches, then queue its image or prefill work."""
         job.sampler = make_sampler(job.request.sampling)
         self._cache_ops.admit(job)
         job.sink(
             AdmittedEvent(job.prompt_len, job.cached_tokens, job.vision_hits, job.vision_misses)
         )
-        if job.to_encode or job.split > job.cached_tokens:
-            job.stage = "encode"
-            self._prefilling.append(job)
+        if job.to_encode:
+            job.stage = Stage.ENCODE
+            self._encoding.append(job)
         else:
-            self._insert(job, start=job.cached_tokens)
+            self._prefilling.append(job)
 
-    def _encode_or_prefill(self) -> None:
-        """One unit of image work for the oldest admitted image request."""
-        if not self._prefilling:
+    def _encode(self) -> None:
+        """One vision-tower unit for the oldest request with images still to encode."""
+        if not self._encoding:
             return
-        job = self._prefilling[0]
+        job = self._encoding[0]
+        started = time.perf_counter()
         try:
-            if job.to_encode:
-                started = time.perf_counter()
-                self._cache_ops.encode_step(job)
-                self.metrics.vision_encode_seconds.observe(time.perf_counter() - started)
-                return
-            job.stage = "prefill"
-            if self._cache_ops.prefill_chunk(job, self.config.prefill_chunk_tokens):
-                self._prefilling.popleft()
-                self._insert(job, start=job.split)
-            self.metrics.prefill_chunks.inc()
+            self._cache_ops.encode_step(job)
         except Exception as exc:
-            log.exception("image work for %s failed", job.request_id)
-            self._fail(job, 500, f"internal error while processing the image: {exc}")
+            log.exception("encoding an image of %s failed", job.request_id)
+            self._fail(job, ErrorKind.INTERNAL, f"internal error encoding the image: {exc}")
+            return
+        self.metrics.vision_encode_seconds.observe(time.perf_counter() - started)
+        if not job.to_encode:
+            self._encoding.popleft()
+            job.stage = Stage.PREFILL
+            self._prefilling.append(job)
 
-    def _insert(self, job: Job, start: int) -> None:
-        """Hand the prompt's tokens [start:] (with the KV for [:start]) to the batch."""
-        prompt = list(job.request.prompt_ids)
-        budget = job.request.sampling.max_tokens
+    def _prefill(self) -> None:
+        """Feed up to one prefill budget of prompt tokens, oldest request first."""
+        budget = self.config.prefill_chunk_tokens
+        for job in list(self._prefilling):
+            if budget <= 0:
+                return
+            try:
+                fed, first = self._prefiller.feed(job, budget)
+            except Exception as exc:
+                log.exception("prefill of %s failed", job.request_id)
+                self._fail(job, ErrorKind.INTERNAL, f"internal error in the prefill: {exc}")
+                continue
+            budget -= fed
+            self.metrics.prefill_chunks.inc()
+            if first is not None:
+                self._prefilling.remove(job)
+                self._first_token(job, first)
+
+    def _first_token(self, job: Job, first: FirstToken) -> None:
+        """Emit the token sampled at the end of the prefill; finish, or join the batch."""
+        self._emit(job, first.token, first.logprobs)
+        sampling = job.request.sampling
+        eos = not sampling.ignore_eos and first.token in self._stop_ids
+        if eos or job.output.stopped or sampling.max_tokens <= 1:
+            # Done at its first token: the KV holds exactly the prompt (copied without the
+            # buffer's spare capacity, as every stored entry must be).
+            kv = [c.snapshot() for c in job.cache or []]
+            reason = "stop" if eos or job.output.stopped else "length"
+            self._finish(job, reason, kv, list(job.request.prompt_ids))
+        else:
+            self._insert(job, first.token)
+
+    def _insert(self, job: Job, first_token: int) -> None:
+        """Hand the job to the batch: its KV holds the whole prompt, `first_token` is next."""
         [uid] = self._batch.insert(
-            [prompt[start:]],
-            max_tokens=[budget],
+            [[first_token]],
+            max_tokens=[job.request.sampling.max_tokens - 1],
             caches=[job.cache],
-            all_tokens=[prompt[:start]],
+            all_tokens=[list(job.request.prompt_ids)],
             samplers=[job.sampler],
-            stop_sequences=[self._stops],
+            stop_sequences=[self._no_stops if job.request.sampling.ignore_eos else self._stops],
         )
         job.cache = None  # the batch merged (copied) it
-        job.plan = None
         job.uid = uid
-        job.stage = "batch"
+        job.stage = Stage.DECODE
         self._rows[uid] = job
 
     def _decode(self) -> None:
@@ -319,14 +382,16 @@ class Engine:
                 kv, tokens = caches.get(job.uid, (None, None))
                 self._finish(job, "stop", kv, tokens)
 
-    def _emit(self, job: Job, token: int, logprobs: object) -> None:
+    # ----- engine thread: events and endings --------------------------------------------------
+
+    def _emit(self, job: Job, token: int, logprobs: mx.array) -> None:
         if job.first_token_time is None:
             job.first_token_time = time.perf_counter()
             self.metrics.ttft.observe(job.elapsed())
         text = job.output.push(token)
         lps = ()
         if job.request.sampling.logprobs:
-            lps = (job.output.logprob(token, logprobs),)  # type: ignore[arg-type]
+            lps = (job.output.logprob(token, logprobs),)
         job.sink(TokenEvent(text, (token,), lps))
 
     def _finish(self, job: Job, reason: str, kv: object, all_tokens: object) -> None:
@@ -348,9 +413,13 @@ class Engine:
             delta = rope_delta_at([i.layout for i in job.request.images], job.prompt_len)
             self._cache_ops.store_finished(job, kv, list(all_tokens), delta)  # type: ignore[arg-type]
 
-    def _fail(self, job: Job, status: int, message: str) -> None:
-        self._release(job)
-        job.sink(ErrorEvent(status, message, "server_error"))
+    def _fail(self, job: Job, kind: ErrorKind, message: str) -> None:
+        """End a job with an ErrorEvent. Never raises: it runs inside recovery paths."""
+        try:
+            self._release(job)
+        except Exception:
+            log.exception("releasing %s failed; dropping it", job.request_id)
+        job.sink(ErrorEvent(kind, message))
         self.metrics.requests.labels("error").inc()
 
     def _cancel(self, request_id: str) -> None:
@@ -362,25 +431,34 @@ class Engine:
         self.metrics.requests.labels("cancelled").inc()
 
     def _release(self, job: Job) -> None:
-        """Forget a job wherever it is and free its row (idempotent)."""
+        """Forget a job wherever it is and free its row (idempotent). The bookkeeping is
+        undone before the batch is touched, so a failing batch cannot leave a half-released
+        job (or a leaked row count) behind."""
         if self._jobs.pop(job.request_id, None) is None:
             return
-        if job.stage == "queued":
+        stage, job.stage = job.stage, Stage.DONE
+        if stage is Stage.QUEUED:
             self._waiting.remove(job)
             with self._count_lock:
                 self._queued -= 1
             return
-        if job in self._prefilling:
-            self._prefilling.remove(job)
-        if job.uid is not None and self._rows.pop(job.uid, None) is not None:
-            self._batch.remove([job.uid])
-        job.cache = job.plan = job.encoding = None
-        job.stage = "done"
         with self._count_lock:
             self._active -= 1
+        for pending in (self._encoding, self._prefilling):
+            if job in pending:
+                pending.remove(job)
+        job.cache = job.plan = job.encoding = None
+        if job.uid is not None and self._rows.pop(job.uid, None) is not None:
+            self._batch.remove([job.uid])
 
     def _fail_batch(self) -> None:
-        for job in list(self._rows.values()):
-            self._fail(job, 500, "internal error in the decode step; the request was dropped")
+        """The decode step raised: the batch's state is unknown. Replace it first, then fail
+        its rows (releasing them no longer touches the broken batch)."""
+        failed = list(self._rows.values())
         self._rows.clear()
-        self._batch = self._new_batch()
+        try:
+            self._batch = self._new_batch()
+        except Exception:
+            log.exception("could not build a new batch")
+        for job in failed:
+            self._fail(job, ErrorKind.INTERNAL, "internal error in the decode step")

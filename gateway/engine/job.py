@@ -4,6 +4,7 @@ prefill to its row in the batch and its final event. Owned by the engine thread.
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,30 +12,40 @@ from typing import Any
 
 from gateway.engine.model import PrefillPlan
 from gateway.engine.output import OutputState
-from gateway.engine.request import EngineRequest
+from gateway.engine.request import EngineRequest, Event
 from gateway.engine.vision import EncodedImage
 
-Sink = Callable[[object], None]  # delivers one event to the request's async consumer
+Sink = Callable[[Event], None]  # delivers one event to the request's consumer; never blocks
+
+
+class Stage(enum.Enum):
+    """Where a job is. Order: QUEUED -> (ENCODE) -> PREFILL -> DECODE -> DONE."""
+
+    QUEUED = "queued"  # submitted, waiting for a row
+    ENCODE = "encode"  # holds a row; images go through the vision tower
+    PREFILL = "prefill"  # holds a row; the prompt's uncached tokens are being fed
+    DECODE = "decode"  # a row of the shared BatchGenerator
+    DONE = "done"  # finished, failed or cancelled; nothing refers to it any more
 
 
 @dataclass
 class Job:
-    """Mutable per-request state. Stage order: queued -> encode -> prefill -> batch -> done."""
+    """Mutable per-request state."""
 
     request: EngineRequest
     sink: Sink
     output: OutputState
-    stage: str = "queued"
+    stage: Stage = Stage.QUEUED
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     vision_hits: int = 0
     vision_misses: int = 0
     encoded: list[EncodedImage | None] = field(default_factory=list)
     to_encode: list[int] = field(default_factory=list)  # image indices still to encode
     encoding: Any = None  # the vision tower of to_encode[0], mid-way (a generator)
-    cache: list[Any] | None = None  # KV being built for the image part
-    split: int = 0  # prompt tokens [0, split) prefilled by us; [split:] inserted in the batch
-    plan: PrefillPlan | None = None
-    prefilled: int = 0  # tokens of `plan` already fed
+    cache: list[Any] | None = None  # this request's KV while it is prefilled by the engine
+    split: int = 0  # prompt tokens [cached_tokens, split) hold images: fed with embeddings
+    plan: PrefillPlan | None = None  # inputs for [cached_tokens, split)
+    fed: int = 0  # prompt tokens whose KV is in `cache` (starts at cached_tokens)
     uid: int | None = None  # BatchGenerator row id once inserted
     first_token_time: float | None = None
     sampler: Any = None

@@ -25,7 +25,9 @@ import mlx.core as mx
 import numpy as np
 
 from caches.hashing import fingerprint
+from gateway.engine.detokenizer import ByteStreamDetokenizer, Detokenizer, byte_table
 from gateway.engine.kv import RowKVCache
+from gateway.engine.output import IncrementalDetokenizer
 from gateway.engine.positions import ImageLayout, mrope_positions
 from gateway.engine.text_core import TextCore
 from gateway.engine.vision import EncodedImage, VisionEncoder, smart_resize
@@ -78,6 +80,9 @@ class VisionLanguageModel:
             *((k, _plain(getattr(self.image_processor, k, None))) for k in _PROCESSOR_KEYS)
         )
         self._tokenizer_lock = threading.Lock()
+        self._byte_table = byte_table(self.tokenizer, self.vocab_size)
+        if self._byte_table is None:
+            log.info("tokenizer is not plain byte-level BPE: generic streaming detokenizer")
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 
@@ -95,6 +100,12 @@ class VisionLanguageModel:
     def decode(self, ids: Sequence[int]) -> str:
         with self._tokenizer_lock:
             return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def new_detokenizer(self) -> Detokenizer:
+        """A streaming detokenizer for one request (any thread; the result is not shared)."""
+        if self._byte_table is not None:
+            return ByteStreamDetokenizer(self._byte_table)
+        return IncrementalDetokenizer(self.decode)
 
     def token_text(self, token_id: int) -> str:
         """One token's text, special tokens included (for logprobs)."""

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
+from gateway.engine.detokenizer import Detokenizer
 from gateway.engine.request import SamplingParams, TokenLogprob
 from gateway.engine.sampling import top_logprobs
 
@@ -15,7 +16,10 @@ Decode = Callable[[Sequence[int]], str]
 
 
 class IncrementalDetokenizer:
-    """Decodes a growing token list into text deltas that concatenate to `decode(all tokens)`.
+    """The generic `Detokenizer` over any `decode` function (used when the tokenizer is not
+    byte-level BPE; see gateway.engine.detokenizer for the fast path).
+
+    Decodes a growing token list into text deltas that concatenate to `decode(all tokens)`.
 
     Keeps a small window (prefix_offset..read_offset) so each step decodes a few tokens, and
     holds back text that ends in an incomplete UTF-8 sequence (U+FFFD).
@@ -53,10 +57,13 @@ class OutputState:
     """
 
     def __init__(
-        self, params: SamplingParams, decode: Decode, token_text: Callable[[int], str]
+        self,
+        params: SamplingParams,
+        new_detokenizer: Callable[[], Detokenizer],
+        token_text: Callable[[int], str],
     ) -> None:
         self._params = params
-        self._detok = IncrementalDetokenizer(decode)
+        self._detok = new_detokenizer()
         self._token_text = token_text
         self._pending = ""  # decoded but not yet emitted (possible stop-string prefix)
         self.completion_tokens = 0

@@ -7,6 +7,7 @@ already expanded, the images' preprocessed pixels and hashes, sampling settings)
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0
+    ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks)
 
     @property
     def greedy(self) -> bool:
@@ -57,6 +59,7 @@ class EngineRequest:
     images: tuple[ImageInput, ...]
     sampling: SamplingParams
     arrival_time: float  # time.perf_counter() when the HTTP request arrived
+    use_caches: bool = True  # False: neither look up nor store (start-up warm-up requests)
 
 
 @dataclass(frozen=True)
@@ -98,11 +101,17 @@ class FinishEvent:
     text: str = ""  # any text flushed at the end
 
 
+class ErrorKind(enum.Enum):
+    """Why the engine could not answer; the HTTP edge maps each kind to a status code."""
+
+    INTERNAL = "internal"  # a fault in the engine or the model while serving this request
+    SHUTTING_DOWN = "shutting_down"  # the server stopped before the request finished
+
+
 @dataclass(frozen=True)
 class ErrorEvent:
-    status: int
+    kind: ErrorKind
     message: str
-    type: str = "server_error"
 
 
 @dataclass(frozen=True)
@@ -113,3 +122,17 @@ class AdmittedEvent:
     cached_tokens: int
     vision_hits: int
     vision_misses: int
+
+
+Event = AdmittedEvent | TokenEvent | FinishEvent | ErrorEvent
+"""Everything a request's sink receives: one AdmittedEvent (unless it fails first), any number
+of TokenEvents, then exactly one FinishEvent or ErrorEvent."""
+
+
+class EngineBusy(Exception):
+    """`Engine.submit` refuses a request: every row and queue slot is taken. Retry shortly."""
+
+    def __init__(self, running: int, waiting: int) -> None:
+        super().__init__(f"the server is at capacity ({running} running, {waiting} waiting)")
+        self.running = running
+        self.waiting = waiting

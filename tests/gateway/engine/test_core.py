@@ -94,9 +94,11 @@ def test_seeded_sampling_is_batch_independent(harness: EngineHarness) -> None:
 
 
 def test_capacity_is_rows_plus_queue_even_in_a_burst() -> None:
-    """Invariant: at most max_batch + max_waiting requests are held; the rest get a 429 with
-    Retry-After, however fast they arrive (submitted-but-unadmitted requests count)."""
-    from gateway.errors import APIError
+    """Invariant: at most max_batch + max_waiting requests are held; the rest are refused with
+    EngineBusy (the HTTP edge's 429 + Retry-After), however fast they arrive
+    (submitted-but-unadmitted requests count)."""
+    from gateway.engine.request import EngineBusy
+    from gateway.responses import engine_busy
 
     h = EngineHarness("qwen2_vl", cache=NO_CACHE, max_batch=1, max_waiting=1)
     try:
@@ -104,8 +106,9 @@ def test_capacity_is_rows_plus_queue_even_in_a_burst() -> None:
         for i in range(5):
             try:
                 accepted.append(h.submit(chat_body(f"burst {i}", max_tokens=40)))
-            except APIError as exc:
-                assert exc.status == 429 and exc.headers == {"Retry-After": "1"}
+            except EngineBusy as exc:
+                error = engine_busy(exc)
+                assert error.status == 429 and error.headers == {"Retry-After": "1"}
                 refused.append(exc)
         assert (len(accepted), len(refused)) == (2, 3)
         for run in accepted:

@@ -22,7 +22,7 @@ def _ids(text: str) -> list[int]:
 
 def _state(*stop: str) -> OutputState:
     params = SamplingParams(max_tokens=100, stop=tuple(stop))
-    return OutputState(params, _decode, lambda t: _decode([t]))
+    return OutputState(params, lambda: IncrementalDetokenizer(_decode), lambda t: _decode([t]))
 
 
 def test_deltas_concatenate_to_full_decode_and_never_split_characters() -> None:
