@@ -11,11 +11,13 @@ import contextlib
 import hmac
 import json
 import logging
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -44,6 +46,7 @@ from gateway.responses import (
     sse_stream,
 )
 from gateway.streams import EventStream, LoopDelivery
+from gateway.warmup import Warmup
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -75,15 +78,25 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _: Starlette) -> AsyncIterator[None]:
+        # The engine thread releases the GIL while MLX computes and must get it back at once
+        # when a step is done; with CPython's default 5 ms switch interval a busy event loop
+        # (SSE chunks of many streams) could hold it for half a decode step.
+        sys.setswitchinterval(0.0005)
         self.delivery = LoopDelivery(asyncio.get_running_loop())
         await asyncio.to_thread(self.engine.start)
         assert self.engine.model is not None
-        self.prompts = PromptBuilder(
+        prompts = PromptBuilder(
             self.engine.model,
             self.engine.needs_pixels,
             self.engine_config.max_context_tokens,
             self.engine_config.default_max_tokens,
         )
+        if self.engine_config.warmup:
+            sizes = self.engine_config.warmup_image_sizes
+            log.info("warming up (text, image sizes %s); --no-warmup skips this", sizes)
+            seconds = await asyncio.to_thread(Warmup(self.engine, prompts).run, sizes)
+            log.info("warm-up done in %.1f s", seconds)
+        self.prompts = prompts  # from here on /health says ready
         log.info("serving %s as %r", self.engine_config.model, self.engine_config.served_model_name)
         try:
             yield
@@ -123,8 +136,14 @@ class Gateway:
                 chunks.append(chunk)
         except ClientDisconnect:
             raise APIError(499, "the client closed the connection", code="client_closed") from None
+        raw = b"".join(chunks)
         try:
-            return json.loads(b"".join(chunks))
+            return orjson.loads(raw)  # ~8x faster than json on a 4 MB data-URI body
+        except orjson.JSONDecodeError:
+            pass  # the stdlib decides (and words the error) for what orjson refuses, e.g.
+            # integers over 64 bits, lone surrogates, NaN, very deep nesting
+        try:
+            return json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise invalid(f"the request body is not valid JSON: {exc}") from None
         except RecursionError:

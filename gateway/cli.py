@@ -52,6 +52,18 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     a("--vision-cache-mb", type=float, default=512, help="vision-feature cache budget, MiB")
     a("--kv-cache-mb", type=float, default=2048, help="KV prefix cache budget, MiB")
+    a(
+        "--no-warmup",
+        action="store_true",
+        help="skip the start-up warm-up (the first requests then pay for kernel compilation)",
+    )
+    a(
+        "--warmup-image-size",
+        type=int,
+        action="append",
+        metavar="PX",
+        help="square image size to warm up at start-up (repeatable; default: 448)",
+    )
     a("--no-vision-cache", action="store_true", help="disable the vision-feature cache")
     a("--no-prefix-cache", action="store_true", help="disable the KV prefix cache")
     a(
@@ -141,6 +153,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         mlx_cache_limit_mb=args.mlx_cache_limit_mb,
         max_context_tokens=args.max_context,
         cache=cache,
+        warmup=not args.no_warmup,
+        warmup_image_sizes=tuple(args.warmup_image_size or (448,)),
     )
     media = MediaConfig(
         allowed_media_dirs=tuple(Path(d) for d in args.allowed_media_dir),

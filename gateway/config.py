@@ -93,6 +93,8 @@ class EngineConfig:
     seed: int = 0
     mlx_cache_limit_mb: float | None = None  # MLX's pool of freed buffers; None: MLX default
     cache: CacheConfig = field(default_factory=CacheConfig)
+    warmup: bool = True  # run synthetic requests at start-up, before /health says ready
+    warmup_image_sizes: tuple[int, ...] = (448,)  # square image sizes (px) warmed at start-up
 
     def __post_init__(self) -> None:
         _require(self.max_batch >= 1, "--max-batch must be >= 1")
@@ -100,6 +102,10 @@ class EngineConfig:
         _require(self.prefill_chunk_tokens >= 16, "--prefill-chunk must be >= 16")
         _require(self.default_max_tokens >= 1, "--default-max-tokens must be >= 1")
         _require(self.max_context_tokens >= 16, "--max-context must be >= 16")
+        _require(
+            all(16 <= s <= 4096 for s in self.warmup_image_sizes),
+            "--warmup-image-size must be between 16 and 4096 pixels",
+        )
 
 
 @dataclass(frozen=True)

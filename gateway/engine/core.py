@@ -332,6 +332,7 @@ class Engine:
 
     def _first_token(self, job: Job, first: FirstToken) -> None:
         """Emit the token sampled at the end of the prefill; finish, or join the batch."""
+        self.metrics.generation_tokens.inc()
         self._emit(job, first.token, first.logprobs)
         sampling = job.request.sampling
         eos = not sampling.ignore_eos and first.token in self._stop_ids

@@ -1,0 +1,116 @@
+"""Start-up warm-up: run the serving path once over the shapes it will meet, before /health
+says ready, so no user request pays for kernel compilation.
+
+On a GPU, MLX builds kernels the first time it meets an operation (and, for some, a shape):
+the first request of a fresh process took ~47 s on an H200, and each new image size another
+0.4-1.9 s. Warm-up sends synthetic requests through the real path (prompt building, image
+preprocessing, vision tower, chunked prefill, first token, batched decode) with the caches
+bypassed, so nothing synthetic is ever served from cache and no counter but `requests` moves:
+- text: `max_batch` requests at once, of different lengths and budgets, so the decode batch
+  passes through every size from `max_batch` down to 1, and one full prefill chunk;
+- one image per configured size (the tower's shapes depend on the image grid).
+What cannot be warmed: image sizes not listed (each new grid compiles once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image
+
+from caches.hashing import pixel_hash
+from gateway.engine.core import Engine
+from gateway.engine.request import ErrorEvent, Event, FinishEvent
+from gateway.media import DecodedImage
+from gateway.openai_api import parse_chat_request
+from gateway.prompt import PromptBuilder
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Done:
+    event: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+    def sink(self, event: Event) -> None:
+        if isinstance(event, ErrorEvent):
+            self.error = event.message
+        if isinstance(event, (FinishEvent, ErrorEvent)):
+            self.event.set()
+
+
+def _noise_image(size: int, seed: int) -> DecodedImage:
+    pixels = np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    image = Image.fromarray(pixels, "RGB")
+    digest = pixel_hash("RGB", size, size, image.tobytes())
+    return DecodedImage(image, digest, size, size, "data", 0.0, 0.0)
+
+
+class Warmup:
+    """Runs warm-up requests through `engine` (started) with `prompts`. Blocking; call it off
+    the event loop. Raises RuntimeError if a warm-up request fails."""
+
+    def __init__(self, engine: Engine, prompts: PromptBuilder, timeout_s: float = 900.0) -> None:
+        self.engine = engine
+        self.prompts = prompts
+        self.timeout_s = timeout_s
+        self._n = 0
+
+    def run(self, image_sizes: Sequence[int]) -> float:
+        """Warm text at every batch size, a full prefill chunk, then each image size.
+        Returns the seconds it took."""
+        started = time.perf_counter()
+        rows = self.engine.config.max_batch
+        t = time.perf_counter()
+        self._wait([self._submit(f"warm-up {i} " + "word " * (i % 7), 2 + i) for i in range(rows)])
+        log.info("warm-up: decode at batch sizes 1..%d in %.1f s", rows, time.perf_counter() - t)
+        t = time.perf_counter()
+        chunk = self.engine.config.prefill_chunk_tokens
+        self._wait([self._submit("long " * chunk, 2)])
+        log.info("warm-up: a %d-token prompt in %.1f s", chunk, time.perf_counter() - t)
+        for k, size in enumerate(image_sizes):
+            t = time.perf_counter()
+            self._wait([self._submit("Describe the picture.", 2, _noise_image(size, k))])
+            log.info("warm-up: a %dx%d image in %.1f s", size, size, time.perf_counter() - t)
+        return time.perf_counter() - started
+
+    def _submit(self, text: str, max_tokens: int, image: DecodedImage | None = None) -> _Done:
+        self._n += 1
+        content: object = text
+        if image is not None:
+            content = [
+                {"type": "image_url", "image_url": {"url": "warm-up"}},
+                {"type": "text", "text": text},
+            ]
+        body = {
+            "model": "warm-up",
+            "temperature": 0,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "messages": [{"role": "user", "content": content}],
+        }
+        request = self.prompts.build(
+            parse_chat_request(body),
+            [image] if image is not None else [],
+            f"warm-up-{self._n}",
+            time.perf_counter(),
+        )
+        request = dataclasses.replace(request, use_caches=False)
+        done = _Done()
+        self.engine.submit(request, done.sink)
+        return done
+
+    def _wait(self, runs: list[_Done]) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        for run in runs:
+            if not run.event.wait(max(0.0, deadline - time.monotonic())):
+                raise RuntimeError("warm-up did not finish in time")
+            if run.error is not None:
+                raise RuntimeError(f"warm-up request failed: {run.error}")
