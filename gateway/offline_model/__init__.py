@@ -4,12 +4,13 @@
     ensure_model(arch, size, seed, progress) -> default_model_dir(arch, size, seed), built once
 
 A checkpoint is: a byte-level BPE tokenizer trained here (Qwen2-VL special tokens and a
-Qwen2-VL-style chat template), config.json / generation_config.json checked by mlx-vlm's own
-config classes, preprocessor_config.json, and normal(0, 0.02) weights (norms 1/0) in
-safetensors under the exact names mlx-vlm's Model uses. Everything is a pure function of
-(arch, size, seed, dtype, BUILDER_VERSION): the same arguments give byte-identical files.
-Nothing touches the network. The answers of such a model are noise; only its shapes,
-tokenizer and processing are real.
+Qwen2-VL-style chat template; padded with never-encoded filler words up to the embedding
+size, so every id the model samples decodes to text), config.json / generation_config.json
+checked by mlx-vlm's own config classes, preprocessor_config.json, and normal(0, 0.02)
+weights (norms 1/0) in safetensors under the exact names mlx-vlm's Model uses. Everything
+is a pure function of (arch, size, seed, dtype, BUILDER_VERSION): the same arguments give
+byte-identical files. Nothing touches the network. The answers of such a model are noise;
+only its shapes, tokenizer and processing are real.
 """
 
 from __future__ import annotations
@@ -32,12 +33,16 @@ from .shapes import (
     generation_config,
     model_config,
     preprocessor_config,
+    text_vocab_size,
 )
 from .tokenizer import train_tokenizer, write_tokenizer_files
 
 __all__ = ["ARCHS", "SIZES", "BUILDER_VERSION", "build_model", "default_model_dir", "ensure_model"]
 
-_RECIPE = "1"  # bump by hand for changes the digest below cannot see
+# Bump by hand for changes the digest below cannot see, and as a record when the files of an
+# existing build change. 2: specials and filler tokens in the BPE vocab, tokenizer padded to
+# the embedding size (tiny: same ids and encodings, different tokenizer.json/vocab.json).
+_RECIPE = "2"
 MARKER = "vision_gateway_build.json"  # written last: its presence means the build completed
 
 
@@ -72,7 +77,8 @@ def _write_checkpoint(
     out: Path, arch: str, size: str, seed: int, dtype: str, say: Callable[[str], None]
 ) -> None:
     say("training tokenizer")
-    ids = write_tokenizer_files(out, train_tokenizer())
+    # Padded to the embedding size: every id the model can sample decodes to text.
+    ids = write_tokenizer_files(out, train_tokenizer(text_vocab_size(arch, size)))
     say("writing configs")
     config = model_config(arch, size, ids, dtype)
     _dump(out / "config.json", config)

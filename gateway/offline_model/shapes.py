@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .tokenizer import TokenIds
+from .tokenizer import VOCAB_SIZE, TokenIds
 
 ARCHS: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 SIZES: tuple[str, ...] = ("tiny", "7b")
@@ -30,8 +30,11 @@ _ARCHITECTURES = {
 }
 
 # Text towers. Tiny: head_dim 16, so the mRoPE sections must cover 16 / 2 = 8 frequencies.
+# vocab_size is the embedding/lm_head row count; the tokenizer is padded to exactly that
+# (see `text_vocab_size` below). Tiny embeds just the trained tokenizer; 7b the upstream size.
 _TEXT: dict[tuple[str, str], dict[str, Any]] = {
     ("qwen2_vl", "tiny"): dict(
+        vocab_size=VOCAB_SIZE,
         hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -49,6 +52,7 @@ _TEXT: dict[tuple[str, str], dict[str, Any]] = {
         vocab_size=152064,
     ),
     ("qwen3_vl", "tiny"): dict(
+        vocab_size=VOCAB_SIZE,
         hidden_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
@@ -123,12 +127,29 @@ def check_arch_size(arch: str, size: str, dtype: str | None = None) -> str:
     return dtype
 
 
+def text_vocab_size(arch: str, size: str) -> int:
+    """Rows of the text embedding (and lm_head) for (arch, size): the ids the model can
+    sample, so the size `tokenizer.train_tokenizer` must pad the tokenizer to."""
+    check_arch_size(arch, size)
+    return int(_TEXT[(arch, size)]["vocab_size"])
+
+
 def model_config(arch: str, size: str, ids: TokenIds, dtype: str | None = None) -> dict[str, Any]:
-    """The config.json dict for (arch, size), with token ids taken from the tokenizer."""
+    """The config.json dict for (arch, size), with token ids taken from the tokenizer.
+
+    Raises ValueError unless the tokenizer has exactly `text_vocab_size(arch, size)` ids: with
+    fewer, the ids above the tokenizer's would decode to "" when the model samples them;
+    with more, the tokenizer could produce ids the embedding has no row for.
+    """
     dtype = check_arch_size(arch, size, dtype)
     t = dict(_TEXT[(arch, size)])
     mrope = t.pop("mrope")
-    vocab_size = max(t.pop("vocab_size", 0), ids.vocab_size)
+    vocab_size = t.pop("vocab_size")
+    if ids.vocab_size != vocab_size:
+        raise ValueError(
+            f"the tokenizer has {ids.vocab_size} ids but {arch} {size} embeds {vocab_size}; "
+            f"build it with train_tokenizer({vocab_size})"
+        )
     text: dict[str, Any] = dict(
         **t,
         vocab_size=vocab_size,

@@ -8,6 +8,14 @@ loaded from `tokenizer.json` and any path that reconstructs the tokenizer from
 The special tokens are Qwen2-VL's, in Qwen2-VL's order, appended after the trained vocabulary,
 so their ids keep Qwen's relative layout (`<|endoftext|>` first, `<|video_pad|>` last) at a
 much smaller base. Each encodes to exactly one id and is never split or normalised.
+
+Above them, up to the model's embedding size, come filler pseudo-words (see `fillers`) that
+the encoder never produces, so that every id a random-weight model can sample decodes to
+text. Id layout, for a tokenizer of `vocab_size` ids:
+
+    [0, 2034)            trained BPE tokens (the first 256 are the byte alphabet)
+    [2034, 2048)         SPECIAL_TOKENS, at the same ids for every vocab_size
+    [2048, vocab_size)   fillers (none for the tiny size, whose embedding is 2048 ids)
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from tokenizers.models import BPE
 from tokenizers.trainers import BpeTrainer
 
 from .corpus import build_corpus
+from .fillers import filler_tokens
 
 # Qwen2-VL's special tokens, in its id order (151643 ... 151656 upstream).
 SPECIAL_TOKENS: tuple[str, ...] = (
@@ -41,6 +50,7 @@ SPECIAL_TOKENS: tuple[str, ...] = (
     "<|video_pad|>",
 )
 VOCAB_SIZE = 2048  # trained tokens + specials; a power of two keeps embedding shapes tidy
+_N_TRAINED = VOCAB_SIZE - len(SPECIAL_TOKENS)  # BPE tokens; also the id of the first special
 
 # transformers.models.qwen2.tokenization_qwen2.PRETOKENIZE_REGEX, verbatim.
 _PRETOKENIZE_REGEX = (
@@ -87,13 +97,13 @@ class TokenIds:
     vision_pad: int
     image_pad: int
     video_pad: int
-    vocab_size: int  # number of ids the tokenizer can produce (trained + special)
+    vocab_size: int  # number of ids the tokenizer knows (trained + special + filler)
 
 
-def train_tokenizer() -> Tokenizer:
-    """Train the byte-level BPE tokenizer; a pure function of the embedded corpus.
+def _train_bpe() -> Tokenizer:
+    """The trained part alone: `_N_TRAINED` byte-level BPE tokens.
 
-    Raises RuntimeError if the corpus no longer yields exactly `VOCAB_SIZE` tokens (the
+    Raises RuntimeError if the corpus no longer yields exactly that many tokens (the
     vocabulary size is part of the checkpoint's contract, so it must not drift silently).
     """
     tok = Tokenizer(
@@ -115,7 +125,7 @@ def train_tokenizer() -> Tokenizer:
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = tk_processors.ByteLevel(trim_offsets=False)
     trainer = BpeTrainer(
-        vocab_size=VOCAB_SIZE - len(SPECIAL_TOKENS),
+        vocab_size=_N_TRAINED,
         min_frequency=2,
         show_progress=False,
         # All 256 byte symbols up front: every byte string is encodable (no unknown token),
@@ -124,11 +134,39 @@ def train_tokenizer() -> Tokenizer:
         special_tokens=[],
     )
     tok.train_from_iterator(build_corpus(), trainer=trainer)
-    if tok.get_vocab_size() != VOCAB_SIZE - len(SPECIAL_TOKENS):
+    if tok.get_vocab_size() != _N_TRAINED:
         raise RuntimeError(
             f"BPE training gave {tok.get_vocab_size()} tokens, expected "
-            f"{VOCAB_SIZE - len(SPECIAL_TOKENS)}: the corpus is too small for VOCAB_SIZE"
+            f"{_N_TRAINED}: the corpus is too small for VOCAB_SIZE"
         )
+    return tok
+
+
+def train_tokenizer(vocab_size: int = VOCAB_SIZE) -> Tokenizer:
+    """The tokenizer with exactly `vocab_size` ids; a pure function of the corpus and the size.
+
+    Contract (see the module docstring for the layout): ids 0..vocab_size-1 are all assigned;
+    the trained tokens and SPECIAL_TOKENS have the same ids for every `vocab_size`; ids from
+    VOCAB_SIZE up are filler tokens that encoding never produces, so any text encodes to the
+    same ids whatever `vocab_size` is. Pass the model's embedding size (`shapes.text_vocab_size`).
+    Raises ValueError if `vocab_size` < VOCAB_SIZE, RuntimeError if training drifts.
+    """
+    if vocab_size < VOCAB_SIZE:
+        raise ValueError(f"vocab_size must be >= {VOCAB_SIZE}, got {vocab_size}")
+    spec = json.loads(_train_bpe().to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    # The specials and fillers go into the BPE model's own vocabulary, not only into the
+    # added-token table: loading a tokenizer.json (tokenizers) or rebuilding the BPE model
+    # from vocab.json (transformers' Qwen2Tokenizer) gives an added token that the model
+    # vocabulary lacks the next id after the model's last one, so with fillers above them
+    # the specials would move. A model-vocabulary entry pins the id; no merge produces it,
+    # so BPE never emits it from text, and the special added token (registered below) is
+    # what matches it in input text and what skip_special_tokens drops.
+    for i, token in enumerate(SPECIAL_TOKENS):
+        vocab[token] = _N_TRAINED + i
+    for i, token in enumerate(filler_tokens(vocab_size - VOCAB_SIZE, taken=vocab.keys())):
+        vocab[token] = VOCAB_SIZE + i
+    tok = Tokenizer.from_str(json.dumps(spec))
     tok.add_special_tokens(
         [
             AddedToken(
@@ -137,6 +175,13 @@ def train_tokenizer() -> Tokenizer:
             for t in SPECIAL_TOKENS
         ]
     )
+    # Guard the layout (cheaply: a full vocabulary scan costs about a second at 152k): the
+    # model vocabulary holds distinct ids 0..vocab_size-1 by construction, so what remains is
+    # that no special moved and nothing was appended past the end.
+    moved = [t for i, t in enumerate(SPECIAL_TOKENS) if tok.token_to_id(t) != _N_TRAINED + i]
+    size = tok.get_vocab_size(with_added_tokens=True)
+    if moved or size != vocab_size:
+        raise RuntimeError(f"tokenizer layout broken: specials moved {moved}, {size} ids")
     return tok
 
 

@@ -211,7 +211,9 @@ def test_unknown_names_raise(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("arch", om.ARCHS)
 def test_7b_config_is_accepted_and_about_8b(arch: str) -> None:
-    ids = tokenizer.token_ids(tokenizer.train_tokenizer())
+    # The tokenizer padded to the 7b embedding, as the builder makes it (model_config
+    # refuses a tokenizer whose size differs from the embedding's).
+    ids = tokenizer.token_ids(tokenizer.train_tokenizer(shapes.text_vocab_size(arch, "7b")))
     config = shapes.model_config(arch, "7b", ids)
     assert config["torch_dtype"] == "bfloat16"
     n = params.param_count(config)  # instantiates lazily: nothing is allocated
