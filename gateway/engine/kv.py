@@ -109,15 +109,28 @@ def share_row_state(layers: list[RowBatchKVCache]) -> None:
         layer.rope_deltas = head.rope_deltas
 
 
-def row_positions(cache: KVCache | BatchKVCache, length: int) -> mx.array:
-    """Text positions for the next `length` tokens of every row: (B, length) int32.
+def row_offsets(cache: KVCache | BatchKVCache) -> mx.array | int:
+    """Rope position of every row's next token: `tokens already in its cache + rope_delta`.
 
-    A row's next token sits at `tokens already in its cache + rope_delta`. For a batch cache
-    `offset` is per row and already excludes left padding.
+    A (B,) int32 array for a batch cache (`offset` is per row and already excludes left
+    padding, so a padded row's offset is negative during prefill), an int for a single cache.
+    Reads only the cache it is given: pass layer 0's (see share_row_state).
     """
-    steps = mx.arange(length, dtype=mx.int32)[None, :]
     if isinstance(cache, RowBatchKVCache):
-        base = cache.offset.astype(mx.int32) + cache.rope_deltas
-        return base[:, None] + steps
-    delta = getattr(cache, "rope_delta", 0)
-    return steps + (cache.offset + delta)
+        return cache.offset.astype(mx.int32) + cache.rope_deltas
+    return cache.offset + getattr(cache, "rope_delta", 0)
+
+
+def row_positions(cache: KVCache | BatchKVCache, length: int) -> mx.array:
+    """Text positions for the next `length` tokens of every row: (B, length) int32
+    (B = 1 for a single cache): `row_offsets(cache)[b] + j`."""
+    return offset_positions(row_offsets(cache), length)
+
+
+def offset_positions(offsets: mx.array | int, length: int) -> mx.array:
+    """(B, length) int32 positions `offsets[b] + j` from per-row offsets ((B,) array or int;
+    an int gives B = 1)."""
+    steps = mx.arange(length, dtype=mx.int32)[None, :]
+    if isinstance(offsets, mx.array):
+        return offsets.astype(mx.int32).reshape(-1, 1) + steps
+    return steps + offsets

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from support import tiny_model
 
-from gateway.engine.kv import RowBatchKVCache, RowKVCache, row_positions
+from gateway.engine.kv import RowBatchKVCache, RowKVCache, row_offsets, row_positions
 from gateway.engine.positions import ImageLayout, mrope_positions, rope_delta_at
 
 
@@ -74,6 +74,7 @@ def test_deltas_ride_through_batch_operations() -> None:
     assert row.rope_delta == -10 and row.offset == 7
     assert np.array_equal(np.array(row.keys), np.array(c.keys))
     assert row_positions(batch, 2).tolist() == [[5 - 3, 6 - 3], [7 - 10, 8 - 10]]
+    assert row_offsets(batch).tolist() == [5 - 3, 7 - 10] and row_offsets(row) == 7 - 10
 
 
 def test_merge_of_empty_caches_keeps_row_class() -> None:
