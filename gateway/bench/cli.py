@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,24 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p = kinds.add_parser("engine", help="engine alone (no HTTP): TTFT stages and decode steps")
     _common(p)
     p.add_argument("--image-size", type=int, default=448)
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 32])
+    p.add_argument("--decode-tokens", type=int, default=128, help="timed tokens per row")
+    p.add_argument("--reps", type=int, default=5, help="repetitions per figure (median)")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="first measure raw MLX on the same weights (no gateway) and print ratios",
+    )
     p.set_defaults(run=_engine)
+
+    p = kinds.add_parser(
+        "hotpath", help="raw MLX ceiling, then the server through HTTP: every figure a ratio"
+    )
+    _common(p)
+    p.add_argument("--quick", action="store_true", help="tiny sizes (CPU, tests)")
+    p.add_argument("--plot", type=Path, help="write the ratios as a PNG (needs matplotlib)")
+    p.add_argument("--budget-s", type=float, help="skip scenarios not started by then (s)")
+    p.set_defaults(run=_hotpath)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -223,10 +240,61 @@ def _load(args: argparse.Namespace) -> None:
 
 
 def _engine(args: argparse.Namespace) -> None:
-    from gateway.bench.engine_profile import Profiler
+    import gc
 
-    results = Profiler(_model(args)).run(args.image_size, args.batch)
-    for key, value in results.items():
-        print(f"{key:28s} {value:10.2f}")
+    import mlx.core as mx
+
+    from gateway.bench.engine_profile import Profiler
+    from gateway.bench.raw_measure import RawSettings
+
+    model = _model(args)
+    settings = RawSettings(
+        batches=tuple(args.batch), decode_tokens=args.decode_tokens, reps=args.reps
+    )
+    raw: dict[str, Any] = {}
+    if args.raw:
+        from gateway.bench import hotpath
+        from gateway.bench import raw as raw_bench
+
+        root = hotpath.model_dir(model)
+        prefix = hotpath.image_prompt_tokens(root, args.image_size)
+        raw = raw_bench.run(root, replace(settings, prefix_tokens=prefix), log=print)
+        gc.collect()
+        mx.clear_cache()  # the raw model's buffers, before the engine loads its own copy
+    results = Profiler(model, max_batch=max(64, *args.batch)).run(args.image_size, settings)
+    if raw:
+        from gateway.bench.engine_profile import compare_rows
+        from gateway.bench.hotpath_report import table
+
+        print(table(compare_rows(results, raw)))
+    else:
+        for key, value in results.items():
+            print(f"{key:28s} {value:10.2f}")
     if args.out:
-        args.out.write_text(json.dumps({"machine": machine(), **results}, indent=2))
+        payload = {"machine": machine(), "model": model, **results, "raw": raw}
+        args.out.write_text(json.dumps(payload, indent=2))
+
+
+def _hotpath(args: argparse.Namespace) -> None:
+    from gateway.bench import hotpath
+    from gateway.bench.hotpath_report import Row, plot
+
+    settings = hotpath.QUICK if args.quick else hotpath.HotpathSettings()
+    if args.budget_s is not None:
+        settings = replace(settings, budget_s=args.budget_s)
+    started = time.perf_counter()
+
+    def log(line: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f} s] {line}", flush=True)
+
+    def save(payload: dict[str, Any]) -> None:  # after every step: a kill loses little
+        payload["args"] = {k: str(v) for k, v in vars(args).items() if k != "run"}
+        if args.out:
+            args.out.write_text(json.dumps(payload, indent=2))
+
+    payload = hotpath.run(_model(args), settings, log, args.server_arg, args.quick, save)
+    print(payload["table"], flush=True)
+    if args.out:
+        print(f"json: {args.out}")
+    if args.plot and plot([Row.from_dict(r) for r in payload["rows"]], str(args.plot)):
+        print(f"plot: {args.plot}")

@@ -1,0 +1,142 @@
+"""What the raw ceiling measures, on any mlx-lm-style text model (tokens in, logits out).
+
+Discipline: every timed region starts after `mx.synchronize()` and ends with the result
+evaluated, and every shape is run untimed first (kernels compiled, buffers pooled), so the
+figures are the steady-state cost of the work and nothing else.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class RawSettings:
+    """Sizes of the raw measurements (tokens unless named otherwise)."""
+
+    batches: tuple[int, ...] = (1, 16, 32)  # decode batch sizes
+    decode_tokens: int = 128  # timed tokens per row (after `skip_tokens`)
+    skip_tokens: int = 10  # per row, left out of the timing (ramp-up)
+    prompt_tokens: int = 128  # decode prompts
+    prefix_tokens: int = 1400  # P: warm-TTFT prefix already in the cache; prefill length
+    suffix_tokens: int = 20  # warm-TTFT new tokens
+    text_tokens: int = 30  # text first token: prompt from an empty cache
+    prefill_chunk: int = 512  # prefix fill chunk (as the gateway's default --prefill-chunk)
+    reps: int = 5  # timed repetitions per figure (the median is reported)
+    warmups: int = 2  # untimed repetitions first
+
+
+def steady_window(rows: Sequence[Sequence[float]], skip: int) -> tuple[int, float]:
+    """(tokens, seconds) of the steady part of a batched decode.
+
+    `rows[i]` are the arrival times (s) of row i's tokens. The window opens once every row has
+    produced `skip` tokens and closes when the first row produces its last token, so every row
+    is decoding throughout; tokens arriving inside (open, close] are counted. (0, 0.0) when
+    there is no such window (a row shorter than `skip + 1` tokens).
+    """
+    if not rows or min(len(r) for r in rows) <= skip:
+        return 0, 0.0
+    opened = max(r[skip - 1] if skip else r[0] for r in rows)
+    closed = min(r[-1] for r in rows)
+    tokens = sum(1 for r in rows for t in r if opened < t <= closed)
+    return (tokens, closed - opened) if closed > opened else (0, 0.0)
+
+
+def token_ids(n: int, vocab: int, salt: int) -> list[int]:
+    """`n` deterministic ordinary token ids (clear of the low and special ids of any vocab)."""
+    span = min(vocab, 5000) - 20
+    return [(7 * j + 13 * salt) % span + 10 for j in range(n)]
+
+
+def cold_ms(model: Any, ids: list[int], settings: RawSettings) -> float:
+    """Median wall ms of `first_token` on `ids` from an empty cache, after `warmups` untimed
+    runs."""
+    times = []
+    for rep in range(settings.warmups + settings.reps):
+        cache = make_prompt_cache(model)
+        mx.synchronize()
+        started = time.perf_counter()
+        mx.eval(first_token(model, ids, cache))
+        if rep >= settings.warmups:
+            times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
+
+
+def first_token(model: Any, ids: list[int], cache: list[Any]) -> mx.array:
+    """Forward `ids` (appending to `cache`, as a server would) and the last position's argmax."""
+    return mx.argmax(model(mx.array([ids]), cache=cache)[:, -1, :], axis=-1)
+
+
+def warm_ttft_ms(model: Any, settings: RawSettings, vocab: int) -> float:
+    """Prefix of P tokens already in a KV cache, then a suffix forward + argmax (untimed:
+    filling the prefix)."""
+    times = []
+    for rep in range(settings.warmups + settings.reps):
+        cache = make_prompt_cache(model)
+        prefix = token_ids(settings.prefix_tokens, vocab, 1)
+        for start in range(0, len(prefix), settings.prefill_chunk):
+            model(mx.array([prefix[start : start + settings.prefill_chunk]]), cache=cache)
+            mx.eval([c.state for c in cache])
+        suffix = token_ids(settings.suffix_tokens, vocab, 100 + rep)
+        mx.synchronize()
+        started = time.perf_counter()
+        mx.eval(first_token(model, suffix, cache))
+        if rep >= settings.warmups:
+            times.append(time.perf_counter() - started)
+    return 1000 * statistics.median(times)
+
+
+def decode(model: Any, batch: int, settings: RawSettings, vocab: int) -> tuple[float, float]:
+    """(aggregate tok/s, ms per step) of mlx-lm's BatchGenerator decoding `batch` rows of
+    `prompt_tokens`-token prompts for `skip + decode_tokens` tokens each (`steady_window`)."""
+    from mlx_lm.generate import BatchGenerator
+
+    gen = BatchGenerator(model, completion_batch_size=batch, prefill_batch_size=min(batch, 8))
+    prompts = [token_ids(settings.prompt_tokens, vocab, i) for i in range(batch)]
+    uids = gen.insert(prompts, max_tokens=[settings.skip_tokens + settings.decode_tokens] * batch)
+    arrivals: dict[int, list[float]] = {uid: [] for uid in uids}
+    try:
+        while responses := gen.next_generated():
+            now = time.perf_counter()
+            for r in responses:
+                arrivals[r.uid].append(now)
+    finally:
+        gen.close()
+    tokens, seconds = steady_window(list(arrivals.values()), settings.skip_tokens)
+    if not tokens:
+        return 0.0, 0.0
+    # Every step inside the window decodes the full batch, so ms/step = batch / (tok/s).
+    return tokens / seconds, 1000 * seconds * batch / tokens
+
+
+def measure(model: Any, settings: RawSettings, log: Log) -> dict[str, Any]:
+    """All raw figures for `model`; keys end in their unit (_ms, _tok_s)."""
+    vocab = int(model.args.vocab_size)
+    out: dict[str, Any] = {"settings": settings.__dict__ | {"batches": list(settings.batches)}}
+    text = token_ids(settings.text_tokens, vocab, 3)
+    out["text_first_token_ms"] = cold_ms(model, text, settings)
+    log(f"raw: text first token ({len(text)} tokens): {out['text_first_token_ms']:.1f} ms")
+    out["warm_ttft_ms"] = warm_ttft_ms(model, settings, vocab)
+    log(
+        f"raw: warm TTFT floor (prefix {settings.prefix_tokens} + {settings.suffix_tokens}): "
+        f"{out['warm_ttft_ms']:.1f} ms"
+    )
+    prompt = token_ids(settings.prefix_tokens, vocab, 5)
+    out["prefill_ms"] = cold_ms(model, prompt, settings)
+    log(f"raw: prefill of {settings.prefix_tokens} tokens: {out['prefill_ms']:.1f} ms")
+    for batch in settings.batches:
+        decode(model, batch, settings, vocab)  # warm-up: this batch's shapes
+        tok_s, step_ms = decode(model, batch, settings, vocab)
+        out[f"decode_tok_s_b{batch}"] = tok_s
+        out[f"decode_step_ms_b{batch}"] = step_ms
+        log(f"raw: decode batch {batch:3d}: {tok_s:9.1f} tok/s aggregate, {step_ms:.2f} ms/step")
+    return out

@@ -1,0 +1,76 @@
+"""`bench hotpath --quick` and `bench engine --raw` end to end on the tiny model (CPU).
+
+Pinned: every figure is present, positive, and paired with raw MLX (a ratio) or a target; the
+raw ceiling ran first in the same command; the JSON and the plot are written.
+"""
+
+from __future__ import annotations
+
+import json
+
+from support import tiny_model
+
+from gateway.cli import main
+
+RAW_ROWS = (
+    "text_first_request_ms",
+    "text_first_token_ms",
+    "image_first_request_ms",
+    "image_cold_ms",
+    "warm_ttft_path_ms",
+    "warm_ttft_uri_ms",
+    "decode_agg_tok_s_1",
+    "decode_stream_tok_s_1",
+    "decode_agg_tok_s_4",
+    "decode_stream_tok_s_4",
+    "decode_agg_tok_s_4_t0.7",
+)
+TARGET_ROWS = (
+    "text_first_vs_later",
+    "image_first_vs_later",
+    "wave_first_vs_second",
+    "new_size_first_vs_later",
+    "image_batch_gain",
+)
+
+
+def test_hotpath_quick_reports_every_figure(tmp_path, capsys) -> None:
+    out, png = tmp_path / "hotpath.json", tmp_path / "hotpath.png"
+    model = str(tiny_model("qwen2_vl"))
+    main(["bench", "hotpath", "--quick", "--model", model, "--out", str(out), "--plot", str(png)])
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    rows = {r["key"]: r for r in data["rows"]}
+    assert set(RAW_ROWS) | set(TARGET_ROWS) | {"server_ready_s"} == set(rows), printed
+    for key in RAW_ROWS:
+        row = rows[key]
+        assert row["gateway"] > 0 and row["raw"] > 0, row
+        assert row["ratio"] == row["gateway"] / row["raw"]
+        assert "ERROR" not in row["note"], row
+    for key in TARGET_ROWS:
+        assert rows[key]["gateway"] > 0 and rows[key]["met"] is not None, rows[key]
+    assert data["raw"]["decode_tok_s_b4"] > 0 and data["raw"]["settings"]["batches"] == [1, 4]
+    assert data["details"]["clean_shutdown"] is True
+    assert data["machine"]["cpus"] and data["model"] == model and data["args"]["quick"] == "True"
+    assert data["seconds"] < 240
+    turns = data["details"]["conversation_path"]
+    assert turns[1]["cached_tokens"] > 0  # turn 2 really was warm
+    assert "read" in turns[1]["server_timing_ms"]
+    # raw ran before the server: its progress comes first in the output
+    assert printed.index("raw ceiling") < printed.index("server ready")
+    assert "| what | unit | raw | gateway |" in printed
+    assert png.stat().st_size > 1000
+
+
+def test_engine_raw_prints_ratios(tmp_path, capsys) -> None:
+    out = tmp_path / "engine.json"
+    model = str(tiny_model("qwen2_vl"))
+    argv = ["bench", "engine", "--raw", "--model", model, "--batch", "1", "2"]
+    main([*argv, "--decode-tokens", "6", "--reps", "1", "--image-size", "56", "--out", str(out)])
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    for key in ("text_first_token_ms", "decode_tok_s_b1", "decode_tok_s_b2"):
+        assert data[key] > 0 and data["raw"][key] > 0, key
+    assert data["decode_short_rows_b2"] >= 0
+    assert "| decode, batch 2: aggregate | tok/s |" in printed
+    assert printed.index("raw: decode batch") < printed.index("engine: decode batch")
