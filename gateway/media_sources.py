@@ -16,6 +16,7 @@ import binascii
 import os
 import re
 import stat
+import sys
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,9 @@ from gateway.errors import APIError, invalid, too_large
 from gateway.url_policy import shorten
 
 _BASE64_BODY = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
-_BASE64_SPACE = re.compile(r"[ \t\r\n]+")
+# b64decode(validate=True) is a strict a2b_base64 from Python 3.11 on; 3.10 has no strict mode
+# (it validates with a regex instead), so there every payload takes the checked path.
+_STRICT_A2B = sys.version_info >= (3, 11)
 
 
 def parse_data_uri(uri: str, max_bytes: int) -> bytes:
@@ -32,7 +35,8 @@ def parse_data_uri(uri: str, max_bytes: int) -> bytes:
 
     Tolerates ASCII whitespace inside the base64 and missing `=` padding; anything else that is
     not standard base64 is a 400. A decoded size over `max_bytes` is a 413 (checked before
-    decoding, from the encoded length).
+    decoding, from the encoded length). Valid input costs one strict C base64 pass (no regex);
+    only invalid input pays for the checks that name the problem.
     """
     header, comma, payload = uri.partition(",")
     if not comma:
@@ -54,12 +58,60 @@ def parse_data_uri(uri: str, max_bytes: int) -> bytes:
             "data URI is not base64-encoded; expected data:image/<type>;base64,<data>",
             code="invalid_data_uri",
         )
-    body = _BASE64_SPACE.sub("", payload)
+    body = _strip_base64_space(payload)
     if len(body) // 4 * 3 > max_bytes + 3:
         raise too_large(
             f"data URI image is about {len(body) // 4 * 3} bytes, over the limit of {max_bytes} "
             "bytes per image (the limit is set by --max-image-bytes)"
         )
+    data = _decode_fast(body)
+    if data is None:
+        data = _decode_checked(body)
+    if len(data) > max_bytes:
+        raise too_large(
+            f"data URI image is {len(data)} bytes, over the limit of {max_bytes} bytes per "
+            "image (the limit is set by --max-image-bytes)"
+        )
+    return data
+
+
+def _strip_base64_space(payload: str) -> str:
+    """`payload` without ASCII space, tab, CR and LF (what `re.sub(r"[ \\t\\r\\n]+", "")` gives).
+
+    `ch in payload` is a memchr-speed scan, so the usual unwrapped payload costs four fast
+    scans and no copy instead of a regex pass over megabytes.
+    """
+    for ch in " \t\r\n":
+        if ch in payload:
+            payload = payload.replace(ch, "")
+    return payload
+
+
+def _decode_fast(body: str) -> bytes | None:
+    """Decode `body` if `_decode_checked` would accept it, else None (never raises).
+
+    Equivalence with `_decode_checked`: a strict `a2b_base64` that succeeds has seen only the
+    standard alphabet and '=' with nothing after the padding; the checks below add what the
+    regex and length rule of `_decode_checked` demand beyond that (at most two '=', all at the
+    end; data length not 1 more than a multiple of 4). Both then make the same
+    `a2b_base64(body + pad, strict_mode=True)` call, so the bytes are identical. Anything else
+    returns None and `_decode_checked` raises its usual error.
+    """
+    if not _STRICT_A2B:
+        return None
+    first_pad = body.find("=")
+    data_len = len(body) if first_pad < 0 else first_pad
+    if len(body) - data_len > 2 or data_len % 4 == 1:
+        return None
+    try:
+        return binascii.a2b_base64(body + "=" * (-len(body) % 4), strict_mode=True)
+    except (binascii.Error, ValueError):
+        return None
+
+
+def _decode_checked(body: str) -> bytes:
+    """Validate and decode `body` (whitespace already removed); raises a 400 saying what is
+    wrong. Slow (regex passes): only for input that `_decode_fast` refused."""
     if not _BASE64_BODY.match(body):
         bad = next(
             (i for i, c in enumerate(body) if not (c.isascii() and (c.isalnum() or c in "+/="))),
@@ -73,15 +125,9 @@ def parse_data_uri(uri: str, max_bytes: int) -> bytes:
     if len(body.rstrip("=")) % 4 == 1:
         raise invalid("invalid base64 in data URI: truncated data", code="invalid_data_uri")
     try:
-        data = base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
+        return base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
     except (binascii.Error, ValueError) as exc:
         raise invalid(f"invalid base64 in data URI: {exc}", code="invalid_data_uri") from None
-    if len(data) > max_bytes:
-        raise too_large(
-            f"data URI image is {len(data)} bytes, over the limit of {max_bytes} bytes per "
-            "image (the limit is set by --max-image-bytes)"
-        )
-    return data
 
 
 def file_url_path(url: str) -> str:

@@ -23,9 +23,11 @@ from typing import Any
 
 import mlx.core as mx
 import numpy as np
+from PIL import Image
 
 from caches.hashing import fingerprint
 from gateway.engine.detokenizer import ByteStreamDetokenizer, Detokenizer, byte_table
+from gateway.engine.image_processor import fast_image_processor
 from gateway.engine.kv import RowKVCache
 from gateway.engine.output import IncrementalDetokenizer
 from gateway.engine.positions import ImageLayout, mrope_positions
@@ -113,7 +115,15 @@ class VisionLanguageModel:
             return self.tokenizer.decode([token_id])
 
     def preprocess(self, image: Any) -> tuple[np.ndarray, tuple[int, int, int]]:
-        """PIL RGB image -> (pixel_values, grid_thw in patches)."""
+        """PIL RGB image -> (pixel_values, grid_thw in patches). Thread-safe.
+
+        `gateway.engine.image_processor` gives the checkpoint processor's exact output, faster;
+        the processor itself runs for configs it does not reproduce (logged once) and inputs
+        other than RGB PIL images.
+        """
+        fast = fast_image_processor(self.image_processor)
+        if fast is not None and isinstance(image, Image.Image) and image.mode == "RGB":
+            return fast(image)
         out = self.image_processor(images=[image], return_tensors="np")
         pixels = np.asarray(out["pixel_values"])
         grid = tuple(int(x) for x in np.asarray(out["image_grid_thw"]).reshape(-1)[:3])

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import io
 import os
+import re
 import threading
 import time
 import urllib.parse
@@ -29,9 +30,11 @@ from PIL import Image, ImageFile
 from support import data_uri, png_claiming
 
 from caches.hashing import pixel_hash
+from gateway import media, media_sources
 from gateway.config import MediaConfig
 from gateway.errors import APIError
 from gateway.media import DecodedImage, MediaLoader
+from gateway.media_sources import parse_data_uri
 
 T = TypeVar("T")
 
@@ -305,6 +308,65 @@ def test_data_uri_over_the_byte_cap_is_413() -> None:
     assert err.status == 413 and "--max-image-bytes" in err.message
 
 
+def parse_outcome(payload: str, max_bytes: int) -> tuple[object, ...]:
+    try:
+        return ("ok", parse_data_uri("data:image/png;base64," + payload, max_bytes))
+    except APIError as err:
+        return ("error", err.status, err.code, err.message)
+
+
+def _base64_mutant(data: bytes, op: int, position: int, char: str) -> str:
+    text = base64.b64encode(data).decode()
+    cut = position % (len(text) + 1)
+    return [
+        text,
+        text.rstrip("="),
+        text + "=" * (op % 3 + 1),
+        text[:cut] + char + text[cut:],
+        text[:cut],
+        "\n".join(text[i : i + 4] for i in range(0, len(text), 4)),
+    ][op % 6]
+
+
+BASE64_TEXT = st.one_of(
+    st.text(alphabet="QUJDRWFiYz0189+/=  \t\r\n\x0b\x0c-_.\xe9\u2028", max_size=24),
+    st.builds(
+        _base64_mutant,
+        st.binary(max_size=20),
+        st.integers(0, 5),
+        st.integers(0, 40),
+        st.sampled_from(list("=A/+ \n\t-_\x0b\xe9")),
+    ),
+)
+
+
+@settings(max_examples=600, deadline=None)
+@given(payload=BASE64_TEXT, max_bytes=st.integers(0, 24))
+def test_fast_data_uri_parse_equals_the_checked_parse(payload: str, max_bytes: int) -> None:
+    """The fast path (strict C base64, no regex) changes nothing observable: same bytes, or the
+    same 400/413 with the same message, as the regex-validated path alone."""
+    fast = parse_outcome(payload, max_bytes)
+    with pytest.MonkeyPatch.context() as patch:  # the parse as it was: regexes, checked decode
+        patch.setattr(media_sources, "_decode_fast", lambda body: None)
+        patch.setattr(
+            media_sources, "_strip_base64_space", lambda text: re.sub(r"[ \t\r\n]+", "", text)
+        )
+        assert parse_outcome(payload, max_bytes) == fast
+
+
+@pytest.mark.skipif(not media_sources._STRICT_A2B, reason="Python 3.10: checked path only")
+def test_valid_base64_never_takes_the_slow_checked_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    def checked(body: str) -> bytes:
+        raise AssertionError("valid base64 went through the regex checks")
+
+    monkeypatch.setattr(media_sources, "_decode_checked", checked)
+    data = encode(sample_image(), "PNG")
+    text = base64.b64encode(data).decode()
+    wrapped = "\r\n".join(text[i : i + 76] for i in range(0, len(text), 76))
+    for payload in (text, text.rstrip("="), wrapped):
+        assert parse_data_uri("data:image/png;base64," + payload, 1 << 20) == data
+
+
 # --- local paths -----------------------------------------------------------------------------
 
 
@@ -380,6 +442,60 @@ def test_memo_hit_skips_decoding() -> None:
     no_memo = MediaLoader(MediaConfig(decode_memo_mb=0))
     load(no_memo, uri), load(no_memo, uri)
     assert no_memo.stats()["decodes"] == 2
+
+
+def test_repeated_data_uri_text_skips_base64_and_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    uri = data_uri(encode(sample_image(), "PNG"))
+    loader = MediaLoader(MediaConfig())
+    first = load(loader, uri)
+
+    def forbidden(*args: object) -> None:
+        raise AssertionError("a repeat of the same data URI text was parsed or decoded")
+
+    monkeypatch.setattr(media, "parse_data_uri", forbidden)
+    monkeypatch.setattr(media, "decode_and_hash", forbidden)
+    second = load(loader, uri)
+    assert second.image is first.image and second.content_hash == first.content_hash
+    assert (second.source, second.decode_seconds) == ("data", 0.0)
+    stats = loader.stats()
+    assert (stats["decodes"], stats["memo_hits"], stats["data_uri_memo_hits"]) == (1, 1, 1)
+
+
+def test_same_bytes_in_other_data_uri_text_share_one_decode() -> None:
+    data = encode(sample_image(), "PNG")
+    text = base64.b64encode(data).decode()
+    uris = [
+        data_uri(data),
+        data_uri(data, "image/jpeg"),  # the label is not the format: still the same image
+        "data:image/png;base64," + "\n".join(text[i : i + 60] for i in range(0, len(text), 60)),
+    ]
+    loader = MediaLoader(MediaConfig())
+    results = [load(loader, uri) for uri in uris + uris]
+    assert len({r.content_hash for r in results}) == 1
+    stats = loader.stats()
+    assert (stats["decodes"], stats["data_uri_memo_hits"], stats["memo_entries"]) == (1, 3, 1)
+
+
+def test_failing_data_uris_fail_the_same_way_every_time() -> None:
+    good = encode(sample_image(), "PNG")
+    loader = MediaLoader(MediaConfig(max_image_bytes=len(good) - 1))
+    for uri in (
+        data_uri(good),  # 413: over the byte cap
+        data_uri(b"not an image"),  # 400: undecodable
+        "data:image/png;base64,iVB=ORw0",  # 400: invalid base64
+    ):
+        errors = {(e.status, e.code, e.message) for e in (load_error(loader, uri) for _ in "abc")}
+        assert len(errors) == 1, errors
+    assert loader.stats()["data_uri_memo_hits"] == 0
+
+
+def test_data_uri_index_falls_through_once_the_image_is_evicted() -> None:
+    uris = [data_uri(encode(sample_image(400, 300 + i), "PNG")) for i in range(3)]
+    loader = MediaLoader(MediaConfig(decode_memo_mb=1))  # room for two 400x300 images
+    first = [load(loader, uri) for uri in uris]
+    again = load(loader, uris[0])  # evicted by the third: decoded again, same pixels
+    assert again.content_hash == first[0].content_hash and again.decode_seconds > 0
+    assert loader.stats()["decodes"] == 4
 
 
 def test_concurrent_loads_of_the_same_bytes_decode_once() -> None:
