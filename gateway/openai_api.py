@@ -192,7 +192,10 @@ def _opt_int(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
+        # A float stands for an integer only where it is exact (below 2**53): beyond that the
+        # parser may already have rounded the client's integer (orjson turns integers outside
+        # 64 bits into floats), and a rounded value must not slip into range.
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
             value = int(value)
         else:
             raise invalid(f"`{name}` must be an integer", name)

@@ -313,8 +313,22 @@ class Engine:
             self._prefilling.append(job)
 
     def _prefill(self) -> None:
-        """Feed up to one prefill budget of prompt tokens, oldest request first."""
+        """Feed up to one prefill budget of prompt tokens, oldest request first.
+
+        A burst (several requests whose remaining prompt is short text) is handed to the
+        batch instead, which prefills them together in one forward per group; one request
+        alone is prefilled here, so its first token comes from its own prefill logits."""
         budget = self.config.prefill_chunk_tokens
+        burst = [
+            job
+            for job in self._prefilling
+            if job.fed == max(job.split, job.cached_tokens)  # images done, no text fed yet
+            and job.prompt_len - job.fed <= budget
+        ]
+        if len(burst) > 1:
+            for job in burst:
+                self._prefilling.remove(job)
+                self._insert_prompt(job)
         for job in list(self._prefilling):
             if budget <= 0:
                 return
@@ -343,15 +357,17 @@ class Engine:
             reason = "stop" if eos or job.output.stopped else "length"
             self._finish(job, reason, kv, list(job.request.prompt_ids))
         else:
-            self._insert(job, first.token)
+            prompt = list(job.request.prompt_ids)
+            self._insert(job, [first.token], sampling.max_tokens - 1, prompt)
 
-    def _insert(self, job: Job, first_token: int) -> None:
-        """Hand the job to the batch: its KV holds the whole prompt, `first_token` is next."""
+    def _insert(self, job: Job, tokens: list[int], budget: int, in_cache: list[int]) -> None:
+        """Hand the job to the batch: its KV holds `in_cache`, `tokens` are fed next and
+        `budget` more tokens may be generated."""
         [uid] = self._batch.insert(
-            [[first_token]],
-            max_tokens=[job.request.sampling.max_tokens - 1],
+            [tokens],
+            max_tokens=[budget],
             caches=[job.cache],
-            all_tokens=[list(job.request.prompt_ids)],
+            all_tokens=[in_cache],
             samplers=[job.sampler],
             stop_sequences=[self._no_stops if job.request.sampling.ignore_eos else self._stops],
         )
@@ -359,6 +375,12 @@ class Engine:
         job.uid = uid
         job.stage = Stage.DECODE
         self._rows[uid] = job
+
+    def _insert_prompt(self, job: Job) -> None:
+        """Hand the job's remaining (text) prompt to the batch, which prefills it together
+        with the other rows it admits in the same step."""
+        prompt = list(job.request.prompt_ids)
+        self._insert(job, prompt[job.fed :], job.request.sampling.max_tokens, prompt[: job.fed])
 
     def _decode(self) -> None:
         if not self._rows:
