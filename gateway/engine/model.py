@@ -27,12 +27,12 @@ from PIL import Image
 
 from caches.hashing import fingerprint
 from gateway.engine.detokenizer import ByteStreamDetokenizer, Detokenizer, byte_table
-from gateway.engine.image_processor import fast_image_processor
+from gateway.engine.image_processor import fast_image_processor, smart_resize
 from gateway.engine.kv import RowKVCache
 from gateway.engine.output import IncrementalDetokenizer
 from gateway.engine.positions import ImageLayout, mrope_positions
 from gateway.engine.text_core import TextCore
-from gateway.engine.vision import EncodedImage, VisionEncoder, smart_resize
+from gateway.engine.vision import EncodedImage, VisionEncoder
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,11 @@ class VisionLanguageModel:
         return pixels, grid  # type: ignore[return-value]
 
     def image_grid(self, width: int, height: int) -> tuple[int, int, int]:
-        """The (t, h, w) patch grid `preprocess` would give, without touching pixels."""
+        """The (t, h, w) patch grid `preprocess` would give, without touching pixels.
+        Raises ValueError for an aspect ratio over 200 (the processors refuse those too)."""
+        fast = fast_image_processor(self.image_processor)
+        if fast is not None:
+            return fast.grid(width, height)
         ip = self.image_processor
         size = getattr(ip, "size", None) or {}
         min_px = getattr(ip, "min_pixels", None) or size.get("shortest_edge")
