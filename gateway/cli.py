@@ -62,7 +62,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         action="append",
         metavar="PX",
-        help="square image size to warm up at start-up (repeatable; default: 448)",
+        help="square image size to warm up at start-up (repeatable; default: 448 and 1024)",
     )
     a("--no-vision-cache", action="store_true", help="disable the vision-feature cache")
     a("--no-prefix-cache", action="store_true", help="disable the KV prefix cache")
@@ -154,7 +154,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         max_context_tokens=args.max_context,
         cache=cache,
         warmup=not args.no_warmup,
-        warmup_image_sizes=tuple(args.warmup_image_size or (448,)),
+        warmup_image_sizes=tuple(args.warmup_image_size or (448, 1024)),
     )
     media = MediaConfig(
         allowed_media_dirs=tuple(Path(d) for d in args.allowed_media_dir),

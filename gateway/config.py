@@ -94,7 +94,7 @@ class EngineConfig:
     mlx_cache_limit_mb: float | None = None  # MLX's pool of freed buffers; None: MLX default
     cache: CacheConfig = field(default_factory=CacheConfig)
     warmup: bool = True  # run synthetic requests at start-up, before /health says ready
-    warmup_image_sizes: tuple[int, ...] = (448,)  # square image sizes (px) warmed at start-up
+    warmup_image_sizes: tuple[int, ...] = (448, 1024)  # square sizes (px) warmed at start-up
 
     def __post_init__(self) -> None:
         _require(self.max_batch >= 1, "--max-batch must be >= 1")

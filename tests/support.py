@@ -6,12 +6,14 @@ Building the tiny models once per session and driving the engine without HTTP.
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import os
 import struct
 import threading
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,6 +185,26 @@ class EngineHarness:
 
     def run(self, body: dict, images: list[Image.Image] | tuple = ()) -> Run:
         return self.submit(body, images).wait()
+
+    @contextlib.contextmanager
+    def arriving_together(self) -> Iterator[None]:
+        """Requests submitted inside the block reach the engine in the same step: a running
+        request holds the engine inside a step until the block ends."""
+        holder = self.submit(chat_body("hold the engine", max_tokens=64))
+        holder.wait_tokens(1)
+        entered, release = threading.Event(), threading.Event()
+
+        def pause() -> None:
+            entered.set()
+            release.wait(30)
+
+        self.engine._step_hook = pause
+        try:
+            assert entered.wait(30), "the engine never paused"
+            yield
+        finally:
+            self.engine._step_hook = None
+            release.set()
 
     def close(self) -> None:
         self.engine.stop()

@@ -20,7 +20,6 @@ from gateway.engine.job import Job
 from gateway.engine.kv import RowKVCache
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.positions import rope_delta_at
-from gateway.engine.vision import EncodedImage
 
 log = logging.getLogger(__name__)
 
@@ -95,41 +94,6 @@ class CacheOps:
         except Exception:
             log.exception("vision cache lookup failed; treating as a miss")
             return None
-
-    def encode_step(self, job: Job) -> bool:
-        """One vision block of the next image of `job` that is not encoded yet. Returns True
-        when that image's features are complete (and stored in the vision cache)."""
-        i = job.to_encode[0]
-        image = job.request.images[i]
-        if job.encoding is None:
-            for j, other in enumerate(job.request.images):  # the same image twice in a prompt
-                if job.encoded[j] is not None and other.content_hash == image.content_hash:
-                    job.encoded[i] = job.encoded[j]
-                    job.to_encode.pop(0)
-                    return True
-            pixels = image.pixel_values if image.pixel_values is not None else image.pixels_fn()
-            job.encoding = self.model.encode_steps(pixels, image.grid_thw)
-        try:
-            next(job.encoding)
-            return False
-        except StopIteration as done:
-            encoded: EncodedImage = done.value
-        job.encoding = None
-        job.to_encode.pop(0)
-        if encoded.features.shape[0] != image.layout.num_tokens:
-            raise RuntimeError(
-                f"vision tower gave {encoded.features.shape[0]} features for "
-                f"{image.layout.num_tokens} placeholders"
-            )
-        job.encoded[i] = encoded
-        if not job.request.use_caches:
-            return True
-        entry = VisionEntry(encoded, image.layout.num_tokens, image.grid_thw, encoded.nbytes)
-        try:
-            self.vision.store(self.vision_key(image.content_hash), entry)
-        except Exception:
-            log.exception("vision cache store failed; continuing without caching")
-        return True
 
     def store_image_part(self, job: Job) -> None:
         """Store a snapshot of the job's KV over the image-bearing part [0, split) (called once

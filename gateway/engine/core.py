@@ -4,7 +4,8 @@ Every request, text or image, decodes in one shared mlx-lm BatchGenerator. Each 
 is one scheduling step:
 
     admit    queued requests into free rows: prefix-cache lookup, vision-cache lookups
-    encode   one vision-tower unit (a block) for the oldest request with images to encode
+    encode   one vision-tower unit (a block) for a group of pending images (several requests'
+             images go through the tower together)
     prefill  up to `prefill_chunk_tokens` prompt tokens of the requests being prefilled,
              oldest first; a request whose prompt is complete gets its first token from the
              prefill logits and joins the batch (see gateway.engine.prefill)
@@ -37,6 +38,7 @@ from caches.prefix import ImageSpan, PrefixCache
 from caches.vision import VisionCache
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import CacheOps, cache_stats
+from gateway.engine.encode_group import EncodeGroup, start_group, step_group
 from gateway.engine.job import Job, Sink, Stage
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.output import OutputState
@@ -102,7 +104,8 @@ class Engine:
         self._active = 0  # holding a row: encoding, prefilling or decoding
         # engine-thread state
         self._waiting: deque[Job] = deque()
-        self._encoding: deque[Job] = deque()
+        self._encoding: deque[Job] = deque()  # requests with images still to encode
+        self._group: EncodeGroup | None = None  # images going through the tower now
         self._prefilling: deque[Job] = deque()
         self._rows: dict[int, Job] = {}
         self._jobs: dict[str, Job] = {}
@@ -295,22 +298,39 @@ class Engine:
             self._prefilling.append(job)
 
     def _encode(self) -> None:
-        """One vision-tower unit for the oldest request with images still to encode."""
-        if not self._encoding:
-            return
-        job = self._encoding[0]
+        """One vision-tower unit for the current group of images (formed from the oldest
+        requests' pending images when none is running; see gateway.engine.encode_group)."""
+        if self._group is None:
+            if not self._encoding:
+                return
+            try:
+                self._group = start_group(self._cache_ops, self._encoding)
+            except Exception as exc:  # e.g. preprocessing an evicted image failed
+                job = self._encoding[0]
+                log.exception("preparing the images of %s failed", job.request_id)
+                self._fail(job, ErrorKind.INTERNAL, f"internal error preparing the image: {exc}")
+                return
+            if self._group is None:
+                return
+        group = self._group
         started = time.perf_counter()
         try:
-            self._cache_ops.encode_step(job)
+            done = step_group(self._cache_ops, group)
         except Exception as exc:
-            log.exception("encoding an image of %s failed", job.request_id)
-            self._fail(job, ErrorKind.INTERNAL, f"internal error encoding the image: {exc}")
+            self._group = None
+            log.exception("encoding a group of %d images failed", len(group.images))
+            for job in group.jobs:
+                self._fail(job, ErrorKind.INTERNAL, f"internal error encoding the image: {exc}")
             return
         self.metrics.vision_encode_seconds.observe(time.perf_counter() - started)
-        if not job.to_encode:
-            self._encoding.popleft()
-            job.stage = Stage.PREFILL
-            self._prefilling.append(job)
+        if not done:
+            return
+        self._group = None
+        for job in group.jobs:
+            if job.stage is Stage.ENCODE and not job.to_encode:
+                self._encoding.remove(job)
+                job.stage = Stage.PREFILL
+                self._prefilling.append(job)
 
     def _prefill(self) -> None:
         """Feed up to one prefill budget of prompt tokens, oldest request first.
@@ -470,7 +490,7 @@ class Engine:
         for pending in (self._encoding, self._prefilling):
             if job in pending:
                 pending.remove(job)
-        job.cache = job.plan = job.encoding = None
+        job.cache = job.plan = None
         if job.uid is not None and self._rows.pop(job.uid, None) is not None:
             self._batch.remove([job.uid])
 

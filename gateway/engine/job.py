@@ -41,7 +41,6 @@ class Job:
     vision_misses: int = 0
     encoded: list[EncodedImage | None] = field(default_factory=list)
     to_encode: list[int] = field(default_factory=list)  # image indices still to encode
-    encoding: Any = None  # the vision tower of to_encode[0], mid-way (a generator)
     cache: list[Any] | None = None  # this request's KV while it is prefilled by the engine
     split: int = 0  # prompt tokens [cached_tokens, split) hold images: fed with embeddings
     plan: PrefillPlan | None = None  # inputs for [cached_tokens, split)

@@ -181,6 +181,13 @@ class VisionLanguageModel:
         """The vision tower one unit per `next()` (see `VisionEncoder.steps`)."""
         return self.vision.steps(pixel_values, grid_thw)
 
+    def encode_steps_many(
+        self, images: Sequence[tuple[np.ndarray, tuple[int, int, int]]]
+    ) -> Generator[None, None, list[EncodedImage]]:
+        """Several images through the tower in one call, one unit per `next()`; returns each
+        image's features, in order."""
+        return self.vision.steps_many(images)
+
     def prefill_plan(
         self,
         prompt_ids: Sequence[int],

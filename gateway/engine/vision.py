@@ -3,7 +3,9 @@
 MLX is lazy: calling mlx-vlm's tower only builds the graph. `VisionEncoder` records each unit's
 (lazy) output while the graph is built (the patch embedding, then every block) and evaluates
 them in order, so the engine can decode between two blocks instead of stalling every running
-stream for a whole encode. No model code is re-implemented; the numerics are mlx-vlm's.
+stream for a whole encode. The only re-implemented model code is the vision attention's
+split-per-window loop, replaced by one kernel call per window length (`window_attention`,
+same numerics up to float rounding, tested against mlx-vlm's tower); the rest is mlx-vlm's.
 
 Engine thread only.
 """
@@ -11,13 +13,15 @@ Engine thread only.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+
+from gateway.engine.window_attention import batch_segment_attention
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,8 @@ class EncodedImage:
 
 
 class VisionEncoder:
-    """Wraps a loaded tower (mutating only the Python classes of its blocks, not weights)."""
+    """Wraps a loaded tower (mutating only the Python classes of the tower, its blocks and
+    their attention, never parameters or weights)."""
 
     def __init__(self, tower: nn.Module, arch: str, embed_dtype: mx.Dtype) -> None:
         self.tower = tower
@@ -45,6 +50,8 @@ class VisionEncoder:
         self.dtype = tower.patch_embed.proj.weight.dtype
         if arch == "qwen2_5_vl":
             drop_empty_attention_windows(tower)
+        # Per-window attention calls make the tower launch-bound on GPUs; see window_attention.
+        self.batched_attention = batch_segment_attention(tower)
         self._outputs: list[mx.array] | None = None
         self._record_unit_outputs()
 
@@ -61,8 +68,16 @@ class VisionEncoder:
         self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
     ) -> Generator[None, None, EncodedImage]:
         """One unit (patch embedding, then each block) per `next()`; returns the features."""
-        pixels = mx.array(pixel_values).astype(self.dtype)
-        grid = mx.array([grid_thw], dtype=mx.int32)
+        [encoded] = yield from self.steps_many([(pixel_values, grid_thw)])
+        return encoded
+
+    def steps_many(
+        self, images: Sequence[tuple[np.ndarray, tuple[int, int, int]]]
+    ) -> Generator[None, None, list[EncodedImage]]:
+        """Several images in one tower call (they stay separate: each is its own attention
+        segment), one unit per `next()`; returns each image's features, in order."""
+        pixels = mx.concatenate([mx.array(p) for p, _ in images]).astype(self.dtype)
+        grid = mx.array([g for _, g in images], dtype=mx.int32)
         self._outputs = []
         try:
             out = self.tower(pixels, grid, output_hidden_states=False)
@@ -71,13 +86,27 @@ class VisionEncoder:
         for hidden in unit_outputs:
             mx.eval(hidden)
             yield
-        deepstack = None
+        stack: list[mx.array] = []
         if isinstance(out, tuple):  # Qwen3-VL: (features, [per-layer deepstack features])
             out, stack = out
-            deepstack = tuple(d.astype(self.embed_dtype) for d in stack) or None
-        features = out.astype(self.embed_dtype)
-        mx.eval(features, deepstack or [])
-        return EncodedImage(features, deepstack)
+        merge = self.tower.spatial_merge_size**2
+        counts = [t * h * w // merge for _, (t, h, w) in images]
+        if sum(counts) != out.shape[0]:
+            raise RuntimeError(f"vision tower gave {out.shape[0]} features for {sum(counts)}")
+        bounds = np.cumsum([0, *counts]).tolist()
+
+        def own(array: mx.array, k: int) -> mx.array:
+            # A gather, not a slice: a slice would share (and so keep alive) the whole
+            # group's buffer for as long as this one image sits in the vision cache.
+            rows = array if len(images) == 1 else array[mx.arange(bounds[k], bounds[k + 1])]
+            return rows.astype(self.embed_dtype)
+
+        encoded = [
+            EncodedImage(own(out, k), tuple(own(d, k) for d in stack) or None)
+            for k in range(len(images))
+        ]
+        mx.eval([e.features for e in encoded], [list(e.deepstack or ()) for e in encoded])
+        return encoded
 
     def _record_unit_outputs(self) -> None:
         """Give the patch embedding and every block a subclass whose __call__ also reports

@@ -7,8 +7,6 @@ cancellation frees rows; per-request seeds make sampling independent of the batc
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from support import EngineHarness, chat_body, noise_image
 
@@ -127,29 +125,15 @@ def test_a_burst_prefilled_together_equals_each_alone(harness: EngineHarness) ->
     bodies = [chat_body(text, max_tokens=6) for text in ("hi", "one two", "x y z", "ok", "b c")]
     alone = [harness.run(body) for body in bodies]
     engine = harness.engine
-    holder = harness.submit(chat_body("hold the engine", max_tokens=40))
-    holder.wait_tokens(1)
-    entered, release = threading.Event(), threading.Event()
-
-    def pause() -> None:
-        entered.set()
-        release.wait(30)
-
     burst_inserts = []
     insert_prompt = engine._insert_prompt
     engine._insert_prompt = lambda job: (burst_inserts.append(job), insert_prompt(job))
-    engine._step_hook = pause  # the engine waits inside a step while all five arrive
     try:
-        assert entered.wait(30)
-        runs = [harness.submit(body) for body in bodies]
-        engine._step_hook = None
-        release.set()
+        with harness.arriving_together():
+            runs = [harness.submit(body) for body in bodies]
         together = [run.wait() for run in runs]
     finally:
-        engine._step_hook = None
-        release.set()
         del engine._insert_prompt
-    holder.wait()
     assert len(burst_inserts) == len(bodies)  # the burst path was taken
     for single, burst in zip(alone, together, strict=True):
         assert burst.token_ids == single.token_ids

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One H200 device call for the hot-path numbers in docs/performance.md (run from the repo root
+# after the two wheel-carrying calls of ../shared/h200/prepare.sh; the second runs this):
+#   bash .whl/install.sh && OUT=$OUT bash docs/bench/run-h200.sh
+# Builds the Qwen2.5-VL-7B-shape checkpoint (random bf16 weights, ~40 s), then runs
+# `bench hotpath` (raw mlx-lm ceiling on the same weights in a subprocess, then the server
+# through the streaming openai client) with a py-spy profile of the server process, the
+# vision-tower timing, and `bench engine --raw`. Everything lands in $OUT.
+set -uo pipefail
+export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+STEPS=${STEPS:-"hotpath tower engine"}
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+if [ ! -f /tmp/m7b/config.json ]; then
+  python3 -m gateway make-model /tmp/m7b --arch qwen2_5_vl --size 7b >"$OUT/make-model.log" 2>&1 \
+    || { tail -20 "$OUT/make-model.log"; exit 1; }
+fi
+for step in $STEPS; do
+  case $step in
+    hotpath)
+      # Profile the server (engine thread and event loop) for the whole bench.
+      ( for _ in $(seq 120); do pid=$(pgrep -f "gateway serve" | head -1); [ -n "$pid" ] && break; sleep 1; done
+        py-spy record -p "$pid" --threads --idle --nonblocking --rate 200 --duration "${PROFILE_S:-240}" \
+          --format raw -o "$OUT/server-profile.txt" >"$OUT/py-spy.log" 2>&1 ) &
+      timeout "${HOTPATH_S:-400}" python3 -m gateway bench hotpath --model /tmp/m7b \
+        --out "$OUT/hotpath.json" --plot "$OUT/hotpath.png" ${HOTPATH_ARGS:-} 2>&1 | tee "$OUT/hotpath.log"
+      pkill -f py-spy; wait ;;
+    tower)
+      timeout 120 python3 -m gateway.bench.vision_tower /tmp/m7b --sizes 448 1024 2>&1 | tee "$OUT/tower.log" ;;
+    engine)
+      timeout "${ENGINE_S:-150}" python3 -m gateway bench engine --raw --model /tmp/m7b --image-size 1024 \
+        --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" ;;
+  esac
+done
