@@ -1,3 +1,4 @@
 from gateway.cli import main
 
-main()
+if __name__ == "__main__":  # spawned engine processes import this module too
+    main()

@@ -27,10 +27,11 @@ from starlette.routing import Route
 from gateway.config import EngineConfig, MediaConfig, ServerConfig
 from gateway.engine.core import Engine
 from gateway.engine.model import VisionLanguageModel
+from gateway.engine.process import EngineUnavailable, RemoteEngine
 from gateway.engine.request import AdmittedEvent, EngineBusy, ErrorEvent
 from gateway.errors import APIError, invalid, too_large
 from gateway.media import MediaLoader
-from gateway.metrics import CacheCollector, Metrics
+from gateway.metrics import EdgeMetrics, Metrics
 from gateway.openai_api import (
     model_not_found,
     parse_chat_request,
@@ -65,10 +66,13 @@ class Gateway:
     ) -> None:
         self.server = server
         self.engine_config = engine_config
-        self.metrics = Metrics()
-        self.engine = Engine(engine_config, self.metrics, loader)
+        self.metrics = EdgeMetrics()
+        self.engine: Engine | RemoteEngine
+        if loader is None and server.engine_process:
+            self.engine = RemoteEngine(engine_config, server.log_level)
+        else:  # one process (tests inject model loaders; debugging)
+            self.engine = Engine(engine_config, Metrics(), loader)
         self.media = MediaLoader(media)
-        self.metrics.add_collector(CacheCollector(self.engine.cache_stats))
         self.prompts: PromptBuilder | None = None
         self.notice = notice
         self.draining = False
@@ -194,6 +198,8 @@ class Gateway:
             self.engine.submit(prepared, stream.sink)
         except EngineBusy as busy:
             raise engine_busy(busy) from None
+        except EngineUnavailable:
+            raise APIError(503, "the engine is not running", code="unavailable") from None
         first = await self._unless_disconnected(request, stream.get())
         if first is None:
             self.engine.cancel(request_id)
@@ -263,9 +269,8 @@ class Gateway:
 
     async def metrics_endpoint(self, request: Request) -> Response:
         self._authorize(request, self.server.metrics_api_key or self.server.api_key)
-        self.metrics.running.set(self.engine.running)
-        self.metrics.waiting.set(self.engine.waiting)
-        return Response(self.metrics.render(), media_type="text/plain; version=0.0.4")
+        text = self.metrics.render() + self.engine.metrics_text()
+        return Response(text, media_type="text/plain; version=0.0.4")
 
     async def cache_stats(self, request: Request) -> Response:
         self._authorize(request, self.server.api_key)

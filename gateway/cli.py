@@ -53,6 +53,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     a("--vision-cache-mb", type=float, default=512, help="vision-feature cache budget, MiB")
     a("--kv-cache-mb", type=float, default=2048, help="KV prefix cache budget, MiB")
     a(
+        "--in-process-engine",
+        action="store_true",
+        help="run the engine thread inside the HTTP process (one GIL: slower on a GPU)",
+    )
+    a(
         "--no-warmup",
         action="store_true",
         help="skip the start-up warm-up (the first requests then pay for kernel compilation)",
@@ -134,6 +139,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         max_body_bytes=args.max_body_bytes,
         shutdown_grace_s=args.shutdown_grace,
         log_level=args.log_level,
+        engine_process=not args.in_process_engine,
     )
     cache = CacheConfig(
         vision_cache_mb=args.vision_cache_mb,

@@ -119,6 +119,7 @@ class ServerConfig:
     max_body_bytes: int = 64 * MIB
     shutdown_grace_s: float = 30.0
     log_level: str = "info"
+    engine_process: bool = True  # run the engine in its own process (its own GIL)
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, "--port must be in 0..65535")

@@ -1,4 +1,6 @@
-"""All Prometheus metrics of one gateway process, on a private registry.
+"""Prometheus metrics on private registries: the engine's (`Metrics`, kept wherever the
+engine runs, possibly another process) and the HTTP edge's (`EdgeMetrics`). `/metrics` is the
+edge's text followed by the engine's; no family appears in both.
 
 Names follow vLLM's where a counterpart exists (prompt/generation tokens, time to first token,
 `*_cache_queries_total` / `*_cache_hits_total`) so existing dashboards translate. Metric
@@ -19,7 +21,7 @@ _FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5
 
 
 class Metrics:
-    """Counters, gauges and histograms; construct one per app (tests build several)."""
+    """The engine's counters, gauges and histograms; one per engine (tests build several)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -62,13 +64,6 @@ class Metrics:
             buckets=_FAST_BUCKETS,
             registry=r,
         )
-        self.image_decode_seconds = Histogram(
-            p + "image_decode_seconds", "Image decode time", buckets=_FAST_BUCKETS, registry=r
-        )
-        self.image_hash_seconds = Histogram(
-            p + "image_hash_seconds", "Pixel hash time", buckets=_FAST_BUCKETS, registry=r
-        )
-
         self.mlx_active_bytes = Gauge(p + "mlx_active_bytes", "MLX memory in use", registry=r)
         self.mlx_cache_bytes = Gauge(
             p + "mlx_cache_bytes", "MLX allocator cache (freed, kept for reuse)", registry=r
@@ -78,6 +73,24 @@ class Metrics:
     def add_collector(self, collector: object) -> None:
         """Register a custom collector (e.g. cache stats read at scrape time)."""
         self.registry.register(collector)  # type: ignore[arg-type]
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class EdgeMetrics:
+    """What the HTTP edge measures itself: image decoding and hashing."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        p = "vision_gateway_"
+        self.image_decode_seconds = Histogram(
+            p + "image_decode_seconds", "Image decode time", buckets=_FAST_BUCKETS, registry=r
+        )
+        self.image_hash_seconds = Histogram(
+            p + "image_hash_seconds", "Pixel hash time", buckets=_FAST_BUCKETS, registry=r
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -8,7 +8,6 @@ image's KV depend on the question that follows it).
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -86,7 +85,7 @@ class PromptBuilder:
                 layout=layout,
                 grid_thw=grid,
                 pixel_values=values,
-                pixels_fn=functools.partial(self._pixels, image.image),
+                image=image.image,
             )
             for image, layout, grid, values in zip(images, layouts, grids, pixels, strict=True)
         )
@@ -97,9 +96,6 @@ class PromptBuilder:
             sampling=self._sampling(chat, len(prompt)),
             arrival_time=arrival,
         )
-
-    def _pixels(self, image: Any) -> Any:
-        return self.model.preprocess(image)[0]
 
     def _sampling(self, chat: ChatRequest, prompt_len: int) -> SamplingParams:
         room = self._max_context - prompt_len

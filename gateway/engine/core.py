@@ -55,7 +55,7 @@ from gateway.engine.request import (
     Usage,
 )
 from gateway.engine.sampling import GREEDY, make_sampler
-from gateway.metrics import Metrics
+from gateway.metrics import CacheCollector, Metrics
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,8 @@ class Engine:
         self._loader = loader or (lambda: VisionLanguageModel(config.model))
         self.vision_cache = VisionCache(config.cache.vision_capacity_bytes)
         self.prefix_cache = PrefixCache(config.cache.kv_capacity_bytes)
+        metrics.add_collector(CacheCollector(self.cache_stats))
+        self.on_step_end: Callable[[], None] | None = None  # e.g. ship the step's events
         self.model: VisionLanguageModel | None = None
         self._inbox: queue.Queue[_Message] = queue.Queue()
         self._thread = threading.Thread(target=self._main, name="mlx-engine", daemon=True)
@@ -209,6 +211,8 @@ class Engine:
         except Exception:
             log.exception("the last batch step failed while shutting down")
         self._batch = None
+        if self.on_step_end is not None:
+            self.on_step_end()  # the shutdown errors above
         self._stopped.set()
 
     def _new_batch(self) -> BatchGenerator:
@@ -268,6 +272,12 @@ class Engine:
         self.metrics.mlx_active_bytes.set(mx.get_active_memory())
         self.metrics.mlx_cache_bytes.set(mx.get_cache_memory())
         self.metrics.mlx_peak_bytes.set(mx.get_peak_memory())
+        if self.on_step_end is not None:
+            self.on_step_end()
+
+    def metrics_text(self) -> bytes:
+        """The engine's metrics in Prometheus text format (any thread)."""
+        return self.metrics.render()
 
     # ----- engine thread: the stages ----------------------------------------------------------
 

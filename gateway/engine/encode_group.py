@@ -67,7 +67,10 @@ def _group(
 ) -> EncodeGroup:
     images = list(distinct.values())
     inputs = [
-        (i.pixel_values if i.pixel_values is not None else i.pixels_fn(), i.grid_thw)
+        (
+            i.pixel_values if i.pixel_values is not None else ops.model.preprocess(i.image)[0],
+            i.grid_thw,
+        )
         for i in images
     ]
     return EncodeGroup(images, members, ops.model.encode_steps_many(inputs))

@@ -58,11 +58,13 @@ _PROCESSOR_KEYS = (
 class VisionLanguageModel:
     """A loaded Qwen-VL checkpoint. Construct on the thread that will own MLX."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, lazy: bool = False) -> None:
+        """`lazy`: leave the weights unread (a prompt-side copy in a process that never runs
+        the model: tokenizer, processor and config only cost memory)."""
         from mlx_vlm import load  # slow import: only when a model is actually loaded
 
         self.path = path
-        self.model, self.processor = load(path)
+        self.model, self.processor = load(path, lazy=lazy)
         config = self.model.config
         self.arch: str = config.model_type
         if self.arch not in SUPPORTED_ARCHS:

@@ -35,18 +35,19 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class ImageInput:
-    """One image of a prompt, preprocessed off the engine thread.
+    """One image of a prompt.
 
-    `pixel_values` is the processor's output (a numpy array, patches x features) or None when
-    the HTTP side found the features in the vision cache; the engine recomputes it on the rare
-    eviction between the two (via `pixels_fn`).
+    `pixel_values` is the processor's output (a numpy array, patches x features), or None
+    when the request was built without preprocessing (the features were expected in a cache,
+    or the engine runs in another process and preprocesses there); then the engine
+    preprocesses `image` (the decoded RGB PIL image) itself if it has to run the tower.
     """
 
     content_hash: str
     layout: ImageLayout
     grid_thw: tuple[int, int, int]  # in patches, as the vision tower wants it
     pixel_values: Any | None = None
-    pixels_fn: Any | None = field(default=None, compare=False, repr=False)
+    image: Any | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

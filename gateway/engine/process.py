@@ -1,0 +1,364 @@
+"""The engine in its own process, behind the same interface as `Engine`.
+
+Why: on a GPU the decode step is bound by the Python that builds and launches it (raw mlx-lm
+needs ~7.5-8.8 ms of CPU per step for a 7B model at 1-16 rows, while the GPU needs ~3-4 ms),
+and one process has one GIL. Every SSE chunk the HTTP edge writes (~100-200 us of Python:
+JSON, Starlette, uvicorn, the socket) was GIL time taken out of the engine's step: 16 streams
+ran at 0.62x of raw on an H200. vLLM split its API server from its engine core for the same
+reason. Here `vision-gateway serve` stays one command: the HTTP process spawns one engine
+process and talks to it over two pipes.
+
+Wire protocol (pickled tuples over `multiprocessing` connections):
+    HTTP -> engine   ("submit", EngineRequest) | ("cancel", request_id) | ("stop",)
+                     | ("call", call_id, method, args)
+    engine -> HTTP   ("ready",) | ("load_failed", message) | ("events", [(id, Event), ...])
+                     | ("reply", call_id, ok, value) | ("stopped",)
+Events are shipped once per engine step, as one message, by the engine thread.
+
+In the engine process the command thread prepares image pixels (preprocessing, numpy and
+Pillow, mostly outside the GIL) for images the caches do not cover, so neither the HTTP
+process nor the engine thread does it and no 25 MB float array crosses the pipe.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing as mp
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from caches.prefix import ImageSpan
+from gateway.config import EngineConfig
+from gateway.engine.request import (
+    AdmittedEvent,
+    EngineBusy,
+    EngineRequest,
+    ErrorEvent,
+    ErrorKind,
+    Event,
+    FinishEvent,
+)
+
+log = logging.getLogger(__name__)
+Sink = Callable[[Event], None]
+_CALLS = ("needs_pixels", "cache_stats", "clear_caches", "metrics_text")
+
+
+class EngineUnavailable(Exception):
+    """The engine process is gone (crashed or stopped); the server cannot serve."""
+
+
+class RemoteEngine:
+    """`Engine`'s interface over an engine process. Thread-safe like `Engine`; sinks are called
+    on this object's reader thread and must not block."""
+
+    def __init__(self, config: EngineConfig, log_level: str = "info") -> None:
+        self.config = config
+        self._log_level = log_level
+        self.model: Any = None  # prompt side only (tokenizer, processor): weights unread
+        self._sinks: dict[str, Sink] = {}
+        self._admitted: set[str] = set()
+        self._lock = threading.Lock()  # sinks, counts, calls, the command pipe
+        self._calls: dict[int, tuple[threading.Event, list[Any]]] = {}
+        self._call_ids = itertools.count()
+        self._alive = False
+        self._stopped = threading.Event()
+
+    # ----- lifecycle ----------------------------------------------------------------------------
+
+    def start(self, timeout: float | None = None) -> None:
+        """Spawn the engine process, load the prompt side here, wait until the model is
+        loaded there (re-raises a load failure as RuntimeError)."""
+        from gateway.engine.model import VisionLanguageModel
+
+        ctx = mp.get_context("spawn")  # never fork a process that may hold a GPU context
+        cmd_read, cmd_write = ctx.Pipe(duplex=False)
+        evt_read, evt_write = ctx.Pipe(duplex=False)
+        self._commands, self._events = cmd_write, evt_read
+        self._process = ctx.Process(
+            target=engine_process_main,
+            args=(self.config, self._log_level, cmd_read, evt_write),
+            name="vision-gateway-engine",
+            daemon=True,
+        )
+        self._process.start()
+        cmd_read.close()
+        evt_write.close()
+        self.model = VisionLanguageModel(self.config.model, lazy=True)
+        if not self._events.poll(timeout):
+            raise TimeoutError("the engine process did not load the model in time")
+        first = self._events.recv()
+        if first[0] != "ready":
+            self._process.join(5)
+            raise RuntimeError(f"model failed to load: {first[1]}")
+        self._alive = True
+        threading.Thread(target=self._read, name="engine-events", daemon=True).start()
+        log.info("engine process %d ready", self._process.pid)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the engine to stop (in-flight requests get SHUTTING_DOWN errors), wait for it."""
+        if self._alive:
+            self._send(("stop",))
+            self._stopped.wait(timeout)
+        if getattr(self, "_process", None) is not None:
+            self._process.join(timeout)
+            if self._process.is_alive():
+                log.warning("engine process did not exit; killing it")
+                self._process.kill()
+
+    # ----- requests -----------------------------------------------------------------------------
+
+    def submit(self, request: EngineRequest, sink: Sink) -> None:
+        """Queue a request. Raises EngineBusy at capacity, EngineUnavailable if the engine
+        process is gone."""
+        with self._lock:
+            if not self._alive:
+                raise EngineUnavailable("the engine process is not running")
+            capacity = self.config.max_waiting + self.config.max_batch
+            if len(self._sinks) >= capacity:
+                raise EngineBusy(min(self.running, self.config.max_batch), self.waiting)
+            self._sinks[request.request_id] = sink
+            self._commands.send(("submit", request))
+
+    def cancel(self, request_id: str) -> None:
+        if self._alive:
+            self._send(("cancel", request_id))
+
+    @property
+    def running(self) -> int:
+        return len(self._admitted)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._sinks) - len(self._admitted)
+
+    @property
+    def idle(self) -> bool:
+        return not self._sinks
+
+    def needs_pixels(self, prompt_ids: Sequence[int], images: Sequence[ImageSpan]) -> list[bool]:
+        """Always False here: the engine process preprocesses what it needs itself."""
+        return [False] * len(images)
+
+    def cache_stats(self) -> dict[str, dict[str, object]]:
+        return self._call("cache_stats")
+
+    def clear_caches(self) -> None:
+        self._call("clear_caches")
+
+    def metrics_text(self) -> bytes:
+        return self._call("metrics_text")
+
+    # ----- plumbing -----------------------------------------------------------------------------
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        with self._lock:
+            try:
+                self._commands.send(message)
+            except (OSError, ValueError):
+                self._alive = False
+
+    def _call(self, method: str, *args: Any, timeout: float = 30.0) -> Any:
+        done, box = threading.Event(), []
+        with self._lock:
+            if not self._alive:
+                raise EngineUnavailable("the engine process is not running")
+            call_id = next(self._call_ids)
+            self._calls[call_id] = (done, box)
+            self._commands.send(("call", call_id, method, args))
+        if not done.wait(timeout) or not box:
+            raise EngineUnavailable(f"the engine process did not answer {method}")
+        ok, value = box
+        if not ok:
+            raise RuntimeError(f"{method} failed in the engine process: {value}")
+        return value
+
+    def _read(self) -> None:
+        """Reader thread: dispatch event batches and call replies until the pipe closes."""
+        try:
+            while True:
+                message = self._events.recv()
+                if message[0] == "events":
+                    self._dispatch(message[1])
+                elif message[0] == "reply":
+                    _, call_id, ok, value = message
+                    with self._lock:
+                        done, box = self._calls.pop(call_id, (None, None))
+                    if done is not None:
+                        box.extend((ok, value))
+                        done.set()
+                elif message[0] == "stopped":
+                    break
+        except (EOFError, OSError):
+            log.error("the engine process exited unexpectedly")
+        finally:
+            self._fail_all()
+
+    def _dispatch(self, batch: list[tuple[str, Event]]) -> None:
+        for request_id, event in batch:
+            with self._lock:
+                sink = self._sinks.get(request_id)
+                if isinstance(event, AdmittedEvent):
+                    self._admitted.add(request_id)
+                elif isinstance(event, (FinishEvent, ErrorEvent)):
+                    self._sinks.pop(request_id, None)
+                    self._admitted.discard(request_id)
+            if sink is not None:
+                sink(event)
+
+    def _fail_all(self) -> None:
+        with self._lock:
+            self._alive = False
+            sinks, self._sinks = self._sinks, {}
+            self._admitted.clear()
+            calls, self._calls = self._calls, {}
+        for sink in sinks.values():
+            sink(ErrorEvent(ErrorKind.SHUTTING_DOWN, "the engine stopped"))
+        for done, _ in calls.values():
+            done.set()
+        self._stopped.set()
+
+
+def engine_process_main(
+    config: EngineConfig, log_level: str, commands: Connection, events: Connection
+) -> None:
+    """Entry point of the engine process: run an Engine, serve the command pipe."""
+    from gateway.engine.core import Engine
+    from gateway.metrics import Metrics
+
+    # Ctrl-C and a service manager's SIGTERM reach the whole process group: the HTTP process
+    # decides when to stop (after draining), and stops this one through the pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    outbox = _Outbox(events)
+    engine = Engine(config, Metrics())
+    engine.on_step_end = outbox.flush
+    try:
+        engine.start()
+    except Exception as exc:  # noqa: BLE001 - reported to the parent
+        outbox.send(("load_failed", str(exc)))
+        return
+    outbox.send(("ready",))
+    pixels = _PixelPreparer(engine, outbox.flush)
+    while True:
+        try:
+            message = commands.recv()
+        except (EOFError, OSError):  # the HTTP process is gone
+            message = ("stop",)
+        kind = message[0]
+        if kind == "submit":
+            pixels.submit(message[1], outbox.sink(message[1].request_id))
+        elif kind == "cancel":
+            engine.cancel(message[1])
+        elif kind == "call" and message[2] in _CALLS:
+            _, call_id, method, args = message
+            try:
+                outbox.send(("reply", call_id, True, getattr(engine, method)(*args)))
+            except Exception as exc:  # noqa: BLE001 - reported to the caller
+                outbox.send(("reply", call_id, False, repr(exc)))
+        elif kind == "stop":
+            pixels.close()
+            engine.stop()
+            outbox.flush()
+            outbox.send(("stopped",))
+            return
+
+
+class _Outbox:
+    """Events of the engine process, buffered per step and shipped as one message."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, Event]] = []
+
+    def sink(self, request_id: str) -> Sink:
+        def put(event: Event) -> None:
+            with self._lock:
+                self._pending.append((request_id, event))
+
+        return put
+
+    def flush(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+            if batch:
+                self._send(("events", batch))
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._send(message)
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        try:
+            self._connection.send(message)
+        except (OSError, ValueError):
+            pass  # the HTTP process is gone; the command loop sees EOF and stops
+
+
+class _PixelPreparer:
+    """Preprocesses the images of incoming requests that the engine will encode, in worker
+    threads, then submits them. Requests are submitted in arrival order."""
+
+    def __init__(self, engine: Any, flush: Callable[[], None]) -> None:
+        self._engine = engine
+        self._flush = flush  # ships events sent outside an engine step
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pixels")
+        self._order = threading.Lock()
+        self._previous: Any = None
+
+    def submit(self, request: EngineRequest, sink: Sink) -> None:
+        if not request.images:
+            self._after_previous(request, sink)
+            return
+        self._previous = self._pool.submit(self._prepare, request, sink, self._previous)
+
+    def _after_previous(self, request: EngineRequest, sink: Sink) -> None:
+        if self._previous is not None and not self._previous.done():
+            self._previous = self._pool.submit(self._prepare, request, sink, self._previous)
+        else:
+            self._submit(request, sink)
+
+    def _prepare(self, request: EngineRequest, sink: Sink, previous: Any) -> None:
+        try:
+            request = self._with_pixels(request)
+        except Exception as exc:  # noqa: BLE001 - the request fails, not the engine
+            log.exception("preprocessing the images of %s failed", request.request_id)
+            if previous is not None:
+                previous.result()
+            sink(ErrorEvent(ErrorKind.INTERNAL, f"could not preprocess the image: {exc}"))
+            self._flush()
+            return
+        if previous is not None:
+            previous.result()  # keep arrival order
+        self._submit(request, sink)
+
+    def _with_pixels(self, request: EngineRequest) -> EngineRequest:
+        spans = [ImageSpan(i.layout.start, i.layout.end, i.content_hash) for i in request.images]
+        needed = self._engine.needs_pixels(request.prompt_ids, spans)
+        images = tuple(
+            replace(i, pixel_values=self._engine.model.preprocess(i.image)[0])
+            if need and i.pixel_values is None and i.image is not None
+            else i
+            for i, need in zip(request.images, needed, strict=True)
+        )
+        return replace(request, images=images)
+
+    def _submit(self, request: EngineRequest, sink: Sink) -> None:
+        try:
+            self._engine.submit(request, sink)
+        except EngineBusy as busy:
+            sink(ErrorEvent(ErrorKind.INTERNAL, f"{busy}"))
+            self._flush()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

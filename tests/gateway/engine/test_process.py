@@ -1,0 +1,76 @@
+"""The engine in its own process (`RemoteEngine`), on the tiny model (CPU).
+
+Pinned: a request through the engine process gives the tokens and logprobs the in-process
+engine gives (events cross the pipe intact, images preprocessed in the engine process); cache
+stats and metrics come back over the pipe; if the engine process dies, requests in flight get
+an error event and new ones are refused with EngineUnavailable instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+from support import EngineHarness, Run, chat_body, decoded, noise_image, tiny_model
+
+from gateway.config import EngineConfig
+from gateway.engine.process import EngineUnavailable, RemoteEngine
+from gateway.engine.request import ErrorEvent, FinishEvent
+from gateway.openai_api import parse_chat_request
+from gateway.prompt import PromptBuilder
+
+
+@pytest.fixture(scope="module")
+def remote():
+    engine = RemoteEngine(EngineConfig(model=str(tiny_model()), served_model_name="test"))
+    engine.start(timeout=300)
+    yield engine
+    engine.stop()
+
+
+def _submit(engine: RemoteEngine, body: dict, images=(), rid: str = "r") -> Run:  # noqa: ANN001
+    prompts = PromptBuilder(engine.model, engine.needs_pixels, 8192, 16)
+    request = prompts.build(parse_chat_request(body), [decoded(i) for i in images], rid, 0.0)
+    run = Run()
+    engine.submit(request, run.sink)
+    return run
+
+
+def test_remote_output_equals_in_process_output(remote: RemoteEngine) -> None:
+    """Invariant: the process boundary changes nothing a client sees (greedy tokens and
+    logprobs, text and image requests)."""
+    local = EngineHarness("qwen2_vl")
+    try:
+        cases = [
+            (chat_body("hello there", max_tokens=8), []),
+            (chat_body("what is this?", images=1, max_tokens=8), [noise_image(5, 84, 56)]),
+        ]
+        for k, (body, images) in enumerate(cases):
+            here = local.run(body, images)
+            there = _submit(remote, body, images, f"eq-{k}").wait()
+            assert isinstance(there.finish, FinishEvent)
+            assert there.token_ids == here.token_ids
+            assert there.logprobs == pytest.approx(here.logprobs, abs=1e-5)
+    finally:
+        local.close()
+    stats = remote.cache_stats()
+    assert stats["vision"]["misses"] >= 1
+    assert b"vision_gateway_generation_tokens_total" in remote.metrics_text()
+    assert remote.running == 0 and remote.waiting == 0
+
+
+def test_a_dead_engine_process_fails_requests_instead_of_hanging() -> None:
+    """Invariant: when the engine process dies, in-flight requests end with an ErrorEvent and
+    later submits raise EngineUnavailable."""
+    engine = RemoteEngine(EngineConfig(model=str(tiny_model()), served_model_name="test"))
+    engine.start(timeout=300)
+    try:
+        run = _submit(engine, chat_body("count for a long time", max_tokens=2000), rid="long")
+        run.wait_tokens(1)
+        os.kill(engine._process.pid, signal.SIGKILL)
+        assert isinstance(run.wait(30).finish, ErrorEvent)
+        with pytest.raises(EngineUnavailable):
+            _submit(engine, chat_body("anyone there?"), rid="late")
+    finally:
+        engine.stop(timeout=5)
