@@ -5,7 +5,8 @@ On a GPU, MLX builds kernels the first time it meets an operation (and, for some
 the first request of a fresh process took ~47 s on an H200, and each new image size another
 0.4-1.9 s. Warm-up sends synthetic requests through the real path (prompt building, image
 preprocessing, vision tower, chunked prefill, first token, batched decode) with the caches
-bypassed, so nothing synthetic is ever served from cache and no counter but `requests` moves:
+emptied (and their counters zeroed) afterwards, so nothing synthetic is ever served from
+cache; only the request and token counters of `/metrics` count the warm-up:
 - text: `max_batch` requests at once, of different lengths and budgets, so the decode batch
   passes through every size from `max_batch` down to 1, and one full prefill chunk;
 - one image per configured size (the tower's shapes depend on the image grid).
@@ -14,7 +15,6 @@ What cannot be warmed: image sizes not listed (each new grid compiles once).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -64,37 +64,54 @@ class Warmup:
         self._n = 0
 
     def run(self, image_sizes: Sequence[int]) -> float:
-        """Warm text at every batch size, a full prefill chunk, then each image size.
-        Returns the seconds it took."""
+        """Warm text at every batch size, a full prefill chunk, then each image size, each
+        path also as a cache hit; then empty the caches. Returns the seconds it took."""
         started = time.perf_counter()
         rows = self.engine.config.max_batch
         t = time.perf_counter()
-        self._wait([self._submit(f"warm-up {i} " + "word " * (i % 7), 2 + i) for i in range(rows)])
+        self._wait(
+            [self._submit([f"warm-up {i} " + "word " * (i % 7)], 2 + i) for i in range(rows)]
+        )
+        self._wait([self._submit(["warm-up 0 ", "and a follow-up"], 2)])  # a prefix hit
         log.info("warm-up: decode at batch sizes 1..%d in %.1f s", rows, time.perf_counter() - t)
         t = time.perf_counter()
         chunk = self.engine.config.prefill_chunk_tokens
-        self._wait([self._submit("long " * chunk, 2)])
+        self._wait([self._submit(["long " * chunk], 2)])
         log.info("warm-up: a %d-token prompt in %.1f s", chunk, time.perf_counter() - t)
         for k, size in enumerate(image_sizes):
             t = time.perf_counter()
-            self._wait([self._submit("Describe the picture.", 2, _noise_image(size, k))])
+            image = _noise_image(size, k)
+            self._wait([self._submit(["Describe the picture."], 2, image)])
+            self._wait([self._submit(["Describe the picture.", "What else?"], 2, image)])
+            self._wait([self._submit(["Look:", "Describe the picture."], 2, image, first=1)])
             log.info("warm-up: a %dx%d image in %.1f s", size, size, time.perf_counter() - t)
+        self.engine.reset_caches()  # nothing synthetic is ever served, and stats start at 0
         return time.perf_counter() - started
 
-    def _submit(self, text: str, max_tokens: int, image: DecodedImage | None = None) -> _Done:
+    def _submit(
+        self, turns: list[str], max_tokens: int, image: DecodedImage | None = None, first: int = 0
+    ) -> _Done:
+        """A conversation of user `turns` (the image, if any, at the start of turn `first`);
+        the earlier turns get a fixed assistant reply, so a later call extends an earlier one
+        (a prefix-cache hit) and `first=1` puts text before the image (a vision-cache hit)."""
         self._n += 1
-        content: object = text
-        if image is not None:
-            content = [
-                {"type": "image_url", "image_url": {"url": "warm-up"}},
-                {"type": "text", "text": text},
-            ]
+        messages: list[dict[str, object]] = []
+        for k, text in enumerate(turns):
+            content: object = text
+            if image is not None and k == first:
+                content = [
+                    {"type": "image_url", "image_url": {"url": "warm-up"}},
+                    {"type": "text", "text": text},
+                ]
+            if k:
+                messages.append({"role": "assistant", "content": "ok"})
+            messages.append({"role": "user", "content": content})
         body = {
             "model": "warm-up",
             "temperature": 0,
             "max_tokens": max_tokens,
             "ignore_eos": True,
-            "messages": [{"role": "user", "content": content}],
+            "messages": messages,
         }
         request = self.prompts.build(
             parse_chat_request(body),
@@ -102,7 +119,6 @@ class Warmup:
             f"warm-up-{self._n}",
             time.perf_counter(),
         )
-        request = dataclasses.replace(request, use_caches=False)
         done = _Done()
         self.engine.submit(request, done.sink)
         return done

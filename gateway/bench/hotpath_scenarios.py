@@ -145,6 +145,8 @@ class Scenarios:
     async def first_requests(self) -> None:
         """The very first text and image requests after start, then later ones of each kind."""
         s, raw = self.s, self.raw
+        # The client's own first-call costs (connection, SDK imports) are not the server's.
+        await self.client.models.list()
         first_text = await self.text(0)
         first_image = await self.image(s.image_size, logprobs=True)
         later_text = [await self.text(i + 1) for i in range(s.reps)]
@@ -162,13 +164,13 @@ class Scenarios:
             Row("text_first_token_ms", "text TTFT, short prompt, max_tokens 1 (median)", "ms",
                 text_ms, raw_text, note=first_error(later_text) or prompt),
             Row("text_first_vs_later", "text: first request / later", "x",
-                ratio(first_text.ttft_ms, text_ms), target="<= 1.5"),
+                ratio(first_text.ttft_ms, text_ms), target="<= 2"),
             Row("image_first_request_ms", f"{image}, first after start", "ms",
                 first_image.ttft_ms, raw_image, note=first_image.error or lm_only),
             Row("image_cold_ms", f"{image}, new image, cold (median)", "ms",
                 image_ms, raw_image, note=first_error(later_image) or lm_only),
             Row("image_first_vs_later", "image: first request / later cold", "x",
-                ratio(first_image.ttft_ms, image_ms), target="<= 1.5"),
+                ratio(first_image.ttft_ms, image_ms), target="<= 2"),
         ]  # fmt: skip
         self.details["first_requests"] = {
             "first_text": _summary(first_text),
@@ -190,7 +192,7 @@ class Scenarios:
         note = f"walls {1000 * walls[0]:.0f} / {1000 * walls[1]:.0f} ms"
         self.rows.append(
             Row("wave_first_vs_second", f"{self.s.wave} concurrent text: 1st wave / 2nd (wall)",
-                "x", ratio(walls[0], walls[1]), target="<= 1.25", note=note)
+                "x", ratio(walls[0], walls[1]), target="<= 1.2", note=note)
         )  # fmt: skip
 
     async def new_size(self) -> None:

@@ -76,7 +76,12 @@ class _Stop:
     pass
 
 
-_Message = _Submit | _Cancel | _Stop
+@dataclass(frozen=True)
+class _ResetCaches:
+    pass
+
+
+_Message = _Submit | _Cancel | _Stop | _ResetCaches
 
 
 class Engine:
@@ -94,7 +99,9 @@ class Engine:
         self.vision_cache = VisionCache(config.cache.vision_capacity_bytes)
         self.prefix_cache = PrefixCache(config.cache.kv_capacity_bytes)
         metrics.add_collector(CacheCollector(self.cache_stats))
-        self.on_step_end: Callable[[], None] | None = None  # e.g. ship the step's events
+        # Called where a step's events should leave now (sinks may buffer until then).
+        self.on_events: Callable[[], None] | None = None
+        self._to_store: list[tuple[Job, object, list[int]]] = []
         self.model: VisionLanguageModel | None = None
         self._inbox: queue.Queue[_Message] = queue.Queue()
         self._thread = threading.Thread(target=self._main, name="mlx-engine", daemon=True)
@@ -169,6 +176,11 @@ class Engine:
         self.vision_cache.clear()
         self.prefix_cache.clear()
 
+    def reset_caches(self) -> None:
+        """Replace both caches by empty ones with zeroed counters (after the start-up warm-up,
+        so stats count only real traffic). Applied on the engine thread, in inbox order."""
+        self._inbox.put(_ResetCaches())
+
     @property
     def idle(self) -> bool:
         return self._active == 0 and self._queued == 0
@@ -211,9 +223,13 @@ class Engine:
         except Exception:
             log.exception("the last batch step failed while shutting down")
         self._batch = None
-        if self.on_step_end is not None:
-            self.on_step_end()  # the shutdown errors above
+        self._ship()  # the shutdown errors above
         self._stopped.set()
+
+    def _new_caches(self) -> None:
+        self.vision_cache = VisionCache(self.config.cache.vision_capacity_bytes)
+        self.prefix_cache = PrefixCache(self.config.cache.kv_capacity_bytes)
+        self._cache_ops.vision, self._cache_ops.prefix = self.vision_cache, self.prefix_cache
 
     def _new_batch(self) -> BatchGenerator:
         assert self.model is not None
@@ -239,6 +255,8 @@ class Engine:
                 return False
             if isinstance(message, _Cancel):
                 self._cancel(message.request_id)
+            elif isinstance(message, _ResetCaches):
+                self._new_caches()
             else:
                 self._enqueue(message.request, message.sink)
             try:
@@ -258,8 +276,10 @@ class Engine:
         # and no extra per-thread stream whose worker MLX would abort on at process exit.
         with mx.stream(self._batch.stream):
             self._admit()
+            self._ship()  # admissions first: clients get their headers while we prefill
             self._encode()
             self._prefill()
+            self._ship()  # first tokens before the decode step
             try:
                 if self._step_hook is not None:
                     self._step_hook()
@@ -267,13 +287,17 @@ class Engine:
             except Exception:
                 log.exception("decode step failed; failing the requests in the batch")
                 self._fail_batch()
+            self._ship()
+            self._store_finished()  # KV copies of finished requests, after their events
         self.metrics.running.set(self._active)
         self.metrics.waiting.set(self._queued)
         self.metrics.mlx_active_bytes.set(mx.get_active_memory())
         self.metrics.mlx_cache_bytes.set(mx.get_cache_memory())
         self.metrics.mlx_peak_bytes.set(mx.get_peak_memory())
-        if self.on_step_end is not None:
-            self.on_step_end()
+
+    def _ship(self) -> None:
+        if self.on_events is not None:
+            self.on_events()
 
     def metrics_text(self) -> bytes:
         """The engine's metrics in Prometheus text format (any thread)."""
@@ -463,8 +487,14 @@ class Engine:
         self.metrics.prompt_tokens.inc(job.prompt_len)
         self.metrics.latency.observe(job.elapsed())
         if kv is not None and all_tokens is not None:
+            self._to_store.append((job, kv, list(all_tokens)))  # type: ignore[arg-type]
+
+    def _store_finished(self) -> None:
+        """Store the prompt + answer KV of the requests finished in this step."""
+        stores, self._to_store = self._to_store, []
+        for job, kv, tokens in stores:
             delta = rope_delta_at([i.layout for i in job.request.images], job.prompt_len)
-            self._cache_ops.store_finished(job, kv, list(all_tokens), delta)  # type: ignore[arg-type]
+            self._cache_ops.store_finished(job, kv, tokens, delta)  # type: ignore[arg-type]
 
     def _fail(self, job: Job, kind: ErrorKind, message: str) -> None:
         """End a job with an ErrorEvent. Never raises: it runs inside recovery paths."""

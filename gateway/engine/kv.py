@@ -54,33 +54,39 @@ class RowKVCache(KVCache):
 
 
 class RowBatchKVCache(BatchKVCache):
-    """mlx-lm's left-padded batch cache plus a (B,) int array of per-row rope deltas."""
+    """mlx-lm's left-padded batch cache plus per-row rope deltas: a (B,) int32 array for the
+    forward and the same values as a Python tuple, so reading one row's delta (`extract`, at
+    every finish) never waits for the GPU: `.item()` on a lazy slice would sync the stream and
+    stall behind the decode step already queued (once per layer per finished row)."""
 
     def __init__(self, left_padding: list[int], rope_deltas: list[int] | None = None) -> None:
         super().__init__(left_padding)
-        deltas = rope_deltas if rope_deltas is not None else [0] * len(left_padding)
-        self.rope_deltas = mx.array(deltas, dtype=mx.int32)
+        self._set_deltas(rope_deltas if rope_deltas is not None else [0] * len(left_padding))
+
+    def _set_deltas(self, deltas: list[int] | tuple[int, ...]) -> None:
+        self.row_deltas = tuple(deltas)
+        self.rope_deltas = mx.array(self.row_deltas, dtype=mx.int32)
 
     @classmethod
     def merge(cls, caches: list[KVCache]) -> RowBatchKVCache:  # type: ignore[override]
         merged = super().merge(caches)
         if not isinstance(merged, RowBatchKVCache):  # mlx-lm returns a plain one when all empty
             merged = cls([0] * len(caches))
-        merged.rope_deltas = mx.array([getattr(c, "rope_delta", 0) for c in caches], dtype=mx.int32)
+        merged._set_deltas([getattr(c, "rope_delta", 0) for c in caches])
         return merged
 
     def filter(self, batch_indices: list[int]) -> None:
         super().filter(batch_indices)
-        self.rope_deltas = self.rope_deltas[mx.array(batch_indices, dtype=mx.int32)]
+        self._set_deltas([self.row_deltas[i] for i in batch_indices])
 
     def extend(self, other: RowBatchKVCache) -> None:  # type: ignore[override]
-        deltas = mx.concatenate([self.rope_deltas, other.rope_deltas])
+        deltas = self.row_deltas + other.row_deltas
         super().extend(other)
-        self.rope_deltas = deltas
+        self._set_deltas(deltas)
 
     def extract(self, idx: int) -> RowKVCache:
         plain = super().extract(idx)
-        return RowKVCache.from_arrays(plain.keys, plain.values, int(self.rope_deltas[idx].item()))
+        return RowKVCache.from_arrays(plain.keys, plain.values, self.row_deltas[idx])
 
     def bookkeeping(self) -> list[mx.array]:
         """The small per-row arrays (offsets, left padding, rope deltas) that every update,
@@ -107,6 +113,7 @@ def share_row_state(layers: list[RowBatchKVCache]) -> None:
     for layer in layers[1:]:
         layer.offset = head.offset
         layer.rope_deltas = head.rope_deltas
+        layer.row_deltas = head.row_deltas
 
 
 def row_offsets(cache: KVCache | BatchKVCache) -> mx.array | int:

@@ -47,7 +47,7 @@ from gateway.engine.request import (
 
 log = logging.getLogger(__name__)
 Sink = Callable[[Event], None]
-_CALLS = ("needs_pixels", "cache_stats", "clear_caches", "metrics_text")
+_CALLS = ("needs_pixels", "cache_stats", "clear_caches", "reset_caches", "metrics_text")
 
 
 class EngineUnavailable(Exception):
@@ -152,6 +152,9 @@ class RemoteEngine:
     def clear_caches(self) -> None:
         self._call("clear_caches")
 
+    def reset_caches(self) -> None:
+        self._call("reset_caches")
+
     def metrics_text(self) -> bytes:
         return self._call("metrics_text")
 
@@ -241,7 +244,7 @@ def engine_process_main(
     )
     outbox = _Outbox(events)
     engine = Engine(config, Metrics())
-    engine.on_step_end = outbox.flush
+    engine.on_events = outbox.flush
     try:
         engine.start()
     except Exception as exc:  # noqa: BLE001 - reported to the parent
