@@ -33,6 +33,9 @@ for step in $STEPS; do
       pkill -f py-spy; wait ;;
     tower)
       timeout 120 python3 -m gateway.bench.vision_tower /tmp/m7b --sizes 448 1024 2>&1 | tee "$OUT/tower.log" ;;
+    decode_ab)
+      timeout 300 python3 -m gateway.bench.decode_ab --model /tmp/m7b --streams 1 16 32 \
+        --variant=default --variant=--in-process-engine 2>&1 | tee "$OUT/decode_ab.log" ;;
     engine)
       timeout "${ENGINE_S:-150}" python3 -m gateway bench engine --raw --model /tmp/m7b --image-size 1024 \
         --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" ;;
