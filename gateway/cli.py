@@ -53,6 +53,11 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     a("--vision-cache-mb", type=float, default=512, help="vision-feature cache budget, MiB")
     a("--kv-cache-mb", type=float, default=2048, help="KV prefix cache budget, MiB")
     a(
+        "--cudnn-attention",
+        action="store_true",
+        help="use cuDNN attention on CUDA (fast for repeated shapes; plans a new one per length)",
+    )
+    a(
         "--in-process-engine",
         action="store_true",
         help="run the engine thread inside the HTTP process (one GIL: slower on a GPU)",
@@ -159,6 +164,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         mlx_cache_limit_mb=args.mlx_cache_limit_mb,
         max_context_tokens=args.max_context,
         cache=cache,
+        cudnn_attention=args.cudnn_attention,
         warmup=not args.no_warmup,
         warmup_image_sizes=tuple(args.warmup_image_size or (448, 1024)),
     )

@@ -93,6 +93,10 @@ class EngineConfig:
     seed: int = 0
     mlx_cache_limit_mb: float | None = None  # MLX's pool of freed buffers; None: MLX default
     cache: CacheConfig = field(default_factory=CacheConfig)
+    # cuDNN attention builds one plan per (query, key) length pair (tens of ms each); serving
+    # meets new lengths on almost every request (prompts, turns, image grids), so MLX's own
+    # attention kernels are used unless this is set.
+    cudnn_attention: bool = False
     warmup: bool = True  # run synthetic requests at start-up, before /health says ready
     warmup_image_sizes: tuple[int, ...] = (448, 1024)  # square sizes (px) warmed at start-up
 

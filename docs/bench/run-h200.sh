@@ -22,15 +22,18 @@ for step in $STEPS; do
     hotpath)
       # Profile both server processes for the whole bench: the engine process (spawned by
       # `serve`) with every thread, idle included; the HTTP process by GIL holder.
-      ( for _ in $(seq 120); do eng=$(pgrep -f spawn_main | head -1); [ -n "$eng" ] && break; sleep 1; done
+      [ "${PROFILE:-1}" = 1 ] && ( for _ in $(seq 120); do eng=$(pgrep -f spawn_main | head -1); [ -n "$eng" ] && break; sleep 1; done
         py-spy record -p "$eng" --threads --idle --nonblocking --rate 200 --duration "${PROFILE_S:-240}" \
           --format raw -o "$OUT/engine-profile.txt" >"$OUT/py-spy-engine.log" 2>&1 ) &
-      ( for _ in $(seq 120); do pid=$(pgrep -f "gateway serve" | head -1); [ -n "$pid" ] && break; sleep 1; done
+      [ "${PROFILE:-1}" = 1 ] && ( for _ in $(seq 120); do pid=$(pgrep -f "gateway serve" | head -1); [ -n "$pid" ] && break; sleep 1; done
         py-spy record -p "$pid" --threads --gil --nonblocking --rate 200 --duration "${PROFILE_S:-240}" \
           --format raw -o "$OUT/http-profile.txt" >"$OUT/py-spy-http.log" 2>&1 ) &
       timeout "${HOTPATH_S:-400}" python3 -m gateway bench hotpath --model /tmp/m7b \
         --out "$OUT/hotpath.json" --plot "$OUT/hotpath.png" ${HOTPATH_ARGS:-} 2>&1 | tee "$OUT/hotpath.log"
-      pkill -f py-spy; wait ;;
+      pkill -f py-spy; wait; true ;;
+    hotpath_cudnn)  # the same bench with cuDNN attention on: the A/B for --cudnn-attention
+      timeout "${HOTPATH_S:-400}" python3 -m gateway bench hotpath --model /tmp/m7b \
+        --server-arg=--cudnn-attention --out "$OUT/hotpath-cudnn.json" 2>&1 | tee "$OUT/hotpath-cudnn.log" ;;
     tower)
       timeout 120 python3 -m gateway.bench.vision_tower /tmp/m7b --sizes 448 1024 2>&1 | tee "$OUT/tower.log" ;;
     decode_ab)

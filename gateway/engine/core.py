@@ -24,6 +24,7 @@ thread; everything else runs on the engine thread.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -82,6 +83,19 @@ class _ResetCaches:
 
 
 _Message = _Submit | _Cancel | _Stop | _ResetCaches
+
+
+def disable_cudnn_attention() -> None:
+    """Route MLX's CUDA attention to its own kernels instead of cuDNN (no effect elsewhere).
+
+    MLX caches one cuDNN attention plan per (batch, heads, query length, key length) and
+    builds a new one, tens of milliseconds, for every new pair. A server meets new pairs all
+    the time (every prompt length, every turn's cached prefix, every image grid in the
+    tower), so the build lands in time to first token. MLX reads the switch once, at the
+    first attention call: set it before the model runs. (0.32 spells it SPDA, later SDPA.)
+    """
+    for name in ("MLX_CUDA_USE_CUDNN_SPDA", "MLX_CUDA_USE_CUDNN_SDPA"):
+        os.environ.setdefault(name, "0")
 
 
 class Engine:
@@ -189,6 +203,8 @@ class Engine:
 
     def _main(self) -> None:
         try:
+            if not self.config.cudnn_attention:
+                disable_cudnn_attention()
             if self.config.mlx_cache_limit_mb is not None:
                 mx.set_cache_limit(int(self.config.mlx_cache_limit_mb * 1024 * 1024))
             self.model = self._loader()
