@@ -1,4 +1,4 @@
-"""The vision tower, run one unit at a time, plus the image-geometry rules of Qwen-VL.
+"""The vision tower, run one unit at a time.
 
 MLX is lazy: calling mlx-vlm's tower only builds the graph. `VisionEncoder` records each unit's
 (lazy) output while the graph is built (the patch embedding, then every block) and evaluates
@@ -12,7 +12,6 @@ Engine thread only.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -143,21 +142,3 @@ def drop_empty_attention_windows(tower: nn.Module) -> None:
         return window_index, bounds[mx.array(keep, dtype=mx.int32)]
 
     object.__setattr__(tower, "get_window_index", get_window_index)
-
-
-def smart_resize(
-    height: int, width: int, factor: int, min_pixels: int, max_pixels: int
-) -> tuple[int, int]:
-    """Qwen-VL's resize rule: both sides multiples of `factor`, area within [min, max] pixels,
-    aspect ratio kept as closely as possible."""
-    h = max(factor, round(height / factor) * factor)
-    w = max(factor, round(width / factor) * factor)
-    if h * w > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h = max(factor, math.floor(height / beta / factor) * factor)
-        w = max(factor, math.floor(width / beta / factor) * factor)
-    elif h * w < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h = math.ceil(height * beta / factor) * factor
-        w = math.ceil(width * beta / factor) * factor
-    return h, w
