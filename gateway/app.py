@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+import httpx
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -81,7 +82,7 @@ class Gateway:
     # ----- lifecycle --------------------------------------------------------------------------
 
     @contextlib.asynccontextmanager
-    async def lifespan(self, _: Starlette) -> AsyncIterator[None]:
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
         # The engine thread releases the GIL while MLX computes and must get it back at once
         # when a step is done; with CPython's default 5 ms switch interval a busy event loop
         # (SSE chunks of many streams) could hold it for half a decode step.
@@ -101,6 +102,8 @@ class Gateway:
             seconds = await asyncio.to_thread(Warmup(self.engine, prompts).run, sizes)
             log.info("warm-up done in %.1f s", seconds)
         self.prompts = prompts  # from here on /health says ready
+        if self.engine_config.warmup:
+            await self._warm_http(app)
         log.info("serving %s as %r", self.engine_config.model, self.engine_config.served_model_name)
         try:
             yield
@@ -108,6 +111,27 @@ class Gateway:
             self.draining = True
             await asyncio.to_thread(self.engine.stop)
             await self.media.aclose()
+
+    async def _warm_http(self, app: Starlette) -> None:
+        """One streamed and one plain chat request through the app itself (in-process, before
+        the port opens): the first request through Starlette, the SSE writer and the JSON
+        paths cost tens of ms once, which would otherwise land on a user's first request."""
+        headers = {"authorization": f"Bearer {self.server.api_key}"} if self.server.api_key else {}
+        body = {
+            "model": self.engine_config.served_model_name,
+            "messages": [{"role": "user", "content": "warm-up"}],
+            "max_tokens": 2,
+            "temperature": 0,
+        }
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://warm-up") as client:
+            for stream in (True, False):
+                response = await client.post(
+                    "/v1/chat/completions", json={**body, "stream": stream}, headers=headers
+                )
+                if response.status_code != 200:
+                    log.warning("HTTP warm-up got %d: %s", response.status_code, response.text)
+        self.engine.reset_caches()
 
     # ----- helpers ----------------------------------------------------------------------------
 

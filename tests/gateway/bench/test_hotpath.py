@@ -6,6 +6,7 @@ raw ceiling ran first in the same command; the JSON and the plot are written.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 from support import tiny_model
@@ -59,7 +60,8 @@ def test_hotpath_quick_reports_every_figure(tmp_path, capsys) -> None:
     # raw ran before the server: its progress comes first in the output
     assert printed.index("raw ceiling") < printed.index("server ready")
     assert "| what | unit | raw | gateway |" in printed
-    assert png.stat().st_size > 1000
+    if importlib.util.find_spec("matplotlib") is not None:  # the bench extra draws plots
+        assert png.stat().st_size > 1000
 
 
 def test_engine_raw_prints_ratios(tmp_path, capsys) -> None:
