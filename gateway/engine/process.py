@@ -35,6 +35,7 @@ from typing import Any
 
 from caches.prefix import ImageSpan
 from gateway.config import EngineConfig
+from gateway.engine.image_store import ImageStore
 from gateway.engine.request import (
     AdmittedEvent,
     EngineBusy,
@@ -69,6 +70,7 @@ class RemoteEngine:
         self._call_ids = itertools.count()
         self._alive = False
         self._stopped = threading.Event()
+        self._images = ImageStore(keep_images=False)  # what the engine process holds
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
@@ -124,7 +126,7 @@ class RemoteEngine:
             if len(self._sinks) >= capacity:
                 raise EngineBusy(min(self.running, self.config.max_batch), self.waiting)
             self._sinks[request.request_id] = sink
-            self._commands.send(("submit", request))
+            self._commands.send(("submit", self._images.outgoing(request)))
 
     def cancel(self, request_id: str) -> None:
         if self._alive:
@@ -252,6 +254,7 @@ def engine_process_main(
         return
     outbox.send(("ready",))
     pixels = _PixelPreparer(engine, outbox.flush)
+    images = ImageStore(keep_images=True)
     while True:
         try:
             message = commands.recv()
@@ -259,7 +262,8 @@ def engine_process_main(
             message = ("stop",)
         kind = message[0]
         if kind == "submit":
-            pixels.submit(message[1], outbox.sink(message[1].request_id))
+            request = images.incoming(message[1])
+            pixels.submit(request, outbox.sink(request.request_id))
         elif kind == "cancel":
             engine.cancel(message[1])
         elif kind == "call" and message[2] in _CALLS:

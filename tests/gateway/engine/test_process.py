@@ -54,6 +54,10 @@ def test_remote_output_equals_in_process_output(remote: RemoteEngine) -> None:
             assert there.logprobs == pytest.approx(here.logprobs, abs=1e-5)
     finally:
         local.close()
+    # the same image again crosses the pipe without its pixels (the engine holds them)
+    body, images = cases[1]
+    again = _submit(remote, {**body, "max_tokens": 3}, images, "again").wait()
+    assert isinstance(again.finish, FinishEvent) and again.token_ids == here.token_ids[:3]
     stats = remote.cache_stats()
     assert stats["vision"]["misses"] >= 1
     assert b"vision_gateway_generation_tokens_total" in remote.metrics_text()
