@@ -12,6 +12,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import httpx
+
 from gateway.bench.hotpath_client import (
     ImageFiles,
     Stream,
@@ -113,6 +115,29 @@ class Scenarios:
         """A short text prompt (distinct per i), first token only."""
         return await stream(self.client, [_user(f"Say hello to user {i}.")], 1, logprobs=True)
 
+    async def plain_text_ms(self, reps: int) -> list[float]:
+        """TTFT of short text prompts read by a plain httpx client (no SDK parsing), after one
+        untimed request on the same connection: the server's share of the SDK's figure."""
+        base = str(self.client.base_url).rstrip("/")
+        times: list[float] = []
+        async with httpx.AsyncClient(base_url=base, timeout=120) as http:
+            for i in range(reps + 1):
+                body = {
+                    "model": "bench",
+                    "messages": [_user(f"Say hi to plain user {i}.")],
+                    "max_tokens": 1,
+                    "temperature": 0,
+                    "stream": True,
+                }
+                start, first = time.perf_counter(), None
+                async with http.stream("POST", "/chat/completions", json=body) as response:
+                    async for line in response.aiter_lines():
+                        if first is None and line.startswith("data:") and '"role"' not in line:
+                            first = time.perf_counter() - start
+                if i and first is not None:
+                    times.append(1000 * first)
+        return times
+
     async def decode_wave(
         self, n: int, tokens: int, temperature: float = 0.0, salt: str = "d"
     ) -> list[Stream]:
@@ -152,6 +177,7 @@ class Scenarios:
         later_text = [await self.text(i + 1) for i in range(s.reps)]
         later_image = [await self.image(s.image_size, logprobs=True) for _ in range(s.reps)]
         text_ms = median([x.ttft_ms for x in later_text])
+        plain_ms = median(await self.plain_text_ms(s.reps))
         image_ms = median([x.ttft_ms for x in later_image])
         sizes = raw.get("settings", {})
         lm_only = f"raw: LM prefill of {sizes.get('prefix_tokens')} tokens only"
@@ -163,6 +189,8 @@ class Scenarios:
                 first_text.ttft_ms, raw_text, note=first_text.error or prompt),
             Row("text_first_token_ms", "text TTFT, short prompt, max_tokens 1 (median)", "ms",
                 text_ms, raw_text, note=first_error(later_text) or prompt),
+            Row("text_first_token_plain_ms", "text TTFT, same, plain HTTP client (median)",
+                "ms", plain_ms, raw_text, note="no SDK parsing: the server's share"),
             Row("text_first_vs_later", "text: first request / later", "x",
                 ratio(first_text.ttft_ms, text_ms), target="<= 2"),
             Row("image_first_request_ms", f"{image}, first after start", "ms",

@@ -16,6 +16,7 @@ from gateway.cli import main
 RAW_ROWS = (
     "text_first_request_ms",
     "text_first_token_ms",
+    "text_first_token_plain_ms",
     "image_first_request_ms",
     "image_cold_ms",
     "warm_ttft_path_ms",
