@@ -89,25 +89,27 @@ class Gateway:
         sys.setswitchinterval(0.0005)
         self.delivery = LoopDelivery(asyncio.get_running_loop())
         await asyncio.to_thread(self.engine.start)
-        assert self.engine.model is not None
-        prompts = PromptBuilder(
-            self.engine.model,
-            self.engine.needs_pixels,
-            self.engine_config.max_context_tokens,
-            self.engine_config.default_max_tokens,
-        )
-        if self.engine_config.warmup:
-            sizes = self.engine_config.warmup_image_sizes
-            log.info("warming up (text, image sizes %s); --no-warmup skips this", sizes)
-            seconds = await asyncio.to_thread(Warmup(self.engine, prompts).run, sizes)
-            log.info("warm-up done in %.1f s", seconds)
-        self.prompts = prompts  # from here on /health says ready
-        if self.engine_config.warmup:
-            await self._warm_http(app)
-        log.info("serving %s as %r", self.engine_config.model, self.engine_config.served_model_name)
         try:
+            assert self.engine.model is not None
+            prompts = PromptBuilder(
+                self.engine.model,
+                self.engine.needs_pixels,
+                self.engine_config.max_context_tokens,
+                self.engine_config.default_max_tokens,
+            )
+            if self.engine_config.warmup:
+                sizes = self.engine_config.warmup_image_sizes
+                log.info("warming up (text, image sizes %s); --no-warmup skips this", sizes)
+                seconds = await asyncio.to_thread(Warmup(self.engine, prompts).run, sizes)
+                log.info("warm-up done in %.1f s", seconds)
+            self.prompts = prompts  # from here on /health says ready
+            if self.engine_config.warmup:
+                await self._warm_http(app)
+            log.info(
+                "serving %s as %r", self.engine_config.model, self.engine_config.served_model_name
+            )
             yield
-        finally:
+        finally:  # also when start-up fails after the engine started: never leave it running
             self.draining = True
             await asyncio.to_thread(self.engine.stop)
             await self.media.aclose()
@@ -134,6 +136,15 @@ class Gateway:
         self.engine.reset_caches()
 
     # ----- helpers ----------------------------------------------------------------------------
+
+    @staticmethod
+    async def _engine_call(method: Callable[[], T]) -> T:
+        """A call into the engine (a pipe round trip when it runs in its own process), off the
+        event loop so streams keep flowing; 503 if the engine is gone."""
+        try:
+            return await asyncio.to_thread(method)
+        except EngineUnavailable:
+            raise APIError(503, "the engine is not running", code="unavailable") from None
 
     def _authorize(self, request: Request, key: str | None) -> None:
         if key is None:
@@ -282,7 +293,7 @@ class Gateway:
         return JSONResponse({"object": "list", "data": [card]})
 
     async def health(self, _: Request) -> Response:
-        ready = self.prompts is not None and not self.draining
+        ready = self.prompts is not None and not self.draining and self.engine.alive
         body = {
             "status": "ok" if ready else "unavailable",
             "model": self.engine_config.served_model_name,
@@ -293,17 +304,17 @@ class Gateway:
 
     async def metrics_endpoint(self, request: Request) -> Response:
         self._authorize(request, self.server.metrics_api_key or self.server.api_key)
-        text = self.metrics.render() + self.engine.metrics_text()
+        text = self.metrics.render() + await self._engine_call(self.engine.metrics_text)
         return Response(text, media_type="text/plain; version=0.0.4")
 
     async def cache_stats(self, request: Request) -> Response:
         self._authorize(request, self.server.api_key)
-        return JSONResponse(self.engine.cache_stats())
+        return JSONResponse(await self._engine_call(self.engine.cache_stats))
 
     async def cache_clear(self, request: Request) -> Response:
         self._authorize(request, self.server.api_key)
-        self.engine.clear_caches()
-        return JSONResponse({"cleared": True, **self.engine.cache_stats()})
+        await self._engine_call(self.engine.clear_caches)
+        return JSONResponse({"cleared": True, **await self._engine_call(self.engine.cache_stats)})
 
 
 async def _wait_disconnect(request: Request) -> None:

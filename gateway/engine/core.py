@@ -200,6 +200,11 @@ class Engine:
     def idle(self) -> bool:
         return self._active == 0 and self._queued == 0
 
+    @property
+    def alive(self) -> bool:
+        """The engine thread is serving (loaded, not stopped)."""
+        return self._ready.is_set() and self._load_error is None and not self._stopped.is_set()
+
     # ----- engine thread: the loop ------------------------------------------------------------
 
     def _main(self) -> None:
@@ -222,7 +227,11 @@ class Engine:
         try:
             while self._drain_inbox(block=not (self._waiting or self._active)):
                 started = time.perf_counter()
-                self._step()
+                try:
+                    self._step()
+                except Exception:  # a bug outside the per-request guards: never stop serving
+                    log.exception("engine step failed; failing the requests it held")
+                    self._fail_active()
                 self.metrics.step_seconds.observe(time.perf_counter() - started)
         finally:
             self._shut_down()
@@ -354,13 +363,10 @@ class Engine:
         if self._group is None:
             if not self._encoding:
                 return
-            try:
-                self._group = start_group(self._cache_ops, self._encoding)
-            except Exception as exc:  # e.g. preprocessing an evicted image failed
-                job = self._encoding[0]
-                log.exception("preparing the images of %s failed", job.request_id)
+            self._group, failed = start_group(self._cache_ops, self._encoding)
+            for job, exc in failed:  # e.g. preprocessing an evicted image without pixels
+                log.error("preparing an image of %s failed: %s", job.request_id, exc)
                 self._fail(job, ErrorKind.INTERNAL, f"internal error preparing the image: {exc}")
-                return
             if self._group is None:
                 return
         group = self._group
@@ -399,21 +405,24 @@ class Engine:
         if len(burst) > 1:
             for job in burst:
                 self._prefilling.remove(job)
-                self._insert_prompt(job)
+                try:
+                    self._insert_prompt(job)
+                except Exception as exc:
+                    log.exception("inserting %s failed", job.request_id)
+                    self._fail(job, ErrorKind.INTERNAL, f"internal error admitting it: {exc}")
         for job in list(self._prefilling):
             if budget <= 0:
                 return
             try:
                 fed, first = self._prefiller.feed(job, budget)
+                budget -= fed
+                self.metrics.prefill_chunks.inc()
+                if first is not None:
+                    self._prefilling.remove(job)
+                    self._first_token(job, first)
             except Exception as exc:
                 log.exception("prefill of %s failed", job.request_id)
                 self._fail(job, ErrorKind.INTERNAL, f"internal error in the prefill: {exc}")
-                continue
-            budget -= fed
-            self.metrics.prefill_chunks.inc()
-            if first is not None:
-                self._prefilling.remove(job)
-                self._first_token(job, first)
 
     def _first_token(self, job: Job, first: FirstToken) -> None:
         """Emit the token sampled at the end of the prefill; finish, or join the batch."""
@@ -489,7 +498,10 @@ class Engine:
         job.sink(TokenEvent(text, (token,), lps))
 
     def _finish(self, job: Job, reason: str, kv: object, all_tokens: object) -> None:
-        self._release(job)
+        try:
+            self._release(job)
+        except Exception:  # the final event below must still go out
+            log.exception("releasing %s failed", job.request_id)
         tail = job.output.finish()
         reason = "stop" if job.output.stopped else reason
         usage = Usage(
@@ -510,8 +522,11 @@ class Engine:
         """Store the prompt + answer KV of the requests finished in this step."""
         stores, self._to_store = self._to_store, []
         for job, kv, tokens in stores:
-            delta = rope_delta_at([i.layout for i in job.request.images], job.prompt_len)
-            self._cache_ops.store_finished(job, kv, tokens, delta)  # type: ignore[arg-type]
+            try:
+                delta = rope_delta_at([i.layout for i in job.request.images], job.prompt_len)
+                self._cache_ops.store_finished(job, kv, tokens, delta)  # type: ignore[arg-type]
+            except Exception:  # a cache is an optimisation: a failed store is a later miss
+                log.exception("storing the KV of %s failed", job.request_id)
 
     def _fail(self, job: Job, kind: ErrorKind, message: str) -> None:
         """End a job with an ErrorEvent. Never raises: it runs inside recovery paths."""
@@ -550,6 +565,16 @@ class Engine:
         job.cache = job.plan = None
         if job.uid is not None and self._rows.pop(job.uid, None) is not None:
             self._batch.remove([job.uid])
+
+    def _fail_active(self) -> None:
+        """After an unexpected error in a step: fail every request holding a row (their state
+        is unknown), with a fresh batch; queued requests are served as usual."""
+        for job in [*self._encoding, *self._prefilling]:
+            self._fail(job, ErrorKind.INTERNAL, "internal error in the engine step")
+        self._group = None
+        self._to_store.clear()
+        self._fail_batch()
+        self._ship()
 
     def _fail_batch(self) -> None:
         """The decode step raised: the batch's state is unknown. Replace it first, then fail

@@ -43,11 +43,14 @@ class EncodeGroup:
 
 def start_group(
     ops: CacheOps, jobs: Iterable[Job], max_patches: int = MAX_GROUP_PATCHES
-) -> EncodeGroup | None:
+) -> tuple[EncodeGroup | None, list[tuple[Job, Exception]]]:
     """The next group: every pending image of the given jobs (oldest first) that fits the
-    patch budget; at least one image. None if no job has an image pending."""
+    patch budget; at least one image (None if no job has an image pending). Also returns the
+    jobs whose images could not be prepared (preprocessing failed), to be failed alone."""
     distinct: dict[str, ImageInput] = {}
+    pixels: dict[str, object] = {}
     members: list[tuple[Job, int]] = []
+    failed: dict[int, tuple[Job, Exception]] = {}
     patches = 0
     for job in jobs:
         for i in job.to_encode:
@@ -55,25 +58,41 @@ def start_group(
             if image.content_hash not in distinct:
                 size = image.grid_thw[0] * image.grid_thw[1] * image.grid_thw[2]
                 if distinct and patches + size > max_patches:
-                    return _group(ops, distinct, members)
+                    return _group(ops, distinct, pixels, members, failed)
+                try:
+                    pixels[image.content_hash] = _pixels(ops, image)
+                except Exception as exc:  # noqa: BLE001 - fails this job only
+                    failed[id(job)] = (job, exc)
+                    continue
                 distinct[image.content_hash] = image
                 patches += size
             members.append((job, i))
-    return _group(ops, distinct, members) if distinct else None
+    return _group(ops, distinct, pixels, members, failed)
+
+
+def _pixels(ops: CacheOps, image: ImageInput) -> object:
+    if image.pixel_values is not None:
+        return image.pixel_values
+    if image.image is None:
+        raise RuntimeError("the image's pixels are gone (evicted from every cache)")
+    return ops.model.preprocess(image.image)[0]
 
 
 def _group(
-    ops: CacheOps, distinct: dict[str, ImageInput], members: list[tuple[Job, int]]
-) -> EncodeGroup:
-    images = list(distinct.values())
-    inputs = [
-        (
-            i.pixel_values if i.pixel_values is not None else ops.model.preprocess(i.image)[0],
-            i.grid_thw,
-        )
-        for i in images
-    ]
-    return EncodeGroup(images, members, ops.model.encode_steps_many(inputs))
+    ops: CacheOps,
+    distinct: dict[str, ImageInput],
+    pixels: dict[str, object],
+    members: list[tuple[Job, int]],
+    failed: dict[int, tuple[Job, Exception]],
+) -> tuple[EncodeGroup | None, list[tuple[Job, Exception]]]:
+    members = [(job, i) for job, i in members if id(job) not in failed]
+    used = {job.request.images[i].content_hash for job, i in members}
+    images = [image for h, image in distinct.items() if h in used]
+    if not images:
+        return None, list(failed.values())
+    inputs = [(pixels[i.content_hash], i.grid_thw) for i in images]
+    group = EncodeGroup(images, members, ops.model.encode_steps_many(inputs))  # type: ignore[arg-type]
+    return group, list(failed.values())
 
 
 def step_group(ops: CacheOps, group: EncodeGroup) -> bool:

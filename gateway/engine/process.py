@@ -44,6 +44,7 @@ from gateway.engine.request import (
     ErrorKind,
     Event,
     FinishEvent,
+    Usage,
 )
 
 log = logging.getLogger(__name__)
@@ -92,16 +93,34 @@ class RemoteEngine:
         self._process.start()
         cmd_read.close()
         evt_write.close()
-        self.model = VisionLanguageModel(self.config.model, lazy=True)
-        if not self._events.poll(timeout):
-            raise TimeoutError("the engine process did not load the model in time")
-        first = self._events.recv()
-        if first[0] != "ready":
-            self._process.join(5)
-            raise RuntimeError(f"model failed to load: {first[1]}")
+        try:
+            self.model = VisionLanguageModel(self.config.model, lazy=True)
+            if not self._events.poll(timeout):
+                raise TimeoutError("the engine process did not load the model in time")
+            first = self._events.recv()
+            if first[0] != "ready":
+                raise RuntimeError(f"model failed to load: {first[1]}")
+        except BaseException:
+            self._kill()
+            raise
         self._alive = True
         threading.Thread(target=self._read, name="engine-events", daemon=True).start()
         log.info("engine process %d ready", self._process.pid)
+
+    @property
+    def alive(self) -> bool:
+        """The engine process is serving."""
+        return self._alive
+
+    def _kill(self) -> None:
+        """Close our end of the pipes and make sure the engine process is gone (it ignores
+        SIGTERM, so multiprocessing's exit hook alone would wait for it forever)."""
+        for connection in (self._commands, self._events):
+            connection.close()
+        self._process.join(5)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Ask the engine to stop (in-flight requests get SHUTTING_DOWN errors), wait for it."""
@@ -125,8 +144,12 @@ class RemoteEngine:
             capacity = self.config.max_waiting + self.config.max_batch
             if len(self._sinks) >= capacity:
                 raise EngineBusy(min(self.running, self.config.max_batch), self.waiting)
+            try:
+                self._commands.send(("submit", self._images.outgoing(request)))
+            except (OSError, ValueError):
+                self._alive = False
+                raise EngineUnavailable("the engine process is not running") from None
             self._sinks[request.request_id] = sink
-            self._commands.send(("submit", self._images.outgoing(request)))
 
     def cancel(self, request_id: str) -> None:
         if self._alive:
@@ -265,7 +288,7 @@ def engine_process_main(
             request = images.incoming(message[1])
             pixels.submit(request, outbox.sink(request.request_id))
         elif kind == "cancel":
-            engine.cancel(message[1])
+            pixels.cancel(message[1])
         elif kind == "call" and message[2] in _CALLS:
             _, call_id, method, args = message
             try:
@@ -320,10 +343,22 @@ class _PixelPreparer:
         self._engine = engine
         self._flush = flush  # ships events sent outside an engine step
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pixels")
-        self._order = threading.Lock()
+        self._lock = threading.Lock()
+        self._preparing: set[str] = set()  # submitted here, not yet handed to the engine
+        self._cancelled: set[str] = set()  # cancelled while preparing
         self._previous: Any = None
 
+    def cancel(self, request_id: str) -> None:
+        """Cancel a request wherever it is: still being prepared here, or in the engine."""
+        with self._lock:
+            if request_id in self._preparing:
+                self._cancelled.add(request_id)
+                return
+        self._engine.cancel(request_id)
+
     def submit(self, request: EngineRequest, sink: Sink) -> None:
+        with self._lock:
+            self._preparing.add(request.request_id)
         if not request.images:
             self._after_previous(request, sink)
             return
@@ -340,13 +375,14 @@ class _PixelPreparer:
             request = self._with_pixels(request)
         except Exception as exc:  # noqa: BLE001 - the request fails, not the engine
             log.exception("preprocessing the images of %s failed", request.request_id)
-            if previous is not None:
-                previous.result()
+            _wait(previous)
+            with self._lock:
+                self._preparing.discard(request.request_id)
+                self._cancelled.discard(request.request_id)
             sink(ErrorEvent(ErrorKind.INTERNAL, f"could not preprocess the image: {exc}"))
             self._flush()
             return
-        if previous is not None:
-            previous.result()  # keep arrival order
+        _wait(previous)  # keep arrival order
         self._submit(request, sink)
 
     def _with_pixels(self, request: EngineRequest) -> EngineRequest:
@@ -361,6 +397,14 @@ class _PixelPreparer:
         return replace(request, images=images)
 
     def _submit(self, request: EngineRequest, sink: Sink) -> None:
+        with self._lock:
+            self._preparing.discard(request.request_id)
+            cancelled = request.request_id in self._cancelled
+            self._cancelled.discard(request.request_id)
+        if cancelled:
+            sink(FinishEvent("cancelled", Usage(len(request.prompt_ids), 0, 0)))
+            self._flush()
+            return
         try:
             self._engine.submit(request, sink)
         except EngineBusy as busy:
@@ -369,3 +413,12 @@ class _PixelPreparer:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def _wait(previous: Any) -> None:
+    """Wait for the previous request's preparation (arrival order); its failure is its own."""
+    if previous is not None:
+        try:
+            previous.result()
+        except Exception:  # noqa: BLE001 - already logged and answered by its own task
+            pass

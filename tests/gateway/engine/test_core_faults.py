@@ -92,3 +92,26 @@ def test_a_failing_prefill_fails_only_its_request(harness: EngineHarness) -> Non
     assert running.wait().finish.finish_reason == "length"
     assert len(running.token_ids) == 30
     assert harness.engine.running == 0
+
+
+def test_a_failure_when_joining_the_batch_fails_one_request_and_the_loop_lives(
+    harness: EngineHarness,
+) -> None:
+    """Invariant: an exception while a prefilled request joins the batch (outside the decode
+    step) fails that request only; the engine thread keeps serving."""
+    batch = harness.engine._batch
+    insert = batch.insert
+    calls = [0]
+
+    def insert_once_broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        calls[0] += 1
+        if calls[0] == 1:
+            raise RuntimeError("injected insert fault")
+        return insert(*args, **kwargs)
+
+    batch.insert = insert_once_broken  # type: ignore[method-assign]
+    broken = harness.run(chat_body("first in", max_tokens=5))
+    assert isinstance(broken.finish, ErrorEvent)
+    later = harness.run(chat_body("second in", max_tokens=5))
+    assert isinstance(later.finish, FinishEvent) and len(later.token_ids) == 5
+    assert harness.engine.alive and harness.engine.running == 0

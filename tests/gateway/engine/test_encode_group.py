@@ -29,10 +29,10 @@ def _watch_groups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     start = encode_group.start_group
 
     def spy(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
-        group = start(*args, **kwargs)
+        group, failed = start(*args, **kwargs)
         if group is not None:
             sizes.append(len(group.images))
-        return group
+        return group, failed
 
     monkeypatch.setattr("gateway.engine.core.start_group", spy)
     return sizes
@@ -89,3 +89,29 @@ def test_the_patch_budget_splits_a_burst(
     for run in runs:
         assert isinstance(run.wait().finish, FinishEvent)
     assert sizes == [1, 1, 1]  # 112 px = 64 patches each, over a 40-patch budget
+
+
+def test_a_failing_image_fails_only_its_own_request(harness: EngineHarness) -> None:
+    """Invariant: if one request's image cannot be prepared for the tower, that request fails
+    and the others in the same group are encoded and answered."""
+    import dataclasses
+
+    harness.engine.clear_caches()
+    with harness.arriving_together():
+        good = harness.submit(chat_body("fine", images=1, max_tokens=3), [noise_image(61, 56, 56)])
+        bad_body = chat_body("broken", images=1, max_tokens=3)
+        bad = harness.submit(bad_body, [noise_image(62, 56, 56)])
+        job = harness.engine._jobs.get(f"req-{harness._ids}")
+        if job is None:  # not yet drained into the engine: patch the queued message instead
+            message = harness.engine._inbox.queue[-1]
+            images = tuple(
+                dataclasses.replace(i, pixel_values=None, image=None)
+                for i in message.request.images
+            )
+            harness.engine._inbox.queue[-1] = dataclasses.replace(
+                message, request=dataclasses.replace(message.request, images=images)
+            )
+    assert isinstance(good.wait().finish, FinishEvent)
+    from gateway.engine.request import ErrorEvent
+
+    assert isinstance(bad.wait().finish, ErrorEvent)

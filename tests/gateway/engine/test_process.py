@@ -76,5 +76,20 @@ def test_a_dead_engine_process_fails_requests_instead_of_hanging() -> None:
         assert isinstance(run.wait(30).finish, ErrorEvent)
         with pytest.raises(EngineUnavailable):
             _submit(engine, chat_body("anyone there?"), rid="late")
+        assert not engine.alive  # /health reports the server unavailable
     finally:
         engine.stop(timeout=5)
+
+
+def test_a_cancel_while_the_image_is_prepared_is_not_lost(remote: RemoteEngine) -> None:
+    """Invariant: a request cancelled while the engine process still preprocesses its image
+    (or a text request queued behind it) ends as cancelled instead of running to max_tokens."""
+    image = noise_image(71, 1024, 1024)  # seconds of preprocessing on this CPU: cancel lands
+    first = _submit(remote, chat_body("describe", images=1, max_tokens=300), [image], "c-img")
+    second = _submit(remote, chat_body("and a text one", max_tokens=300), rid="c-text")
+    remote.cancel("c-img")
+    remote.cancel("c-text")
+    for run in (first.wait(60), second.wait(60)):
+        assert isinstance(run.finish, FinishEvent) and run.finish.finish_reason == "cancelled"
+        assert len(run.token_ids) < 300
+    assert remote.running == 0 and remote.waiting == 0
