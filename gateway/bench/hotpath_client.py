@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.timing import image_data_uri
+from gateway.bench.timing import image_data_uri, server_timing
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,6 @@ class Stream:
         if self.first is None or self.last is None or self.last <= self.first:
             return None
         return (self.completion_tokens - 1) / (self.last - self.first)
-
-
-def server_timing(header: str) -> dict[str, float]:
-    """`read;dur=1.2, media;dur=3.4` -> {"read": 1.2, "media": 3.4} (ms)."""
-    out: dict[str, float] = {}
-    for item in header.split(","):
-        name, _, duration = item.strip().partition(";dur=")
-        if duration:
-            out[name] = float(duration)
-    return out
 
 
 async def stream(

@@ -59,10 +59,7 @@ def timed_stream(
         temperature=kwargs.pop("temperature", 0),
         **kwargs,
     )
-    for item in raw.headers.get("server-timing", "").split(","):
-        name, _, duration = item.strip().partition(";dur=")
-        if duration:
-            timing.server_timing[name] = float(duration)
+    timing.server_timing.update(server_timing(raw.headers.get("server-timing", "")))
     for chunk in raw.parse():
         now = time.perf_counter()
         if chunk.usage is not None:
@@ -110,3 +107,13 @@ def image_message(uri: str, question: str) -> dict[str, Any]:
             {"type": "text", "text": question},
         ],
     }
+
+
+def server_timing(header: str) -> dict[str, float]:
+    """`read;dur=1.2, media;dur=3.4` -> {"read": 1.2, "media": 3.4} (ms)."""
+    out: dict[str, float] = {}
+    for item in header.split(","):
+        name, _, duration = item.strip().partition(";dur=")
+        if duration:
+            out[name] = float(duration)
+    return out
