@@ -363,7 +363,11 @@ class Engine:
         if self._group is None:
             if not self._encoding:
                 return
-            self._group, failed = start_group(self._cache_ops, self._encoding)
+            # Block by block only while rows decode (they must not stall); alone, the tower
+            # runs as one graph.
+            self._group, failed = start_group(
+                self._cache_ops, self._encoding, stepwise=lambda: bool(self._rows)
+            )
             for job, exc in failed:  # e.g. preprocessing an evicted image without pixels
                 log.error("preparing an image of %s failed: %s", job.request_id, exc)
                 self._fail(job, ErrorKind.INTERNAL, f"internal error preparing the image: {exc}")
@@ -396,6 +400,8 @@ class Engine:
         batch instead, which prefills them together in one forward per group; one request
         alone is prefilled here, so its first token comes from its own prefill logits."""
         budget = self.config.prefill_chunk_tokens
+        if not self._rows:  # nothing decodes: fewer, larger chunks (still bounded: attention
+            budget *= 4  # memory grows with chunk x context)
         burst = [
             job
             for job in self._prefilling

@@ -12,7 +12,7 @@ The same pixels twice (in one prompt, or in two requests waiting together) are e
 from __future__ import annotations
 
 import logging
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 
 from caches.vision import VisionEntry
@@ -42,11 +42,15 @@ class EncodeGroup:
 
 
 def start_group(
-    ops: CacheOps, jobs: Iterable[Job], max_patches: int = MAX_GROUP_PATCHES
+    ops: CacheOps,
+    jobs: Iterable[Job],
+    max_patches: int | None = None,
+    stepwise: Callable[[], bool] = lambda: True,
 ) -> tuple[EncodeGroup | None, list[tuple[Job, Exception]]]:
     """The next group: every pending image of the given jobs (oldest first) that fits the
     patch budget; at least one image (None if no job has an image pending). Also returns the
     jobs whose images could not be prepared (preprocessing failed), to be failed alone."""
+    max_patches = MAX_GROUP_PATCHES if max_patches is None else max_patches
     distinct: dict[str, ImageInput] = {}
     pixels: dict[str, object] = {}
     members: list[tuple[Job, int]] = []
@@ -58,7 +62,7 @@ def start_group(
             if image.content_hash not in distinct:
                 size = image.grid_thw[0] * image.grid_thw[1] * image.grid_thw[2]
                 if distinct and patches + size > max_patches:
-                    return _group(ops, distinct, pixels, members, failed)
+                    return _group(ops, distinct, pixels, members, failed, stepwise)
                 try:
                     pixels[image.content_hash] = _pixels(ops, image)
                 except Exception as exc:  # noqa: BLE001 - fails this job only
@@ -67,7 +71,7 @@ def start_group(
                 distinct[image.content_hash] = image
                 patches += size
             members.append((job, i))
-    return _group(ops, distinct, pixels, members, failed)
+    return _group(ops, distinct, pixels, members, failed, stepwise)
 
 
 def _pixels(ops: CacheOps, image: ImageInput) -> object:
@@ -84,6 +88,7 @@ def _group(
     pixels: dict[str, object],
     members: list[tuple[Job, int]],
     failed: dict[int, tuple[Job, Exception]],
+    stepwise: Callable[[], bool],
 ) -> tuple[EncodeGroup | None, list[tuple[Job, Exception]]]:
     members = [(job, i) for job, i in members if id(job) not in failed]
     used = {job.request.images[i].content_hash for job, i in members}
@@ -91,7 +96,8 @@ def _group(
     if not images:
         return None, list(failed.values())
     inputs = [(pixels[i.content_hash], i.grid_thw) for i in images]
-    group = EncodeGroup(images, members, ops.model.encode_steps_many(inputs))  # type: ignore[arg-type]
+    steps = ops.model.encode_steps_many(inputs, stepwise)  # type: ignore[arg-type]
+    group = EncodeGroup(images, members, steps)
     return group, list(failed.values())
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,11 +184,13 @@ class VisionLanguageModel:
         return self.vision.steps(pixel_values, grid_thw)
 
     def encode_steps_many(
-        self, images: Sequence[tuple[np.ndarray, tuple[int, int, int]]]
+        self,
+        images: Sequence[tuple[np.ndarray, tuple[int, int, int]]],
+        stepwise: Callable[[], bool] = lambda: True,
     ) -> Generator[None, None, list[EncodedImage]]:
-        """Several images through the tower in one call, one unit per `next()`; returns each
-        image's features, in order."""
-        return self.vision.steps_many(images)
+        """Several images through the tower in one call, one unit per `next()` while
+        `stepwise()` (see `VisionEncoder.steps_many`); returns each image's features."""
+        return self.vision.steps_many(images, stepwise)
 
     def prefill_plan(
         self,

@@ -79,7 +79,7 @@ def test_the_patch_budget_splits_a_burst(
 ) -> None:
     """Invariant: a group never exceeds its patch budget (but always takes one image)."""
     harness.engine.clear_caches()
-    monkeypatch.setattr(encode_group.start_group, "__defaults__", (40,))
+    monkeypatch.setattr(encode_group, "MAX_GROUP_PATCHES", 40)
     sizes = _watch_groups(monkeypatch)
     with harness.arriving_together():
         runs = [
