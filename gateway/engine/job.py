@@ -6,16 +6,13 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.engine.model import PrefillPlan
 from gateway.engine.output import OutputState
-from gateway.engine.request import EngineRequest, Event
+from gateway.engine.request import EngineRequest, Sink
 from gateway.engine.vision import EncodedImage
-
-Sink = Callable[[Event], None]  # delivers one event to the request's consumer; never blocks
 
 
 class Stage(enum.Enum):

@@ -27,7 +27,7 @@ import itertools
 import logging
 import multiprocessing as mp
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from caches.prefix import ImageSpan
@@ -42,10 +42,10 @@ from gateway.engine.request import (
     ErrorKind,
     Event,
     FinishEvent,
+    Sink,
 )
 
 log = logging.getLogger(__name__)
-Sink = Callable[[Event], None]
 
 
 class EngineUnavailable(Exception):

@@ -26,11 +26,11 @@ from gateway.engine.request import (
     ErrorKind,
     Event,
     FinishEvent,
+    Sink,
     Usage,
 )
 
 log = logging.getLogger(__name__)
-Sink = Callable[[Event], None]
 CALLS = ("needs_pixels", "cache_stats", "clear_caches", "reset_caches", "metrics_text")
 
 

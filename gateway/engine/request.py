@@ -8,6 +8,7 @@ already expanded, the images' preprocessed pixels and hashes, sampling settings)
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +129,8 @@ class AdmittedEvent:
 Event = AdmittedEvent | TokenEvent | FinishEvent | ErrorEvent
 """Everything a request's sink receives: one AdmittedEvent (unless it fails first), any number
 of TokenEvents, then exactly one FinishEvent or ErrorEvent."""
+
+Sink = Callable[[Event], None]  # delivers one event to the request's consumer; never blocks
 
 
 class EngineBusy(Exception):
