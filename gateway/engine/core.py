@@ -55,7 +55,7 @@ from gateway.engine.request import (
     TokenEvent,
     Usage,
 )
-from gateway.engine.sampling import GREEDY, make_sampler
+from gateway.engine.sampling import GREEDY, BatchSampler, RowSampler, RowSampling, make_sampler
 from gateway.metrics import CacheCollector, Metrics
 
 log = logging.getLogger(__name__)
@@ -262,13 +262,22 @@ class Engine:
         self._stop_ids = frozenset(self.model.eos_token_ids)
         self._stops = StopSequences([[t] for t in self.model.eos_token_ids])
         self._no_stops = StopSequences()
-        return BatchGenerator(
+        batch = BatchGenerator(
             self.model.text_core,
             sampler=GREEDY,
             completion_batch_size=self.config.max_batch,
             prefill_batch_size=min(8, self.config.max_batch),
             prefill_step_size=self.config.prefill_chunk_tokens,
         )
+        # mlx-lm's batch of decoding rows lives as long as the generator (semi-private).
+        self._batch_sampler = BatchSampler(batch._generation_batch, self._row_sampling)
+        return batch
+
+    def _row_sampling(self, uid: int) -> RowSampling | None:
+        """A decoding row's draw state (None: greedy), for the batch's one sampler."""
+        job = self._rows.get(uid)
+        sampler = job.sampler if job is not None else None
+        return sampler.row if isinstance(sampler, RowSampler) else None
 
     def _drain_inbox(self, block: bool) -> bool:
         """Apply queued submits/cancels. Returns False on stop."""
@@ -472,6 +481,8 @@ class Engine:
         if not self._rows:
             return
         _, responses = self._batch.next()
+        # Rows that joined in this step hold their own sampler: one batched draw from now on.
+        self._batch_sampler.bind_all_rows()
         if responses:
             self.metrics.decode_steps.inc()
             self.metrics.generation_tokens.inc(len(responses))

@@ -1,52 +1,160 @@
-"""Per-request token samplers and logprob extraction.
+"""Token sampling for the shared batch: one batched draw per step, per-request seeds.
 
-BatchGenerator calls one sampler per row with that row's log-probabilities (1, vocab) when
-rows differ, and once for the whole batch when every row shares the same sampler object. All
-greedy rows therefore share `GREEDY`, so an all-greedy batch samples in one argmax.
+mlx-lm's `GenerationBatch` calls one sampler for the whole batch when every row holds the same
+sampler object, and otherwise one sampler per row on a (1, vocab) slice, which costs a dozen
+small kernels and a Python call per row and step. So every row of the engine's batch holds one
+`BatchSampler`, bound to that batch, which looks each row's settings up by uid and samples all
+rows at once: greedy rows by argmax, sampled rows by temperature, top-k and top-p cuts, and a
+Gumbel-max draw whose noise comes from the row's own key.
 
-A seeded sampler owns its PRNG key, so a request's random draws do not depend on which other
-requests share its batch: the same seed gives the same tokens, batched or alone.
+A row's key for its n-th draw is a pure function of (seed, n), so a request's tokens do not
+depend on which other requests share its batch or on the order of rows: the same seed gives the
+same tokens batched or alone. `RowSampler` samples one row with the same function (the first
+token after the engine's own prefill, and a row's first step inside mlx-lm before the engine
+re-binds the batch).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_top_k, apply_top_p, greedy_sampler
+import numpy as np
+from mlx_lm.sample_utils import greedy_sampler
 
 from gateway.engine.request import SamplingParams
 
 GREEDY = greedy_sampler
+_MASK64 = (1 << 64) - 1
 
 
-class SeededSampler:
-    """Temperature, then top-k, then top-p, then a categorical draw with a private key.
+def _splitmix64(x: int) -> int:
+    """A 64-bit mixing function: consecutive inputs give unrelated outputs."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
 
-    Not thread-safe: used only on the engine thread, one instance per request.
+
+@dataclass
+class RowSampling:
+    """One sampled request's settings and draw counter. Engine thread only."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    seed: int
+    draws: int = field(default=0)
+
+    @classmethod
+    def from_params(cls, params: SamplingParams) -> RowSampling:
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        return cls(params.temperature, params.top_k, params.top_p, seed & _MASK64)
+
+    def next_key(self) -> tuple[int, int]:
+        """The (hi, lo) 32-bit words of this row's key for its next draw."""
+        word = _splitmix64(self.seed ^ _splitmix64(self.draws))
+        self.draws += 1
+        return word >> 32, word & 0xFFFFFFFF
+
+
+def _gumbel_rows(keys: mx.array, vocab: int) -> mx.array:
+    """(rows, vocab) Gumbel noise, row i drawn from keys[i] alone."""
+    return mx.vmap(lambda key: mx.random.gumbel(shape=(vocab,), key=key))(keys)
+
+
+def _top_k_threshold(order: mx.array, top_k: list[int]) -> mx.array:
+    """Each row's top_k[i]-th largest value (0: the smallest), from the descending sort."""
+    vocab = order.shape[-1]
+    kth = mx.array([min(k, vocab) - 1 if k > 0 else vocab - 1 for k in top_k])[:, None]
+    return mx.take_along_axis(order, kth, axis=-1)
+
+
+def _top_p_threshold(order: mx.array, top_p: list[float]) -> mx.array:
+    """Each row's smallest value inside its smallest most-likely set whose mass reaches
+    top_p[i] (1: the whole row). `order` is the descending sort, -inf where already cut."""
+    norm = order - mx.logsumexp(order, axis=-1, keepdims=True)
+    probs = mx.exp(norm)
+    mass_before = mx.cumsum(probs, axis=-1) - probs
+    p = mx.array([q if 0.0 < q < 1.0 else 2.0 for q in top_p])[:, None]
+    kept = (mass_before < p) & (order > -mx.inf)
+    return mx.min(mx.where(kept, order, mx.inf), axis=-1, keepdims=True)
+
+
+def sample_rows(logprobs: mx.array, rows: Sequence[RowSampling | None]) -> mx.array:
+    """Sample one token per row of (rows, vocab) log-probabilities; None rows are greedy.
+
+    Advances each sampled row's draw counter by one. Returns a lazy (rows,) uint32 array.
     """
+    greedy = mx.argmax(logprobs, axis=-1)
+    sampled = [i for i, row in enumerate(rows) if row is not None]
+    if not sampled:
+        return greedy
+    live = [rows[i] for i in sampled]
+    assert all(row is not None for row in live)
+    part = logprobs[mx.array(sampled)] if len(sampled) < len(rows) else logprobs
+    inv_t = mx.array([1.0 / row.temperature for row in live])[:, None]  # type: ignore[union-attr]
+    scaled = part.astype(mx.float32) * inv_t
+    scaled = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
+    top_k = [row.top_k for row in live]  # type: ignore[union-attr]
+    top_p = [row.top_p for row in live]  # type: ignore[union-attr]
+    if any(k > 0 for k in top_k) or any(0.0 < p < 1.0 for p in top_p):
+        order = -mx.sort(-scaled, axis=-1)
+        if any(k > 0 for k in top_k):
+            threshold = _top_k_threshold(order, top_k)
+            order = mx.where(order >= threshold, order, -mx.inf)
+        if any(0.0 < p < 1.0 for p in top_p):
+            threshold = _top_p_threshold(order, top_p)
+        scaled = mx.where(scaled >= threshold, scaled, -mx.inf)
+    words = np.array([row.next_key() for row in live], dtype=np.uint32)  # type: ignore[union-attr]
+    drawn = mx.argmax(scaled + _gumbel_rows(mx.array(words), scaled.shape[-1]), axis=-1)
+    if len(sampled) == len(rows):
+        return drawn.astype(greedy.dtype)
+    position = {row: n for n, row in enumerate(sampled)}
+    pick = mx.array([position.get(i, 0) for i in range(len(rows))])
+    is_sampled = mx.array([i in position for i in range(len(rows))])
+    return mx.where(is_sampled, drawn[pick].astype(greedy.dtype), greedy)
+
+
+class RowSampler:
+    """Samples one request's rows with its own `RowSampling`. Engine thread only."""
 
     def __init__(self, params: SamplingParams) -> None:
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
-        self._key = mx.random.key(seed)
-        self._inv_temperature = 1.0 / params.temperature
-        self._top_k = params.top_k
-        self._top_p = params.top_p
+        self.row = RowSampling.from_params(params)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        scaled = logprobs * self._inv_temperature
-        scaled = scaled - mx.logsumexp(scaled, axis=-1, keepdims=True)
-        if 0 < self._top_k < scaled.shape[-1]:
-            scaled = apply_top_k(scaled, self._top_k)
-        if 0.0 < self._top_p < 1.0:
-            scaled = apply_top_p(scaled, self._top_p)
-        self._key, draw = mx.random.split(self._key)
-        return mx.random.categorical(scaled, key=draw)
+        return sample_rows(logprobs, [self.row] * logprobs.shape[0])
 
 
-def make_sampler(params: SamplingParams) -> object:
-    """The sampler for one request: the shared greedy sampler or a private seeded one."""
-    return GREEDY if params.greedy else SeededSampler(params)
+def make_sampler(params: SamplingParams) -> Callable[[mx.array], mx.array]:
+    """The sampler for one request alone: the shared greedy sampler or a private seeded one."""
+    return GREEDY if params.greedy else RowSampler(params)
+
+
+class BatchSampler:
+    """The one sampler every row of a `GenerationBatch` holds, bound to that batch.
+
+    `lookup(uid)` returns the row's `RowSampling`, or None for a greedy row. Called by mlx-lm
+    on the engine thread with the batch's (rows, vocab) log-probabilities in `batch.uids` order.
+    """
+
+    def __init__(self, batch: object, lookup: Callable[[int], RowSampling | None]) -> None:
+        self._batch = batch
+        self._lookup = lookup
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        uids = self._batch.uids  # type: ignore[attr-defined]
+        if logprobs.shape[0] != len(uids):
+            raise RuntimeError(f"sampler bound to {len(uids)} rows got {logprobs.shape[0]}")
+        return sample_rows(logprobs, [self._lookup(uid) for uid in uids])
+
+    def bind_all_rows(self) -> None:
+        """Make every row of the batch hold this sampler (rows join with their own)."""
+        samplers = self._batch.samplers  # type: ignore[attr-defined]
+        if len(samplers) != len(self._batch.uids) or any(s is not self for s in samplers):  # type: ignore[attr-defined]
+            self._batch.samplers = [self] * len(self._batch.uids)  # type: ignore[attr-defined]
 
 
 def top_logprobs(logprobs: mx.array, k: int) -> list[tuple[int, float]]:

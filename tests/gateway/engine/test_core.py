@@ -93,6 +93,39 @@ def test_seeded_sampling_is_batch_independent(harness: EngineHarness) -> None:
     assert unseeded.token_ids != alone.token_ids
 
 
+def test_many_sampled_rows_draw_together_as_they_would_alone(
+    harness: EngineHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant: sampled rows (temperature, top-k, top-p, each with its own seed) and greedy
+    rows decoding in one batch give each request the tokens it gets alone, and the batch draws
+    all rows in one sampler call per step (not one call per row)."""
+    from gateway.engine import sampling
+
+    bodies = [
+        chat_body("tell me a story", max_tokens=12, temperature=0.7, seed=1),
+        chat_body("tell me a story", max_tokens=12, temperature=1.3, seed=2, top_p=0.9),
+        chat_body("a greedy row in between", max_tokens=12),
+        chat_body("tell me a story", max_tokens=12, temperature=1.0, seed=3, top_k=5),
+    ]
+    alone = [harness.run(body) for body in bodies]
+    calls = {"batch": 0, "row": 0}
+    for cls, name in ((sampling.BatchSampler, "batch"), (sampling.RowSampler, "row")):
+        original = cls.__call__
+
+        def counted(self, logprobs, _original=original, _name=name):
+            calls[_name] += 1
+            return _original(self, logprobs)
+
+        monkeypatch.setattr(cls, "__call__", counted)
+    runs = [harness.submit(body) for body in bodies]
+    together = [run.wait() for run in runs]
+    for single, batched in zip(alone, together, strict=True):
+        assert batched.token_ids == single.token_ids
+    assert len({tuple(run.token_ids) for run in together}) == len(bodies)
+    assert calls["batch"] >= 10
+    assert calls["row"] <= 2 * 3  # each sampled row: its first token and its first step
+
+
 def test_capacity_is_rows_plus_queue_even_in_a_burst() -> None:
     """Invariant: at most max_batch + max_waiting requests are held; the rest are refused with
     EngineBusy (the HTTP edge's 429 + Retry-After), however fast they arrive
