@@ -49,10 +49,7 @@ def entries_report(
     """The largest and the most-hit entries (up to `limit` each, 1..MAX_LIMIT) of both caches,
     or of one `kind`, as a JSON-able dict. Ties: larger first in `most_hit`, more hits first in
     `largest`, then the younger entry. Raises ValueError for a bad `limit` or `kind`."""
-    if not 1 <= limit <= MAX_LIMIT:
-        raise ValueError(f"limit must be between 1 and {MAX_LIMIT}")
-    if kind is not None and kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}")
+    check_query(limit, kind)
     lists = {"vision": vision.entries(), "prefix": prefix.entries()}
     chosen = [e for name in KINDS if kind in (None, name) for e in lists[name]]
     largest = sorted(chosen, key=lambda e: (-e.nbytes, -e.hits, e.age_s))[:limit]
@@ -65,6 +62,15 @@ def entries_report(
         "largest": [_public(e) for e in largest],
         "most_hit": [_public(e) for e in most_hit],
     }
+
+
+def check_query(limit: int, kind: str | None) -> None:
+    """ValueError, worded for the client, unless 1 <= limit <= MAX_LIMIT and kind is None or
+    one of KINDS."""
+    if not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"`limit` must be an integer from 1 to {MAX_LIMIT}")
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"`kind` must be one of: {', '.join(KINDS)}")
 
 
 def _public(entry: CacheEntryInfo) -> dict[str, Any]:
