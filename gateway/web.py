@@ -100,9 +100,7 @@ class Web:
         engine = self.gateway.engine
         caches = engine.cache_stats()
         generated, ttft = parse_engine_metrics(engine.metrics_text())
-        return Sample(
-            self.live.clock(), caches, engine.running, engine.waiting, generated, ttft
-        )
+        return Sample(self.live.clock(), caches, engine.running, engine.waiting, generated, ttft)
 
 
 def _entries(engine: Any, limit: int, kind: str | None) -> dict[str, Any]:

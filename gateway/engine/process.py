@@ -252,4 +252,3 @@ class RemoteEngine:
         for done, _ in calls.values():
             done.set()
         self._stopped.set()
-
