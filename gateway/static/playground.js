@@ -133,6 +133,10 @@
 
   // The per-answer summary. Its text always contains the cached token count.
   function showStats(view, run, stopped) {
+    if (!run.usage && !Object.keys(run.cache).length) {
+      view.badge.textContent = "stopped before the server answered";
+      return;
+    }
     const usage = run.usage || {};
     const cached = usage.prompt_tokens_details ? usage.prompt_tokens_details.cached_tokens : run.cache["cached-tokens"];
     const prompt = usage.prompt_tokens !== undefined ? usage.prompt_tokens : run.cache["prompt-tokens"];

@@ -148,3 +148,14 @@ def test_api_key_guards_the_json_endpoints_not_the_pages() -> None:
             assert httpx.get(server.base_url + path, timeout=10).status_code == 200
     finally:
         assert server.stop(), server.log()
+
+
+def test_static_files_ship_as_package_data() -> None:
+    """Invariant: the pages' files are under gateway/static, all matched by the package-data
+    pattern, so a non-editable install (a wheel) serves the same pages."""
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    section = pyproject.split("[tool.setuptools.package-data]")[1].split("\n[")[0]
+    assert re.search(r'^gateway = \["static/\*"\]', section, re.M)
+    present = {p.name for p in STATIC.iterdir()}
+    assert {"playground.html", "dashboard.html", "common.js", "style.css"} <= present
+    assert all(p.is_file() for p in STATIC.iterdir())  # "static/*" takes no subfolders
