@@ -11,6 +11,7 @@ while the HTTP thread reads stats.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
@@ -39,19 +40,49 @@ class LRUStats:
         return self.hits / total if total else 0.0
 
 
+@dataclass(frozen=True)
+class LRUEntry(Generic[K, V]):
+    """One stored entry as seen at snapshot time: its key and value (shared, not copied: do
+    not mutate), the bytes counted for it, the hits it served and seconds since it was stored."""
+
+    key: K
+    value: V
+    nbytes: int
+    hits: int
+    age_s: float
+
+
+class _Meta:
+    """Per-entry bookkeeping, mutable under the store's lock."""
+
+    __slots__ = ("hits", "stored_at")
+
+    def __init__(self, stored_at: float) -> None:
+        self.hits = 0
+        self.stored_at = stored_at
+
+
 class ByteLRU(Generic[K, V]):
     """Maps keys to values, evicting least-recently-used entries to stay within a byte budget.
 
     `capacity_bytes` of 0 disables storing (every put is rejected, every get misses).
     `on_evict(key, value)` is called, outside no lock guarantees, for each evicted entry.
+    `clock` (seconds, monotonic) dates entries for `entries()`; injectable for tests.
     """
 
-    def __init__(self, capacity_bytes: int, on_evict: Callable[[K, V], None] | None = None):
+    def __init__(
+        self,
+        capacity_bytes: int,
+        on_evict: Callable[[K, V], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
         self._capacity = capacity_bytes
         self._on_evict = on_evict
+        self._clock = clock
         self._items: OrderedDict[K, tuple[V, int]] = OrderedDict()
+        self._meta: dict[K, _Meta] = {}  # exactly the keys of _items
         self._bytes = 0
         self._lock = threading.RLock()
         self._hits = self._misses = self._insertions = self._evictions = self._rejected = 0
@@ -69,6 +100,7 @@ class ByteLRU(Generic[K, V]):
                 return None
             self._items.move_to_end(key)
             self._hits += 1
+            self._meta[key].hits += 1
             return item[0]
 
     def peek(self, key: K) -> V | None:
@@ -77,11 +109,15 @@ class ByteLRU(Generic[K, V]):
             item = self._items.get(key)
             return None if item is None else item[0]
 
-    def touch(self, key: K) -> None:
-        """Mark an entry most recently used without counting a hit."""
+    def touch(self, key: K, hit: bool = False) -> None:
+        """Mark an entry most recently used. `hit=True` credits the entry with a hit it served
+        (shown by `entries()`) without touching the store's hit/miss counters, which callers
+        that decide hits themselves keep with `record`."""
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
+                if hit:
+                    self._meta[key].hits += 1
 
     def record(self, hit: bool) -> None:
         """Count a hit or miss decided by a caller's own lookup (e.g. a prefix scan)."""
@@ -109,10 +145,12 @@ class ByteLRU(Generic[K, V]):
                 self._bytes -= old[1]
             while self._items and self._bytes + nbytes > self._capacity:
                 k, (v, n) = self._items.popitem(last=False)
+                del self._meta[k]
                 self._bytes -= n
                 self._evictions += 1
                 evicted.append((k, v))
             self._items[key] = (value, nbytes)
+            self._meta[key] = _Meta(self._clock())
             self._bytes += nbytes
             self._insertions += 1
         if self._on_evict is not None:
@@ -126,6 +164,7 @@ class ByteLRU(Generic[K, V]):
             item = self._items.pop(key, None)
             if item is None:
                 return None
+            del self._meta[key]
             self._bytes -= item[1]
             return item[0]
 
@@ -133,6 +172,7 @@ class ByteLRU(Generic[K, V]):
         """Drop every entry; counters are kept."""
         with self._lock:
             self._items.clear()
+            self._meta.clear()
             self._bytes = 0
 
     def keys(self) -> list[K]:
@@ -145,6 +185,15 @@ class ByteLRU(Generic[K, V]):
         with self._lock:
             snapshot = [(k, v) for k, (v, _) in self._items.items()]
         return iter(snapshot)
+
+    def entries(self) -> list[LRUEntry[K, V]]:
+        """Snapshot of every entry with its size, hits and age, least recently used first."""
+        with self._lock:
+            now = self._clock()
+            return [
+                LRUEntry(k, v, n, self._meta[k].hits, max(0.0, now - self._meta[k].stored_at))
+                for k, (v, n) in self._items.items()
+            ]
 
     def __len__(self) -> int:
         with self._lock:

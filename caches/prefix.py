@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from caches.entries import CacheEntryInfo
 from caches.lru import ByteLRU, LRUStats
 
 logger = logging.getLogger(__name__)
@@ -243,7 +244,7 @@ class PrefixCache:
         if stored is None or tokens <= 0:
             return None
         if touch:
-            self._lru.touch(best_key)
+            self._lru.touch(best_key, hit=True)
         return PrefixHit(entry=stored.entry, tokens=tokens)
 
     def store(
@@ -299,6 +300,22 @@ class PrefixCache:
             self._lru.clear()
             self._sorted.clear()
             self._images.clear()
+
+    def entries(self) -> list[CacheEntryInfo]:
+        """Every entry's image hashes (in prompt order; none for a text-only prefix), tokens,
+        bytes, hits served and age. No KV, no token ids."""
+        with self._lock:
+            return [
+                CacheEntryInfo(
+                    "prefix",
+                    tuple(h for h, _ in e.value.images),
+                    e.value.entry.length,
+                    e.nbytes,
+                    e.hits,
+                    e.age_s,
+                )
+                for e in self._lru.entries()
+            ]
 
     def __len__(self) -> int:
         return len(self._lru)

@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass, fields
 from typing import Any
 
+from caches.entries import CacheEntryInfo
 from caches.lru import ByteLRU, LRUStats
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ class VisionCache:
                     self._lru.pop(key)
                     self._lru.record(False)
                     return None
-                self._lru.touch(key)
+                self._lru.touch(key, hit=True)
                 self._lru.record(True)
                 return entry
         except Exception:
@@ -142,6 +143,15 @@ class VisionCache:
         """Drop every entry; counters are kept."""
         with self._lock:
             self._lru.clear()
+
+    def entries(self) -> list[CacheEntryInfo]:
+        """Every entry's pixel hash, tokens, bytes, hits served and age (no features)."""
+        return [
+            CacheEntryInfo(
+                "vision", (e.key.pixel_hash,), e.value.num_tokens, e.nbytes, e.hits, e.age_s
+            )
+            for e in self._lru.entries()
+        ]
 
     def __len__(self) -> int:
         return len(self._lru)

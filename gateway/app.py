@@ -49,6 +49,7 @@ from gateway.responses import (
 )
 from gateway.streams import EventStream, LoopDelivery
 from gateway.warmup import Warmup
+from gateway.web import web_routes
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -339,6 +340,7 @@ def create_app(
         Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
         Route("/v1/cache/stats", gateway.cache_stats, methods=["GET"]),
         Route("/v1/cache/clear", gateway.cache_clear, methods=["POST"]),
+        *web_routes(gateway),  # the playground, the dashboard and their JSON endpoints
     ]
     app = Starlette(
         routes=routes,

@@ -170,6 +170,11 @@ class RemoteEngine:
     def cache_stats(self) -> dict[str, dict[str, object]]:
         return self._call("cache_stats")
 
+    def cache_entries(self, limit: int = 10, kind: str | None = None) -> dict[str, Any]:
+        """`caches.entries.entries_report`, computed in the engine process (check the
+        arguments first with `caches.entries.check_query`: a failure there is a RuntimeError)."""
+        return self._call("cache_entries", limit, kind)
+
     def clear_caches(self) -> None:
         self._call("clear_caches")
 

@@ -16,6 +16,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
+from caches.entries import entries_report
 from caches.prefix import ImageSpan
 from gateway.config import EngineConfig
 from gateway.engine.image_store import ImageStore
@@ -32,6 +33,12 @@ from gateway.engine.request import (
 
 log = logging.getLogger(__name__)
 CALLS = ("needs_pixels", "cache_stats", "clear_caches", "reset_caches", "metrics_text")
+# Calls answered here over the engine's caches rather than by an Engine method.
+CACHE_CALLS: dict[str, Callable[..., Any]] = {
+    "cache_entries": lambda engine, *args: entries_report(
+        engine.vision_cache, engine.prefix_cache, *args
+    ),
+}
 
 
 def engine_process_main(
@@ -70,10 +77,14 @@ def engine_process_main(
             pixels.submit(request, outbox.sink(request.request_id))
         elif kind == "cancel":
             pixels.cancel(message[1])
-        elif kind == "call" and message[2] in CALLS:
+        elif kind == "call" and (message[2] in CALLS or message[2] in CACHE_CALLS):
             _, call_id, method, args = message
             try:
-                outbox.send(("reply", call_id, True, getattr(engine, method)(*args)))
+                if method in CACHE_CALLS:
+                    value = CACHE_CALLS[method](engine, *args)
+                else:
+                    value = getattr(engine, method)(*args)
+                outbox.send(("reply", call_id, True, value))
             except Exception as exc:  # noqa: BLE001 - reported to the caller
                 outbox.send(("reply", call_id, False, repr(exc)))
         elif kind == "stop":

@@ -1,0 +1,163 @@
+// The cache dashboard: polls GET /v1/dashboard and GET /v1/cache/entries once a second (one
+// poll at a time, paused while the tab is hidden) and draws what they say.
+"use strict";
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const el = VG.el;
+  const PERIOD_MS = 1000;
+  const CHART_SECONDS = 300;
+  let stopped = false; // a 401 stops polling until a key is given
+
+  // A line chart of series values against seconds (t <= 0); gaps (null) break the line.
+  function drawChart(canvas, t, values, { max = 1, percent = true, colour = "#2f6fdf" } = {}) {
+    const ratio = window.devicePixelRatio || 1;
+    const width = canvas.clientWidth || canvas.width;
+    const height = canvas.clientHeight || canvas.height;
+    if (canvas.width !== Math.round(width * ratio)) {
+      canvas.width = Math.round(width * ratio);
+      canvas.height = Math.round(height * ratio);
+    }
+    const ctx = canvas.getContext("2d");
+    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    ctx.clearRect(0, 0, width, height);
+    const style = getComputedStyle(document.body);
+    const left = 36, right = 6, top = 6, bottom = 16;
+    const x = (s) => left + ((s + CHART_SECONDS) / CHART_SECONDS) * (width - left - right);
+    const y = (v) => top + (1 - Math.min(v / max, 1)) * (height - top - bottom);
+    ctx.font = "10px system-ui, sans-serif";
+    ctx.fillStyle = style.getPropertyValue("--muted") || "#777";
+    ctx.strokeStyle = style.getPropertyValue("--grid") || "#ddd";
+    ctx.lineWidth = 1;
+    for (const f of [0, 0.5, 1]) {
+      ctx.beginPath();
+      ctx.moveTo(left, y(f * max));
+      ctx.lineTo(width - right, y(f * max));
+      ctx.stroke();
+      ctx.fillText(percent ? `${f * 100}%` : (f * max).toFixed(0), 2, y(f * max) + 3);
+    }
+    ctx.fillText("−5 min", left, height - 3);
+    ctx.fillText("now", width - right - 20, height - 3);
+    ctx.strokeStyle = colour;
+    ctx.lineWidth = 2;
+    ctx.beginPath();
+    let drawing = false;
+    t.forEach((s, i) => {
+      const v = values[i];
+      if (v === null || s < -CHART_SECONDS) {
+        drawing = false;
+        return;
+      }
+      if (drawing) ctx.lineTo(x(s), y(v));
+      else ctx.moveTo(x(s), y(v));
+      drawing = true;
+    });
+    ctx.stroke();
+  }
+
+  function showCache(name, stats, series) {
+    $(`hit-rate-${name}`).textContent = stats.queries ? VG.formatPercent(stats.hit_rate) : "—";
+    const used = stats.capacity_bytes ? stats.bytes / stats.capacity_bytes : 0;
+    $(`fill-${name}`).style.width = `${(100 * used).toFixed(1)}%`;
+    $(`cache-bytes-${name}`).textContent = stats.enabled
+      ? `${VG.formatBytes(stats.bytes)} of ${VG.formatBytes(stats.capacity_bytes)} (${(100 * used).toFixed(1)}%)`
+      : "disabled on this server";
+    $(`cache-bytes-${name}`).dataset.bytes = stats.bytes;
+    $(`entries-${name}`).textContent = stats.entries;
+    $(`hits-${name}`).textContent = `${stats.hits} / ${stats.queries}`;
+    $(`evictions-${name}`).textContent = stats.evictions;
+    drawChart($(`chart-${name}`), series.t, series[`${name}_hit_rate`]);
+  }
+
+  function showEngine(data) {
+    $("running").textContent = data.running;
+    $("waiting").textContent = data.waiting;
+    $("tokens-per-s").textContent = data.tokens_per_s === null ? "—" : data.tokens_per_s.toFixed(1);
+    const ttft = data.ttft;
+    const ms = (v) => (v === null ? "—" : `${v.toFixed(0)} ms`);
+    $("ttft").textContent = ttft.count
+      ? `p50 ${ms(ttft.p50_ms)} · p90 ${ms(ttft.p90_ms)} · p99 ${ms(ttft.p99_ms)}`
+      : "no requests";
+    const span = ttft.window_s === null ? "since start" : `last ${VG.formatAge(ttft.window_s)}`;
+    $("ttft-window").textContent = `${ttft.count} request${ttft.count === 1 ? "" : "s"}, ${span}`;
+    const speeds = data.series.tokens_per_s;
+    const top = Math.max(10, ...speeds.filter((v) => v !== null));
+    drawChart($("chart-speed"), data.series.t, speeds, { max: top, percent: false, colour: "#1f9d55" });
+  }
+
+  function row(entry) {
+    const hash = entry.hash === null ? "(text only)" : entry.hash + (entry.images > 1 ? ` +${entry.images - 1}` : "");
+    return el(
+      "tr",
+      {},
+      el("td", { className: "mono", text: hash, title: entry.hashes.join(", ") }),
+      el("td", { text: entry.kind }),
+      el("td", { text: VG.formatBytes(entry.bytes) }),
+      el("td", { text: String(entry.tokens) }),
+      el("td", { text: String(entry.hits) }),
+      el("td", { text: VG.formatAge(entry.age_s) })
+    );
+  }
+
+  function showEntries(report) {
+    for (const [id, list] of [["largest", report.largest], ["most-hit", report.most_hit]]) {
+      const rows = list.map(row);
+      if (!rows.length) rows.push(el("tr", {}, el("td", { colspan: 6, className: "muted", text: "no entries" })));
+      $(id).replaceChildren(...rows);
+    }
+  }
+
+  async function poll() {
+    if (stopped || document.hidden) return;
+    try {
+      const [live, entries] = await Promise.all([
+        VG.request("/v1/dashboard"),
+        VG.request("/v1/cache/entries?limit=10"),
+      ]);
+      if (live.status === 401 || entries.status === 401) {
+        stopped = true;
+        $("status").textContent = "API key needed";
+        return;
+      }
+      if (!live.ok) throw new Error(await VG.errorMessage(live));
+      if (!entries.ok) throw new Error(await VG.errorMessage(entries));
+      const data = await live.json();
+      $("model-name").textContent = data.model;
+      showCache("vision", data.caches.vision, data.series);
+      showCache("prefix", data.caches.prefix, data.series);
+      $("token-hit-rate").textContent = data.caches.prefix.tokens_queried
+        ? `${VG.formatPercent(data.caches.prefix.token_hit_rate)} (${data.caches.prefix.tokens_hit} of ${data.caches.prefix.tokens_queried})`
+        : "—";
+      showEngine(data);
+      showEntries(await entries.json());
+      $("status").textContent = `live · updated ${new Date().toLocaleTimeString()}`;
+      $("status").classList.remove("down");
+    } catch (error) {
+      $("status").textContent = `not updating: ${error.message}`;
+      $("status").classList.add("down");
+    }
+  }
+
+  async function loop() {
+    const started = performance.now();
+    await poll();
+    setTimeout(loop, Math.max(0, PERIOD_MS - (performance.now() - started)));
+  }
+
+  async function clearCaches() {
+    if (!window.confirm("Empty the vision and prefix caches? Counters are kept; the next request about each image pays for it again.")) return;
+    const response = await VG.request("/v1/cache/clear", { method: "POST" });
+    $("clear-result").textContent = response.ok ? "cleared" : await VG.errorMessage(response);
+    poll();
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    VG.setupKeyPrompt(() => {
+      stopped = false;
+      poll();
+    });
+    $("clear-caches").addEventListener("click", clearCaches);
+    document.addEventListener("visibilitychange", () => document.hidden || poll());
+    loop();
+  });
+})();
