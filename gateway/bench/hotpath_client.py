@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import statistics
 import tempfile
 import time
@@ -102,6 +103,35 @@ async def stream(
                     text.append(choice.delta.content or "")
                 got["finish_reason"] = choice.finish_reason or got.get("finish_reason")
         got["text"] = "".join(text)
+    except Exception as exc:  # noqa: BLE001 - a bench records failures, it does not stop
+        got["error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return Stream(**got)
+
+
+async def plain_stream(
+    http: Any, messages: list[dict[str, Any]], max_tokens: int, **fields: Any
+) -> Stream:
+    """Like `stream`, read by a plain httpx client (`http`, base URL set) that only looks for
+    content in each SSE line and parses the closing usage chunk: the server's share of the
+    SDK's figures when many streams run at once. Never raises."""
+    body = {"model": "bench", "messages": messages, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}, **fields}  # fmt: skip
+    start = time.perf_counter()
+    got: dict[str, Any] = {"start": start}
+    try:
+        async with http.stream("POST", "/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                detail = (await response.aread())[:200]
+                raise RuntimeError(f"HTTP {response.status_code}: {detail!r}")
+            async for line in response.aiter_lines():
+                now = time.perf_counter()
+                if '"content":"' in line and '"content":""' not in line:
+                    got.setdefault("first", now)
+                    got["last"] = now
+                elif '"usage":{' in line:
+                    usage = json.loads(line.removeprefix("data:"))["usage"]
+                    got["completion_tokens"] = usage["completion_tokens"]
+                    got["prompt_tokens"] = usage["prompt_tokens"]
     except Exception as exc:  # noqa: BLE001 - a bench records failures, it does not stop
         got["error"] = f"{type(exc).__name__}: {exc}"[:300]
     return Stream(**got)

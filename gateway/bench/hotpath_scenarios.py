@@ -21,6 +21,7 @@ from gateway.bench.hotpath_client import (
     first_error,
     image_turn,
     median,
+    plain_stream,
     stream,
     together,
 )
@@ -71,6 +72,7 @@ class Scenarios:
         self.rows: list[Row] = []
         self.details: dict[str, Any] = {}
         self.ignore_eos = True  # until the server refuses the field
+        self.http: httpx.AsyncClient | None = None  # the plain client, during `decode`
         self._seed = 0
 
     def new_seed(self) -> int:
@@ -85,6 +87,8 @@ class Scenarios:
             (f"first image of a new size ({self.s.new_size})", self.new_size),
             ("warm conversation by path", lambda: self.conversation("path")),
             ("warm conversation by data URI", lambda: self.conversation("uri")),
+            # The same as the first, after the other: does the order matter?
+            ("warm conversation by path, again", lambda: self.conversation("path", "path_again")),
             ("decode through HTTP", self.decode),
             (f"{self.s.image_batch} concurrent image requests", self.image_batch),
         ]
@@ -139,7 +143,7 @@ class Scenarios:
         return times
 
     async def decode_wave(
-        self, n: int, tokens: int, temperature: float = 0.0, salt: str = "d"
+        self, n: int, tokens: int, temperature: float = 0.0, salt: str = "d", plain: bool = False
     ) -> list[Stream]:
         """`n` concurrent story requests of `tokens` tokens each (EOS ignored if the server
         takes `ignore_eos`; if it refuses the field, the wave is resent without it). Prompts
@@ -147,6 +151,9 @@ class Scenarios:
 
         def one(i: int) -> Awaitable[Stream]:
             prompt = _user(f"Story {salt}{i:03d}. {STORY}")
+            if plain:
+                kw = {"temperature": temperature, "ignore_eos": True} if self.ignore_eos else {}
+                return plain_stream(self.http, [prompt], tokens, **kw)
             kw = {"temperature": temperature, "ignore_eos": self.ignore_eos}
             return stream(self.client, [prompt], tokens, **kw)
 
@@ -236,7 +243,7 @@ class Scenarios:
         )  # fmt: skip
         self.details["new_size"] = [_summary(x) for x in [first, *later]]
 
-    async def conversation(self, by: str) -> None:
+    async def conversation(self, by: str, key: str = "") -> None:
         """Turns 2..T of a conversation about one image (each turn appends a new question):
         warm TTFT, the prefix cache holding everything before the new question."""
         size, seed = self.s.image_size, self.new_seed()
@@ -257,33 +264,44 @@ class Scenarios:
         role_ms = median([x.role_ms for x in warm])
         note = f"role chunk {role_ms or 0:.1f} ms; cached/prompt {', '.join(cached)}"
         self.rows.append(
-            Row(f"warm_ttft_{by}_ms", f"warm TTFT, turns 2-{self.s.turns}, image by {by}",
+            Row(f"warm_ttft_{key or by}_ms",
+                f"warm TTFT, turns 2-{self.s.turns}, image by {by}{' (again)' if key else ''}",
                 "ms", median([x.ttft_ms for x in warm]), self.raw.get("warm_ttft_ms"), note=note)
         )  # fmt: skip
-        self.details[f"conversation_{by}"] = [_summary(x) for x in turns]
+        self.details[f"conversation_{key or by}"] = [_summary(x) for x in turns]
 
     async def decode(self) -> None:
-        """Greedy decode at each stream count, and sampled at `sampled_streams`."""
+        """Greedy decode at each stream count, sampled at `sampled_streams`, and greedy again
+        read by a plain HTTP client at the most streams (is the SDK client the limit?)."""
+        runs = [(n, 0.0, False) for n in self.s.streams] + [(self.s.sampled_streams, 0.7, False)]
+        runs.append((max(self.s.streams), 0.0, True))
+        base = str(self.client.base_url).rstrip("/")
+        async with httpx.AsyncClient(base_url=base, timeout=300) as self.http:
+            for n, temperature, plain in runs:
+                await self._decode_run(n, temperature, plain)
+
+    async def _decode_run(self, n: int, temperature: float, plain: bool) -> None:
         tokens = self.s.decode_tokens
-        runs = [(n, 0.0) for n in self.s.streams] + [(self.s.sampled_streams, 0.7)]
-        for n, temperature in runs:
-            await self.decode_wave(n, min(16, tokens), temperature)  # warm-up: these shapes
-            streams = await self.decode_wave(n, tokens, temperature)
-            raw_agg = self.raw.get(f"decode_tok_s_b{n}")
-            note = first_error(streams) or self._early(streams, tokens)
-            tag = f"_t{temperature:g}" if temperature else ""
-            label = f"decode, {n} stream{'s' if n > 1 else ''}"
-            label += f", temperature {temperature:g}" if tag else ""
+        await self.decode_wave(n, min(16, tokens), temperature)  # warm-up: these shapes
+        streams = await self.decode_wave(n, tokens, temperature, plain=plain)
+        raw_agg = self.raw.get(f"decode_tok_s_b{n}")
+        note = first_error(streams) or self._early(streams, tokens)
+        tag = f"_t{temperature:g}" if temperature else ("_plain" if plain else "")
+        label = f"decode, {n} stream{'s' if n > 1 else ''}"
+        label += f", temperature {temperature:g}" if temperature else ""
+        label += ", plain HTTP client" if plain else ""
+        agg = aggregate_tok_s(streams)
+        agg_note = note or ("raw: greedy" if temperature else "")
+        self.rows.append(
+            Row(f"decode_agg_tok_s_{n}{tag}", f"{label}: aggregate", "tok/s", agg, raw_agg,
+                note=agg_note)
+        )  # fmt: skip
+        if not temperature:
+            per_raw = raw_agg / n if raw_agg else None
             self.rows.append(
-                Row(f"decode_agg_tok_s_{n}{tag}", f"{label}: aggregate", "tok/s",
-                    aggregate_tok_s(streams), raw_agg, note=note or ("raw: greedy" if tag else ""))
+                Row(f"decode_stream_tok_s_{n}{tag}", f"{label}: per stream (median)", "tok/s",
+                    median([x.tok_s for x in streams]), per_raw, note=note)
             )  # fmt: skip
-            if not tag:
-                per_raw = raw_agg / n if raw_agg else None
-                self.rows.append(
-                    Row(f"decode_stream_tok_s_{n}", f"{label}: per stream (median)", "tok/s",
-                        median([x.tok_s for x in streams]), per_raw, note=note)
-                )  # fmt: skip
 
     async def image_batch(self) -> None:
         """Concurrent requests with distinct images: aggregate tok/s vs one such request."""

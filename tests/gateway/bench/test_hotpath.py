@@ -21,11 +21,14 @@ RAW_ROWS = (
     "image_cold_ms",
     "warm_ttft_path_ms",
     "warm_ttft_uri_ms",
+    "warm_ttft_path_again_ms",
     "decode_agg_tok_s_1",
     "decode_stream_tok_s_1",
     "decode_agg_tok_s_4",
     "decode_stream_tok_s_4",
     "decode_agg_tok_s_4_t0.7",
+    "decode_agg_tok_s_4_plain",
+    "decode_stream_tok_s_4_plain",
 )
 TARGET_ROWS = (
     "text_first_vs_later",
