@@ -74,12 +74,9 @@ class LocalServer:
         return out
 
     def pid_rss_bytes(self) -> int:
-        """Resident memory of the server process (Linux /proc; 0 elsewhere)."""
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/statm").read_text().split()
-            return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
-        except (OSError, ValueError):
-            return 0
+        """Resident memory of the server and all its descendants (the engine runs in a child
+        process by default), summed (Linux /proc; 0 elsewhere)."""
+        return sum(_rss_bytes(pid) for pid in _process_tree(self.proc.pid))
 
     def stop(self, timeout: float = 60.0) -> bool:
         """SIGTERM and wait. True when the server shut down cleanly (uvicorn re-raises SIGTERM
@@ -100,3 +97,25 @@ class LocalServer:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def _process_tree(root: int) -> list[int]:
+    """`root` and its live descendants, from /proc/<pid>/task/<tid>/children (Linux)."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        for children in Path(f"/proc/{pid}/task").glob("*/children"):
+            try:
+                todo.extend(int(c) for c in children.read_text().split())
+            except (OSError, ValueError):
+                pass
+    return found
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        fields = Path(f"/proc/{pid}/statm").read_text().split()
+        return int(fields[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
