@@ -116,6 +116,19 @@ def _make_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--arch", default="qwen2_vl", choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
     p.add_argument("--size", default="tiny", choices=["tiny", "7b"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="weight dtype (default: float32 for tiny, bfloat16 for 7b)",
+    )
+    p.add_argument(
+        "--quantize",
+        type=int,
+        choices=[4, 8],
+        help="quantize the language model to this many bits with mlx-vlm's converter "
+        "(as the mlx-community checkpoints are)",
+    )
+    p.add_argument("--q-group-size", type=int, default=64, choices=[32, 64, 128])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,7 +242,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif args.command == "make-model":
             from gateway.offline_model import build_model
 
-            out = build_model(args.out, args.arch, args.size, args.seed, progress=print)
+            out = build_model(
+                args.out,
+                args.arch,
+                args.size,
+                args.seed,
+                progress=print,
+                dtype=args.dtype,
+                quantize=args.quantize,
+                group_size=args.q_group_size,
+            )
             print(f"wrote {out}")
         else:
             args.run(args)

@@ -76,7 +76,11 @@ class VisionLanguageModel:
         self.vocab_size: int = int(config.text_config.vocab_size)
         self.eos_token_ids: tuple[int, ...] = self._eos_ids()
         self.text_core = TextCore(self.model.language_model)
-        self.embed_dtype = self.model.language_model.model.embed_tokens.weight.dtype
+        # The dtype the embedding *produces* (image features are cast to it): for a quantized
+        # checkpoint `embed_tokens.weight` is the packed uint32 array, and casting features to
+        # that truncated them to integers (see docs/caching.md, "quantized checkpoints").
+        embed = self.model.language_model.model.embed_tokens
+        self.embed_dtype = embed(mx.array([0], dtype=mx.int32)).dtype
         self.vision = VisionEncoder(self.model.vision_tower, self.arch, self.embed_dtype)
         self.vision_dtype = self.vision.dtype
         self.fingerprint = self._model_fingerprint()
