@@ -11,9 +11,9 @@ Qwen2-VL-style chat template; padded with never-encoded filler words up to the e
 size, so every id the model samples decodes to text), config.json / generation_config.json
 checked by mlx-vlm's own config classes, preprocessor_config.json, and normal(0, 0.02)
 weights (norms 1/0) in safetensors under the exact names mlx-vlm's Model uses. Everything
-is a pure function of (arch, size, seed, dtype, quantization, BUILDER_VERSION): the same arguments give
-byte-identical files. Nothing touches the network. The answers of such a model are noise;
-only its shapes, tokenizer and processing are real.
+is a pure function of (arch, size, seed, dtype, quantization, BUILDER_VERSION): the same
+arguments give byte-identical files. Nothing touches the network. The answers of such a
+model are noise; only its shapes, tokenizer and processing are real.
 """
 
 from __future__ import annotations
@@ -196,11 +196,11 @@ def build_model(
     """Write a complete checkpoint dir for (arch, size, seed) at `out_dir`; return `out_dir`.
 
     `dtype` defaults to float32 for tiny and bfloat16 for 7b. `quantize` (4 or 8) quantizes
-    the language model with mlx-vlm's converter (`group_size` weights per scale). The build happens in a temp dir
-    next to `out_dir` that is renamed into place at the end, so `out_dir` never holds a
-    partial checkpoint; an existing `out_dir` is replaced. `progress` receives short status
-    lines ("training tokenizer", "writing weights 1/4 ..."). Raises ValueError for an
-    unknown arch, size or dtype or a negative seed.
+    the language model with mlx-vlm's converter (`group_size` weights per scale). The build
+    happens in a temp dir next to `out_dir` that is renamed into place at the end, so
+    `out_dir` never holds a partial checkpoint; an existing `out_dir` is replaced.
+    `progress` receives short status lines ("training tokenizer", "writing weights 1/4 ...").
+    Raises ValueError for an unknown arch, size, dtype or bit width or a negative seed.
     """
     dtype = check_arch_size(arch, size, dtype)
     _check_seed(seed)
