@@ -77,6 +77,19 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     a("--no-vision-cache", action="store_true", help="disable the vision-feature cache")
     a("--no-prefix-cache", action="store_true", help="disable the KV prefix cache")
     a(
+        "--exact-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compute and reuse KV in fixed blocks so a cache hit is bit-identical to no "
+        "cache on every backend (docs/caching.md); --no-exact-cache reuses any prefix",
+    )
+    a(
+        "--kv-block-tokens",
+        type=int,
+        default=32,
+        help="block size (tokens) of --exact-cache: prefill forwards and KV reuse granularity",
+    )
+    a(
         "--allowed-media-dir",
         action="append",
         default=[],
@@ -164,6 +177,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         kv_cache_mb=args.kv_cache_mb,
         vision_enabled=not args.no_vision_cache,
         prefix_enabled=not args.no_prefix_cache,
+        exact_reuse=args.exact_cache,
+        kv_block_tokens=args.kv_block_tokens,
     )
     model = args.model
     name = args.served_model_name or (Path(model).name if model else "vision-gateway-tiny")
