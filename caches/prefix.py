@@ -143,6 +143,13 @@ def _leave_one(tokens: int, n: int, spans: Sequence[ImageSpan]) -> int:
     return tokens
 
 
+def _align_down(tokens: int, n: int, align: int) -> int:
+    """Cap a hit at n - 1 tokens and round it down to a multiple of `align` (the exact-reuse
+    rule: reuse whole blocks only). It may end inside an image: that rule's prefill starts
+    mid-image from the image's cached features."""
+    return min(tokens, n - 1) // align * align
+
+
 class PrefixCache:
     """Byte-bounded LRU of KV snapshots, looked up by longest common key prefix.
 
@@ -199,18 +206,22 @@ class PrefixCache:
         if (stored := self._lru.pop(key)) is not None:  # a removal, not an eviction
             self._release(key, stored)
 
-    def lookup(self, token_ids: Sequence[int], spans: Sequence[ImageSpan]) -> PrefixHit | None:
+    def lookup(
+        self, token_ids: Sequence[int], spans: Sequence[ImageSpan], align: int = 1
+    ) -> PrefixHit | None:
         """Longest usable cached prefix of the prompt, or None (also for 0 usable tokens).
 
-        Never ends inside an image; always leaves >= 1 token to prefill. Counts one hit/miss,
-        tokens_queried += len(token_ids), tokens_hit += hit tokens; touches the entry used.
+        Always leaves >= 1 token to prefill. With `align` 1 it never ends inside an image;
+        with `align` > 1 it is a multiple of `align` (and may end inside an image). Counts one
+        hit/miss, tokens_queried += len(token_ids), tokens_hit += hit tokens; touches the
+        entry used.
         """
         with self._lock:
             hit, n = None, 0
             try:
                 ids = tuple(token_ids)
                 n = len(ids)
-                hit = self._find(ids, spans)
+                hit = self._find(ids, spans, align=align)
             except Exception:
                 logger.exception("prefix cache lookup failed; treating as a miss")
             self._tokens_queried += n
@@ -218,20 +229,22 @@ class PrefixCache:
             self._lru.record(hit is not None)
             return hit
 
-    def peek(self, token_ids: Sequence[int], spans: Sequence[ImageSpan]) -> int:
+    def peek(self, token_ids: Sequence[int], spans: Sequence[ImageSpan], align: int = 1) -> int:
         """How many prompt tokens `lookup` would serve now (0 for none), without counting a
         query or touching recency. Advisory: entries may be evicted before the real lookup."""
         with self._lock:
             try:
-                hit = self._find(tuple(token_ids), spans, touch=False)
+                hit = self._find(tuple(token_ids), spans, touch=False, align=align)
             except Exception:
                 logger.exception("prefix cache peek failed; treating as a miss")
                 return 0
             return hit.tokens if hit is not None else 0
 
     def _find(
-        self, ids: tuple[int, ...], spans: Sequence[ImageSpan], touch: bool = True
+        self, ids: tuple[int, ...], spans: Sequence[ImageSpan], touch: bool = True, align: int = 1
     ) -> PrefixHit | None:
+        if align < 1:
+            raise ValueError(f"align must be >= 1, got {align}")
         key, _ = self._key(ids, spans)
         i = bisect.bisect_left(self._sorted, key)
         best_m, best_key = 0, None
@@ -240,7 +253,11 @@ class PrefixCache:
             if m > best_m:
                 best_m, best_key = m, k
         stored = self._lru.peek(best_key) if best_key is not None else None
-        tokens = _leave_one(_items_to_tokens(best_m, spans), len(ids), spans)
+        covered = _items_to_tokens(best_m, spans)
+        if align > 1:
+            tokens = _align_down(covered, len(ids), align)
+        else:
+            tokens = _leave_one(covered, len(ids), spans)
         if stored is None or tokens <= 0:
             return None
         if touch:

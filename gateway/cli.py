@@ -77,6 +77,19 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     a("--no-vision-cache", action="store_true", help="disable the vision-feature cache")
     a("--no-prefix-cache", action="store_true", help="disable the KV prefix cache")
     a(
+        "--exact-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compute and reuse KV in fixed blocks so a cache hit is bit-identical to no "
+        "cache on every backend (docs/caching.md); --no-exact-cache reuses any prefix",
+    )
+    a(
+        "--kv-block-tokens",
+        type=int,
+        default=32,
+        help="block size (tokens) of --exact-cache: prefill forwards and KV reuse granularity",
+    )
+    a(
         "--allowed-media-dir",
         action="append",
         default=[],
@@ -116,6 +129,19 @@ def _make_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--arch", default="qwen2_vl", choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
     p.add_argument("--size", default="tiny", choices=["tiny", "7b"])
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="weight dtype (default: float32 for tiny, bfloat16 for 7b)",
+    )
+    p.add_argument(
+        "--quantize",
+        type=int,
+        choices=[4, 8],
+        help="quantize the language model to this many bits with mlx-vlm's converter "
+        "(as the mlx-community checkpoints are)",
+    )
+    p.add_argument("--q-group-size", type=int, default=64, choices=[32, 64, 128])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,6 +177,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         kv_cache_mb=args.kv_cache_mb,
         vision_enabled=not args.no_vision_cache,
         prefix_enabled=not args.no_prefix_cache,
+        exact_reuse=args.exact_cache,
+        kv_block_tokens=args.kv_block_tokens,
     )
     model = args.model
     name = args.served_model_name or (Path(model).name if model else "vision-gateway-tiny")
@@ -229,7 +257,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         elif args.command == "make-model":
             from gateway.offline_model import build_model
 
-            out = build_model(args.out, args.arch, args.size, args.seed, progress=print)
+            out = build_model(
+                args.out,
+                args.arch,
+                args.size,
+                args.seed,
+                progress=print,
+                dtype=args.dtype,
+                quantize=args.quantize,
+                group_size=args.q_group_size,
+            )
             print(f"wrote {out}")
         else:
             args.run(args)

@@ -65,10 +65,24 @@ class CacheConfig:
     kv_cache_mb: float = 2048
     vision_enabled: bool = True
     prefix_enabled: bool = True
+    # Exact KV reuse (docs/caching.md): every prompt position's KV is computed by a forward
+    # over exactly one block of `kv_block_tokens` rows at a fixed absolute position (the last
+    # block padded), in the cached and the uncached path alike, and only whole prefill-computed
+    # blocks are reused. So a hit is bit-identical to no cache on any backend whose kernels
+    # are deterministic for a given shape. The block is also the unit a block-structured KV
+    # store would key on.
+    exact_reuse: bool = True
+    kv_block_tokens: int = 32
 
     def __post_init__(self) -> None:
         _require(self.vision_cache_mb >= 0, "--vision-cache-mb must be >= 0")
         _require(self.kv_cache_mb >= 0, "--kv-cache-mb must be >= 0")
+        _require(1 <= self.kv_block_tokens <= 4096, "--kv-block-tokens must be in 1..4096")
+
+    @property
+    def exact_block_tokens(self) -> int:
+        """The block size of the exact-reuse rule, 0 when the rule is off."""
+        return self.kv_block_tokens if self.exact_reuse else 0
 
     @property
     def vision_capacity_bytes(self) -> int:

@@ -31,14 +31,23 @@ MODEL_ROOT = Path(os.environ.get("VISION_GATEWAY_TEST_MODELS", "/tmp/vision-gate
 _build_lock = threading.Lock()
 
 
-def tiny_model(arch: str = "qwen2_vl") -> Path:
-    """A tiny random-weight checkpoint of `arch`, built once per machine (deterministic)."""
+# Weight variants of the tiny models: float32 (the default), bfloat16, and 4-/8-bit
+# quantized by mlx-vlm's converter (group size 32: several groups per row even at width 64).
+WEIGHTS = ("float32", "bfloat16", "q4", "q8")
+
+
+def tiny_model(arch: str = "qwen2_vl", weights: str = "float32") -> Path:
+    """A tiny random-weight checkpoint of `arch` with `weights` (one of WEIGHTS), built once
+    per machine (deterministic)."""
     from gateway.offline_model import BUILDER_VERSION, build_model
 
-    out = MODEL_ROOT / f"{arch}-tiny-{BUILDER_VERSION}"
+    suffix = "" if weights == "float32" else f"-{weights}"
+    out = MODEL_ROOT / f"{arch}-tiny{suffix}-{BUILDER_VERSION}"
+    quantize = {"q4": 4, "q8": 8}.get(weights)
+    dtype = "bfloat16" if weights == "bfloat16" else None
     with _build_lock:
         if not (out / "vision_gateway_build.json").exists():
-            build_model(out, arch, "tiny", 0)
+            build_model(out, arch, "tiny", 0, dtype=dtype, quantize=quantize, group_size=32)
     return out
 
 
@@ -155,7 +164,9 @@ class Run:
 class EngineHarness:
     """An Engine plus a PromptBuilder, driven directly (no HTTP)."""
 
-    def __init__(self, arch: str = "qwen2_vl", **engine_kwargs: object) -> None:
+    def __init__(
+        self, arch: str = "qwen2_vl", weights: str = "float32", **engine_kwargs: object
+    ) -> None:
         from gateway.config import CacheConfig, EngineConfig
         from gateway.engine.core import Engine
         from gateway.metrics import Metrics
@@ -163,7 +174,10 @@ class EngineHarness:
 
         caches = engine_kwargs.pop("cache", CacheConfig())
         config = EngineConfig(
-            model=str(tiny_model(arch)), served_model_name="test", cache=caches, **engine_kwargs
+            model=str(tiny_model(arch, weights)),
+            served_model_name="test",
+            cache=caches,
+            **engine_kwargs,
         )
         self.metrics = Metrics()
         self.engine = Engine(config, self.metrics)
@@ -208,6 +222,35 @@ class EngineHarness:
 
     def close(self) -> None:
         self.engine.stop()
+
+
+def _image_turn(text: str, images: int = 1) -> dict:
+    parts = [{"type": "image_url", "image_url": {"url": "x"}}] * images
+    return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
+
+
+def conversation(h: EngineHarness, image: Image.Image, turns: int = 5) -> list[Run]:
+    """`turns` greedy turns about one image, each resending the history, then a fresh
+    question about the same image (so len(result) == turns + 1)."""
+    messages = [_image_turn("What is in this picture?")]
+    runs = []
+    for turn in range(turns):
+        body = {
+            "model": "t",
+            "temperature": 0,
+            "max_tokens": 8,
+            "logprobs": True,
+            "messages": messages,
+        }
+        run = h.run(body, [image])
+        runs.append(run)
+        messages = [
+            *messages,
+            {"role": "assistant", "content": run.text},
+            {"role": "user", "content": f"Tell me more, part {turn + 2}."},
+        ]
+    runs.append(h.run(chat_body("A different question about it", images=1), [image]))
+    return runs
 
 
 class ServerProcess(LocalServer):

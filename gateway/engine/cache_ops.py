@@ -25,12 +25,22 @@ log = logging.getLogger(__name__)
 
 
 class CacheOps:
+    """`exact_block` > 0 applies the exact-reuse rule (docs/caching.md): hits are whole blocks
+    of that many tokens, and only KV that prefill computed is stored (a finished request's
+    prompt, not its answer, whose KV decode steps computed in other shapes)."""
+
     def __init__(
-        self, model: VisionLanguageModel, vision: VisionCache, prefix: PrefixCache
+        self,
+        model: VisionLanguageModel,
+        vision: VisionCache,
+        prefix: PrefixCache,
+        exact_block: int = 0,
     ) -> None:
         self.model = model
         self.vision = vision
         self.prefix = prefix
+        self.exact_block = exact_block
+        self._align = max(exact_block, 1)
         self._dtype = str(model.embed_dtype).replace("mlx.core.", "")
 
     def spans(self, job: Job, upto: int | None = None) -> list[ImageSpan]:
@@ -45,7 +55,7 @@ class CacheOps:
         """Per image: is it neither covered by a prefix-cache hit nor in the vision cache, so
         the tower must run on it? Thread-safe (the caches lock); advisory: if an entry is
         evicted before admission, the engine preprocesses the image itself."""
-        covered = self.prefix.peek(prompt_ids, images)
+        covered = self.prefix.peek(prompt_ids, images, self._align)
         return [
             span.end > covered and self.vision_key(span.content_hash) not in self.vision
             for span in images
@@ -67,12 +77,15 @@ class CacheOps:
         hit = None
         try:
             if request.use_caches:
-                hit = self.prefix.lookup(request.prompt_ids, self.spans(job))
+                hit = self.prefix.lookup(request.prompt_ids, self.spans(job), self._align)
         except Exception:
             log.exception("prefix cache lookup failed; treating as a miss")
         if hit is not None:
             job.cached_tokens = hit.tokens
-            job.cache = fork(hit.entry.kv, hit.tokens, rope_delta_at(layouts, hit.tokens))
+            # (an exact-rule hit may end inside an image: the delta of the images before it;
+            # the prefill sets the prompt's own delta once it is complete)
+            delta = sum(i.rope_shift for i in layouts if i.end <= hit.tokens)
+            job.cache = fork(hit.entry.kv, hit.tokens, delta)
         job.encoded = [None] * len(request.images)
         pending = [i for i, img in enumerate(request.images) if img.layout.end > job.cached_tokens]
         job.split = max((request.images[i].layout.end for i in pending), default=0)
@@ -98,19 +111,24 @@ class CacheOps:
     def store_image_part(self, job: Job) -> None:
         """Store a snapshot of the job's KV over the image-bearing part [0, split) (called once
         that part is prefilled), so a later question about the same images skips it."""
+        split = job.split
         self._store(
             job,
-            job.request.prompt_ids[: job.split],
-            [c.snapshot() for c in job.cache or []],
-            job.cache[0].rope_delta if job.cache else 0,
-            self.spans(job, job.split),
+            job.request.prompt_ids[:split],
+            [c.snapshot(split) for c in job.cache or []],
+            rope_delta_at([i.layout for i in job.request.images], split),
+            self.spans(job, split),
         )
 
     def store_finished(self, job: Job, kv: list[Any], tokens: list[int], delta: int) -> None:
-        """Store prompt + answer KV of a finished request (for the next turn)."""
+        """Store prompt + answer KV of a finished request (for the next turn); under the
+        exact rule only the prompt's (`delta` is the rope delta at the prompt's end)."""
         if not kv or kv[0].offset != len(tokens):
             log.warning("not caching %s: KV length does not match its tokens", job.request_id)
             return
+        if self.exact_block and len(tokens) > job.prompt_len:
+            tokens = tokens[: job.prompt_len]
+            kv = [c.snapshot(job.prompt_len) for c in kv]
         self._store(job, tokens, kv, delta, self.spans(job))
 
     def _store(

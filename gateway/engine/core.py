@@ -214,8 +214,9 @@ class Engine:
             if self.config.mlx_cache_limit_mb is not None:
                 mx.set_cache_limit(int(self.config.mlx_cache_limit_mb * 1024 * 1024))
             self.model = self._loader()
-            self._cache_ops = CacheOps(self.model, self.vision_cache, self.prefix_cache)
-            self._prefiller = Prefiller(self.model, self._cache_ops)
+            block = self.config.cache.exact_block_tokens  # 0: exact reuse off
+            self._cache_ops = CacheOps(self.model, self.vision_cache, self.prefix_cache, block)
+            self._prefiller = Prefiller(self.model, self._cache_ops, block)
             self._batch = self._new_batch()
         except BaseException as exc:  # noqa: BLE001 - reported to start()
             log.exception("model load failed")
@@ -417,7 +418,7 @@ class Engine:
             if job.fed == max(job.split, job.cached_tokens)  # images done, no text fed yet
             and job.prompt_len - job.fed <= budget
         ]
-        if len(burst) > 1:
+        if len(burst) > 1 and not self._prefiller.exact:  # exact: every prompt in blocks here
             for job in burst:
                 self._prefilling.remove(job)
                 try:

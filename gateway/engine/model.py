@@ -76,7 +76,11 @@ class VisionLanguageModel:
         self.vocab_size: int = int(config.text_config.vocab_size)
         self.eos_token_ids: tuple[int, ...] = self._eos_ids()
         self.text_core = TextCore(self.model.language_model)
-        self.embed_dtype = self.model.language_model.model.embed_tokens.weight.dtype
+        # The dtype the embedding *produces* (image features are cast to it): for a quantized
+        # checkpoint `embed_tokens.weight` is the packed uint32 array, and casting features to
+        # that truncated them to integers (see docs/caching.md, "quantized checkpoints").
+        embed = self.model.language_model.model.embed_tokens
+        self.embed_dtype = embed(mx.array([0], dtype=mx.int32)).dtype
         self.vision = VisionEncoder(self.model.vision_tower, self.arch, self.embed_dtype)
         self.vision_dtype = self.vision.dtype
         self.fingerprint = self._model_fingerprint()
@@ -202,8 +206,10 @@ class VisionLanguageModel:
     ) -> PrefillPlan:
         """Inputs for prefilling prompt tokens [start, end) with image features merged in.
 
-        Neither `start` nor `end` may fall inside an image span; `encoded[i]` must be given for
-        every image inside the range (images before `start` are already in the cache).
+        `end` may not fall inside an image span; `start` may (the exact-reuse rule starts
+        prefill at a block boundary: the image's features are then used from that row on).
+        `encoded[i]` must be given for every image overlapping the range (images wholly before
+        `start` are already in the cache).
         """
         embed = self.model.language_model.model.embed_tokens
         ids = mx.array(list(prompt_ids[start:end]), dtype=mx.int32)
@@ -216,38 +222,58 @@ class VisionLanguageModel:
             assert image is not None, "image inside the prefill range was not encoded"
             if layout.start > cursor:
                 pieces.append(embed(ids[cursor - start : layout.start - start]))
-            pieces.append(image.features)
+            skip = max(start - layout.start, 0)  # rows of this image already in the cache
+            pieces.append(image.features[skip:])
             if image.deepstack:
-                deep.append(list(image.deepstack))
+                deep.append([d[skip:] for d in image.deepstack])
             cursor = layout.end
         if cursor < end:
             pieces.append(embed(ids[cursor - start :]))
         embeds = mx.concatenate(pieces, axis=0)[None]
-        positions = mx.array(mrope_positions(end, layouts, start))[:, None, :]
+        positions = mx.array(mrope_positions(end, layouts)[:, start:])[:, None, :]
         visual = np.asarray(prompt_ids[start:end]) == self.image_token_id
         deepstack = None
         if deep:
             deepstack = [mx.concatenate(layer, axis=0) for layer in zip(*deep)]
         return PrefillPlan(ids[None], embeds, positions, visual, deepstack)
 
-    def prefill(self, plan: PrefillPlan, cache: list[RowKVCache], lo: int, hi: int) -> None:
-        """Feed plan tokens [lo, hi) (relative to the plan) into `cache`."""
+    def prefill(
+        self, plan: PrefillPlan, cache: list[RowKVCache], lo: int, hi: int, rows: int = 0
+    ) -> mx.array:
+        """Feed plan tokens [lo, hi) (relative to the plan) into `cache`; return the final
+        hidden states (1, max(rows, hi - lo), hidden), lazily.
+
+        `rows` > hi - lo pads the forward to that many query rows (the exact-reuse rule: every
+        block is computed in one shape). Padding rows come after the real ones, so causal
+        attention keeps them out of every real row; their KV is trimmed from `cache` again.
+        """
+        pad = max(rows - (hi - lo), 0)
+        ids, embeds = plan.ids[:, lo:hi], plan.embeds[:, lo:hi]
+        positions = plan.positions[:, :, lo:hi]
+        visual = plan.visual[lo:hi]
+        if pad:
+            ids = mx.concatenate([ids, mx.broadcast_to(ids[:, -1:], (1, pad))], axis=1)
+            embeds = mx.concatenate([embeds, mx.zeros((1, pad, embeds.shape[2]), embeds.dtype)], 1)
+            steps = mx.arange(1, pad + 1, dtype=positions.dtype)
+            tail = positions.max(axis=0, keepdims=True)[..., -1:] + steps  # text after the end
+            positions = mx.concatenate([positions, mx.broadcast_to(tail, (3, 1, pad))], axis=2)
+            visual = np.concatenate([visual, np.zeros(pad, dtype=bool)])
         kwargs: dict[str, Any] = {}
         if plan.deepstack is not None:
             before = int(plan.visual[:lo].sum())
             count = int(plan.visual[lo:hi].sum())
-            kwargs["visual_pos_masks"] = mx.array(plan.visual[lo:hi])[None]
+            kwargs["visual_pos_masks"] = mx.array(visual)[None]
             kwargs["deepstack_visual_embeds"] = (
                 [d[before : before + count] for d in plan.deepstack] if count else None
             )
-        self.model.language_model.model(
-            plan.ids[:, lo:hi],
-            inputs_embeds=plan.embeds[:, lo:hi],
-            cache=cache,
-            position_ids=plan.positions[:, :, lo:hi],
-            **kwargs,
+        hidden = self.model.language_model.model(
+            ids, inputs_embeds=embeds, cache=cache, position_ids=positions, **kwargs
         )
+        if pad:
+            for layer in cache:
+                layer.trim(pad)
         mx.eval([c.state for c in cache])
+        return hidden
 
     # ----- helpers ----------------------------------------------------------------------------
 

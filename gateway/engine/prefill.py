@@ -11,6 +11,13 @@ Every request, text or image, is prefilled here rather than inside mlx-lm's Batc
 
 A job then joins the batch with its first token as the "prompt", which BatchGenerator steps
 like any decode row.
+
+With the exact-reuse rule on (`block` > 0, docs/caching.md) every forward covers exactly one
+block [k*block, (k+1)*block) of absolute prompt positions with `block` query rows (the last
+block padded), image and text alike through the embeddings path, and the first token comes
+from the last real row alone. The cached path starts at a block boundary (cache_ops aligns
+hits), so each reused or recomputed position is produced by the same forward, in the same
+shape, from the same inputs, as in the uncached path.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from gateway.engine.cache_ops import CacheOps
 from gateway.engine.job import Job
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.positions import rope_delta_at
+from gateway.engine.text_core import logits_from_hidden
 
 
 @dataclass(frozen=True)
@@ -34,11 +42,18 @@ class FirstToken:
 
 
 class Prefiller:
-    """Chunked prefill for one job at a time (`feed`), owned by the engine thread."""
+    """Chunked prefill for one job at a time (`feed`), owned by the engine thread.
+    `block` > 0: the exact-reuse rule with blocks of that many tokens (module doc)."""
 
-    def __init__(self, model: VisionLanguageModel, cache_ops: CacheOps) -> None:
+    def __init__(self, model: VisionLanguageModel, cache_ops: CacheOps, block: int = 0) -> None:
         self.model = model
         self.cache_ops = cache_ops
+        self.block = block
+
+    @property
+    def exact(self) -> bool:
+        """True when every prompt must be prefilled here in blocks (never by the batch)."""
+        return self.block > 0
 
     def feed(self, job: Job, budget: int) -> tuple[int, FirstToken | None]:
         """Feed at most `budget` (> 0) of the job's remaining prompt tokens.
@@ -49,6 +64,8 @@ class Prefiller:
         """
         if job.cache is None:
             job.cache = self.model.new_cache()
+        if self.exact:
+            return self._feed_blocks(job, budget)
         if job.fed < job.split:
             return self._feed_images(job, budget), None
         return self._feed_text(job, budget)
@@ -84,3 +101,37 @@ class Prefiller:
         token = job.sampler(logprobs)
         mx.eval(token, logprobs, [c.state for c in job.cache or []])
         return hi - lo, FirstToken(int(token.item()), logprobs[0])
+
+    def _feed_blocks(self, job: Job, budget: int) -> tuple[int, FirstToken | None]:
+        """Feed whole blocks until `budget` rows are spent (at least one block)."""
+        prompt = job.request.prompt_ids
+        n, block = len(prompt), self.block
+        layouts = [i.layout for i in job.request.images]
+        if job.plan is None:
+            assert job.fed % block == 0, "an exact prefill must start at a block boundary"
+            job.plan = self.model.prefill_plan(prompt, layouts, list(job.encoded), job.fed, n)
+        base, rows = job.cached_tokens, 0
+        while True:
+            lo = job.fed
+            hi = min(lo + block, n)
+            hidden = self.model.prefill(job.plan, job.cache, lo - base, hi - base, rows=block)
+            job.fed, rows = hi, rows + block
+            if lo < job.split <= hi:
+                self.cache_ops.store_image_part(job)
+            if hi == n:
+                job.plan = None
+                return rows, self._first_token(job, hidden[:, hi - 1 - lo : hi - lo, :])
+            if rows >= budget:
+                return rows, None
+
+    def _first_token(self, job: Job, last_hidden: mx.array) -> FirstToken:
+        """Sample from the prompt's last row (1, 1, hidden) and give the cache the prompt's
+        rope delta, which the batch's decode positions read."""
+        delta = rope_delta_at([i.layout for i in job.request.images], job.prompt_len)
+        for layer in job.cache or []:
+            layer.rope_delta = delta
+        last = logits_from_hidden(self.model.text_core.lm, last_hidden)[:, -1, :]
+        logprobs = last - mx.logsumexp(last, axis=-1, keepdims=True)
+        token = job.sampler(logprobs)
+        mx.eval(token, logprobs)
+        return FirstToken(int(token.item()), logprobs[0])

@@ -3,14 +3,17 @@
     build_model(out_dir, arch, size, seed, progress) -> out_dir
     ensure_model(arch, size, seed, progress) -> default_model_dir(arch, size, seed), built once
 
+Either takes `quantize=4|8` (and `group_size`): the float checkpoint is built first, then
+quantized by mlx-vlm's own converter (see quantize.py).
+
 A checkpoint is: a byte-level BPE tokenizer trained here (Qwen2-VL special tokens and a
 Qwen2-VL-style chat template; padded with never-encoded filler words up to the embedding
 size, so every id the model samples decodes to text), config.json / generation_config.json
 checked by mlx-vlm's own config classes, preprocessor_config.json, and normal(0, 0.02)
 weights (norms 1/0) in safetensors under the exact names mlx-vlm's Model uses. Everything
-is a pure function of (arch, size, seed, dtype, BUILDER_VERSION): the same arguments give
-byte-identical files. Nothing touches the network. The answers of such a model are noise;
-only its shapes, tokenizer and processing are real.
+is a pure function of (arch, size, seed, dtype, quantization, BUILDER_VERSION): the same
+arguments give byte-identical files. Nothing touches the network. The answers of such a
+model are noise; only its shapes, tokenizer and processing are real.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 
 from .checkpoint import write_weights
 from .params import validate_config
+from .quantize import DEFAULT_GROUP_SIZE, check_quantize, quantize_checkpoint
 from .shapes import (
     ARCHS,
     SIZES,
@@ -73,9 +77,26 @@ def _dump(path: Path, obj: object) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
+def _quant_info(bits: int | None, group_size: int) -> dict[str, int] | None:
+    return None if bits is None else {"bits": bits, "group_size": group_size}
+
+
 def _write_checkpoint(
-    out: Path, arch: str, size: str, seed: int, dtype: str, say: Callable[[str], None]
+    out: Path,
+    arch: str,
+    size: str,
+    seed: int,
+    dtype: str,
+    say: Callable[[str], None],
+    quant: dict[str, int] | None = None,
 ) -> None:
+    if quant is not None:
+        with tempfile.TemporaryDirectory(prefix=f".{out.name}.float-", dir=out.parent) as src:
+            _write_checkpoint(Path(src), arch, size, seed, dtype, say)
+            say(f"quantizing to {quant['bits']} bits with mlx-vlm")
+            quantize_checkpoint(Path(src), out, quant["bits"], quant["group_size"])
+        _write_marker(out, arch, size, seed, dtype, quant)
+        return
     say("training tokenizer")
     # Padded to the embedding size: every id the model can sample decodes to text.
     ids = write_tokenizer_files(out, train_tokenizer(text_vocab_size(arch, size)))
@@ -87,22 +108,30 @@ def _write_checkpoint(
     say("validating config with mlx-vlm")
     specs = validate_config(config)
     write_weights(out, specs, seed, dtype, say)
-    files = {p.name: p.stat().st_size for p in sorted(out.iterdir())}
-    _dump(
-        out / MARKER,
-        {
-            "builder_version": BUILDER_VERSION,
-            "arch": arch,
-            "size": size,
-            "seed": seed,
-            "dtype": dtype,
-            "files": files,
-        },
-    )
+    _write_marker(out, arch, size, seed, dtype, None)
     say("done")
 
 
-def _is_complete(path: Path, arch: str, size: str, seed: int, dtype: str) -> bool:
+def _write_marker(
+    out: Path, arch: str, size: str, seed: int, dtype: str, quant: dict[str, int] | None
+) -> None:
+    (out / MARKER).unlink(missing_ok=True)  # a quantized build copies its source's marker
+    files = {p.name: p.stat().st_size for p in sorted(out.iterdir())}
+    info = {
+        "builder_version": BUILDER_VERSION,
+        "arch": arch,
+        "size": size,
+        "seed": seed,
+        "dtype": dtype,
+        "quantization": quant,
+        "files": files,
+    }
+    _dump(out / MARKER, info)
+
+
+def _is_complete(
+    path: Path, arch: str, size: str, seed: int, dtype: str, quant: dict[str, int] | None
+) -> bool:
     """True if `path` holds a finished build of exactly these arguments, files intact."""
     try:
         info = json.loads((path / MARKER).read_text(encoding="utf-8"))
@@ -112,6 +141,7 @@ def _is_complete(path: Path, arch: str, size: str, seed: int, dtype: str) -> boo
             "size": size,
             "seed": seed,
             "dtype": dtype,
+            "quantization": quant,
         }
         if any(info.get(k) != v for k, v in want.items()):
             return False
@@ -127,13 +157,14 @@ def _build_tmp(
     seed: int,
     dtype: str,
     progress: Callable[[str], None] | None,
+    quant: dict[str, int] | None,
 ) -> Path:
     """Build into a fresh temp dir next to `out_dir` (same file system: rename is atomic)."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         tmp.chmod(0o755)  # mkdtemp makes it 0700; the result is a shareable model dir
-        _write_checkpoint(tmp, arch, size, seed, dtype, progress or (lambda _msg: None))
+        _write_checkpoint(tmp, arch, size, seed, dtype, progress or (lambda _msg: None), quant)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -159,19 +190,23 @@ def build_model(
     progress: Callable[[str], None] | None = None,
     *,
     dtype: str | None = None,
+    quantize: int | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
 ) -> Path:
     """Write a complete checkpoint dir for (arch, size, seed) at `out_dir`; return `out_dir`.
 
-    `dtype` defaults to float32 for tiny and bfloat16 for 7b. The build happens in a temp dir
-    next to `out_dir` that is renamed into place at the end, so `out_dir` never holds a
-    partial checkpoint; an existing `out_dir` is replaced. `progress` receives short status
-    lines ("training tokenizer", "writing weights 1/4 ..."). Raises ValueError for an
-    unknown arch, size or dtype or a negative seed.
+    `dtype` defaults to float32 for tiny and bfloat16 for 7b. `quantize` (4 or 8) quantizes
+    the language model with mlx-vlm's converter (`group_size` weights per scale). The build
+    happens in a temp dir next to `out_dir` that is renamed into place at the end, so
+    `out_dir` never holds a partial checkpoint; an existing `out_dir` is replaced.
+    `progress` receives short status lines ("training tokenizer", "writing weights 1/4 ...").
+    Raises ValueError for an unknown arch, size, dtype or bit width or a negative seed.
     """
     dtype = check_arch_size(arch, size, dtype)
     _check_seed(seed)
+    check_quantize(quantize, group_size)
     out_dir = Path(out_dir).expanduser().absolute()
-    tmp = _build_tmp(out_dir, arch, size, seed, dtype, progress)
+    tmp = _build_tmp(out_dir, arch, size, seed, dtype, progress, _quant_info(quantize, group_size))
     trash = _move_aside(out_dir) if out_dir.exists() else None
     try:
         os.rename(tmp, out_dir)
@@ -196,13 +231,22 @@ def cache_root() -> Path:
 
 
 def default_model_dir(
-    arch: str = "qwen2_vl", size: str = "tiny", seed: int = 0, *, dtype: str | None = None
+    arch: str = "qwen2_vl",
+    size: str = "tiny",
+    seed: int = 0,
+    *,
+    dtype: str | None = None,
+    quantize: int | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
 ) -> Path:
     """Where `ensure_model` keeps this checkpoint: `<cache_root>/models/<name>`, the name
-    spelling out arch, size, dtype, seed and BUILDER_VERSION (nothing is created here)."""
+    spelling out arch, size, dtype, quantization, seed and BUILDER_VERSION (nothing is
+    created here)."""
     dtype = check_arch_size(arch, size, dtype)
     _check_seed(seed)
-    return cache_root() / "models" / f"{arch}-{size}-{dtype}-seed{seed}-b{BUILDER_VERSION}"
+    check_quantize(quantize, group_size)
+    quant = "" if quantize is None else f"-q{quantize}g{group_size}"
+    return cache_root() / "models" / f"{arch}-{size}-{dtype}{quant}-seed{seed}-b{BUILDER_VERSION}"
 
 
 def ensure_model(
@@ -212,6 +256,8 @@ def ensure_model(
     progress: Callable[[str], None] | None = None,
     *,
     dtype: str | None = None,
+    quantize: int | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
 ) -> Path:
     """Return `default_model_dir(...)`, building it first if it is missing or incomplete.
 
@@ -220,17 +266,20 @@ def ensure_model(
     spend the build time; that is seconds for tiny.)
     """
     dtype = check_arch_size(arch, size, dtype)
-    target = default_model_dir(arch, size, seed, dtype=dtype)
-    if _is_complete(target, arch, size, seed, dtype):
+    target = default_model_dir(
+        arch, size, seed, dtype=dtype, quantize=quantize, group_size=group_size
+    )
+    quant = _quant_info(quantize, group_size)
+    if _is_complete(target, arch, size, seed, dtype, quant):
         return target
-    tmp = _build_tmp(target, arch, size, seed, dtype, progress)
+    tmp = _build_tmp(target, arch, size, seed, dtype, progress, quant)
     try:
         for _ in range(3):
             try:
                 os.rename(tmp, target)  # atomic; fails if target exists and is not empty
                 return target
             except OSError:
-                if _is_complete(target, arch, size, seed, dtype):
+                if _is_complete(target, arch, size, seed, dtype, quant):
                     return target  # another process won the race
                 trash = _move_aside(target)  # a stale or broken dir: replace it
                 if trash is not None:

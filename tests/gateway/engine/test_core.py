@@ -150,10 +150,20 @@ def test_capacity_is_rows_plus_queue_even_in_a_burst() -> None:
         h.close()
 
 
-def test_a_burst_prefilled_together_equals_each_alone(harness: EngineHarness) -> None:
-    """Invariant: requests arriving together (their prompts prefilled as one batch, with
-    right padding) give the tokens and logprobs each gives alone (prefilled by the engine,
-    first token from its own prefill logits)."""
+@pytest.fixture(scope="module", params=ARCHS)
+def loose_harness(request: pytest.FixtureRequest):
+    """Without the exact-reuse rule: the only mode in which the batch prefills bursts."""
+    off = CacheConfig(vision_enabled=False, prefix_enabled=False, exact_reuse=False)
+    h = EngineHarness(request.param, cache=off, max_batch=8, prefill_chunk_tokens=16)
+    yield h
+    h.close()
+
+
+def test_a_burst_prefilled_together_equals_each_alone(loose_harness: EngineHarness) -> None:
+    """Invariant (--no-exact-cache): requests arriving together (their prompts prefilled as
+    one batch, with right padding) give the tokens and logprobs each gives alone (prefilled by
+    the engine, first token from its own prefill logits)."""
+    harness = loose_harness
     # short prompts: a burst is only prompts that fit one prefill budget (16 tokens here)
     bodies = [chat_body(text, max_tokens=6) for text in ("hi", "one two", "x y z", "ok", "b c")]
     alone = [harness.run(body) for body in bodies]

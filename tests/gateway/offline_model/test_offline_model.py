@@ -220,3 +220,28 @@ def test_7b_config_is_accepted_and_about_8b(arch: str) -> None:
     assert 8.0e9 < n < 9.0e9, n
     shards = checkpoint.plan_shards(params.validate_config(config), "bfloat16")
     assert 3 <= len(shards) <= 6
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_make_model_quantize_uses_mlx_vlm_quantization(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bits: int
+) -> None:
+    """`make-model --quantize N` gives a checkpoint mlx_vlm.load reads as N-bit quantized
+    language-model layers (mlx-vlm's converter) with a float vision tower, and a build marker
+    that records the quantization."""
+    import mlx.nn as nn
+
+    from gateway.cli import main
+
+    out = tmp_path / f"q{bits}"
+    main(["make-model", str(out), "--quantize", str(bits), "--q-group-size", "32"])
+    assert "wrote" in capsys.readouterr().out
+    info = json.loads((out / om.MARKER).read_text())
+    assert info["quantization"] == {"bits": bits, "group_size": 32}
+    assert json.loads((out / "config.json").read_text())["quantization"]["bits"] == bits
+    model, _ = mlx_vlm.load(str(out))
+    layer = model.language_model.model.layers[0].self_attn.q_proj
+    assert isinstance(layer, nn.QuantizedLinear) and layer.bits == bits
+    assert model.vision_tower.patch_embed.proj.weight.dtype == mx.float32
+    with pytest.raises(ValueError, match="bits"):
+        om.build_model(tmp_path / "bad", quantize=3)
