@@ -86,8 +86,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     a(
         "--kv-block-tokens",
         type=int,
-        default=32,
-        help="block size (tokens) of --exact-cache: prefill forwards and KV reuse granularity",
+        default=0,
+        help="block size (tokens) of --exact-cache: prefill forwards and KV reuse granularity; "
+        "0: 256 on a GPU, 32 on CPU",
     )
     a(
         "--allowed-media-dir",

@@ -57,6 +57,10 @@ class MediaConfig:
         )
 
 
+GPU_KV_BLOCK_TOKENS = 256
+CPU_KV_BLOCK_TOKENS = 32
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     """Budgets for the content-addressed caches (bytes of used array size)."""
@@ -72,17 +76,21 @@ class CacheConfig:
     # are deterministic for a given shape. The block is also the unit a block-structured KV
     # store would key on.
     exact_reuse: bool = True
-    kv_block_tokens: int = 32
+    # 0: by device. A GPU forward of 256 rows costs about one of 32 (the weight read
+    # dominates), so larger blocks there mean fewer forwards for a cold prompt; on a CPU every
+    # padded row costs its own compute.
+    kv_block_tokens: int = 0
 
     def __post_init__(self) -> None:
         _require(self.vision_cache_mb >= 0, "--vision-cache-mb must be >= 0")
         _require(self.kv_cache_mb >= 0, "--kv-cache-mb must be >= 0")
-        _require(1 <= self.kv_block_tokens <= 4096, "--kv-block-tokens must be in 1..4096")
+        _require(0 <= self.kv_block_tokens <= 4096, "--kv-block-tokens must be in 0..4096")
 
-    @property
-    def exact_block_tokens(self) -> int:
-        """The block size of the exact-reuse rule, 0 when the rule is off."""
-        return self.kv_block_tokens if self.exact_reuse else 0
+    def exact_block_tokens(self, on_gpu: bool) -> int:
+        """The block size of the exact-reuse rule on this device, 0 when the rule is off."""
+        if not self.exact_reuse:
+            return 0
+        return self.kv_block_tokens or (GPU_KV_BLOCK_TOKENS if on_gpu else CPU_KV_BLOCK_TOKENS)
 
     @property
     def vision_capacity_bytes(self) -> int:

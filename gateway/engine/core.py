@@ -214,7 +214,8 @@ class Engine:
             if self.config.mlx_cache_limit_mb is not None:
                 mx.set_cache_limit(int(self.config.mlx_cache_limit_mb * 1024 * 1024))
             self.model = self._loader()
-            block = self.config.cache.exact_block_tokens  # 0: exact reuse off
+            on_gpu = mx.default_device().type == mx.DeviceType.gpu
+            block = self.config.cache.exact_block_tokens(on_gpu)  # 0: exact reuse off
             self._cache_ops = CacheOps(self.model, self.vision_cache, self.prefix_cache, block)
             self._prefiller = Prefiller(self.model, self._cache_ops, block)
             self._batch = self._new_batch()
