@@ -80,7 +80,7 @@ def test_every_prefill_forward_is_one_aligned_block() -> None:
     positions, hits are whole blocks, and the batch only ever steps one token per row (it
     never prefills a prompt, also not for requests arriving together)."""
     h = EngineHarness("qwen3_vl", "q4", max_batch=4)
-    block = h.engine.config.cache.kv_block_tokens
+    block = h.engine.config.cache.exact_block_tokens(on_gpu=False)
     model = h.engine.model
     forwards: list[tuple[int, int]] = []
     batch_rows: list[int] = []
