@@ -239,6 +239,15 @@ def _load(args: argparse.Namespace) -> None:
             print(f"plot: {args.plot}")
 
 
+def _engine_cache_config(model: str, serve_flags: list[str]) -> Any:
+    """The cache settings (exact reuse, block size, budgets) that `serve` would build from
+    these flags: `bench engine --server-arg` measures the engine under them."""
+    from gateway.cli import build_parser, configs_from_args
+
+    args = build_parser().parse_args(["serve", "--model", model, *serve_flags])
+    return configs_from_args(args)[1].cache
+
+
 def _engine(args: argparse.Namespace) -> None:
     import gc
 
@@ -261,7 +270,9 @@ def _engine(args: argparse.Namespace) -> None:
         raw = raw_bench.run(root, replace(settings, prefix_tokens=prefix), log=print)
         gc.collect()
         mx.clear_cache()  # the raw model's buffers, before the engine loads its own copy
-    results = Profiler(model, max_batch=max(64, *args.batch)).run(args.image_size, settings)
+    cache = _engine_cache_config(model, args.server_arg)
+    profiler = Profiler(model, max_batch=max(64, *args.batch), cache=cache)
+    results = profiler.run(args.image_size, settings)
     if raw:
         from gateway.bench.engine_profile import compare_rows
         from gateway.bench.hotpath_report import table
@@ -271,7 +282,8 @@ def _engine(args: argparse.Namespace) -> None:
         for key, value in results.items():
             print(f"{key:28s} {value:10.2f}")
     if args.out:
-        payload = {"machine": machine(), "model": model, **results, "raw": raw}
+        payload = {"machine": machine(), "model": model, "server_args": args.server_arg,
+                   **results, "raw": raw}  # fmt: skip
         args.out.write_text(json.dumps(payload, indent=2))
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from caches.hashing import pixel_hash
 from gateway.bench.hotpath_report import Row
 from gateway.bench.raw_measure import RawSettings, steady_window, token_ids
-from gateway.config import EngineConfig
+from gateway.config import CacheConfig, EngineConfig
 from gateway.engine.core import Engine
 from gateway.engine.request import (
     EngineRequest,
@@ -100,12 +100,15 @@ def _sampling(max_tokens: int) -> SamplingParams:
 class Profiler:
     """An engine on `model`, driven in-process. `run()` once, then it is stopped."""
 
-    def __init__(self, model: str, log: Any = print, max_batch: int = 64) -> None:
+    def __init__(
+        self, model: str, log: Any = print, max_batch: int = 64, cache: CacheConfig | None = None
+    ) -> None:
         self.log = log
         self.metrics = Metrics()
         config = EngineConfig(
-            model=model, served_model_name="p", max_batch=max_batch, max_waiting=256
-        )
+            model=model, served_model_name="p", max_batch=max_batch, max_waiting=256,
+            cache=cache or CacheConfig(),
+        )  # fmt: skip
         self.engine = Engine(config, self.metrics)
         started = time.perf_counter()
         self.engine.start()
