@@ -156,10 +156,10 @@ class EngineHarness:
     """An Engine plus a PromptBuilder, driven directly (no HTTP)."""
 
     def __init__(self, arch: str = "qwen2_vl", **engine_kwargs: object) -> None:
+        from gateway.api.prompt import PromptBuilder
         from gateway.config import CacheConfig, EngineConfig
         from gateway.engine.core import Engine
         from gateway.metrics import Metrics
-        from gateway.prompt import PromptBuilder
 
         caches = engine_kwargs.pop("cache", CacheConfig())
         config = EngineConfig(
@@ -172,7 +172,7 @@ class EngineHarness:
         self._ids = 0
 
     def submit(self, body: dict, images: list[Image.Image] | tuple = ()) -> Run:
-        from gateway.openai_api import parse_chat_request
+        from gateway.api.openai import parse_chat_request
 
         self._ids += 1
         chat = parse_chat_request(body)

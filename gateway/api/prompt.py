@@ -12,11 +12,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from caches.prefix import ImageSpan
+from gateway.api.chat import ChatRequest, ImagePart, TextPart
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.request import EngineRequest, ImageInput, SamplingParams
 from gateway.errors import invalid
 from gateway.media import DecodedImage
-from gateway.openai_api import ChatRequest, ImagePart, TextPart
 
 
 def template_messages(chat: ChatRequest) -> list[dict[str, Any]]:
