@@ -53,6 +53,9 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens (benchmarks)
+    # Text the answer continues (Anthropic's final assistant message): appended after the
+    # template's opening of the assistant turn; the response holds only what follows it.
+    prefill: str = ""
 
     @property
     def images(self) -> list[ImagePart]:

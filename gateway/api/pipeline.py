@@ -27,7 +27,7 @@ from gateway.engine.core import Engine
 from gateway.engine.process import EngineUnavailable, RemoteEngine
 from gateway.engine.request import AdmittedEvent, EngineBusy, ErrorEvent, ErrorKind
 from gateway.errors import APIError, invalid
-from gateway.media import MediaLoader
+from gateway.media import DecodedImage, MediaLoader
 from gateway.metrics import EdgeMetrics
 
 
@@ -121,13 +121,10 @@ class ChatPipeline:
     def cancel(self, request_id: str) -> None:
         self.engine.cancel(request_id)
 
-    async def admit(
-        self, request: Request, parse: Callable[[Any], ChatRequest], id_prefix: str
-    ) -> Admission:
-        """Authorize, read and parse the body, load media, build the prompt, submit, and wait
-        for admission. Raises APIError (4xx for the client's mistakes; `Overloaded` when the
-        engine queue is full; 503 while shutting down) or ClientGone."""
-        arrival = time.perf_counter()
+    async def _prepare(
+        self, request: Request, parse: Callable[[Any], ChatRequest]
+    ) -> tuple[PromptBuilder, LoopDelivery, ChatRequest, list[DecodedImage], float]:
+        """Authorize, read and parse the body, check the model, load the media."""
         authorize(request, self._server.api_key)
         prompts, delivery = self.prompts, self._delivery
         if self.draining or prompts is None or delivery is None:
@@ -141,6 +138,25 @@ class ChatPipeline:
         for image in images:
             self._metrics.image_decode_seconds.observe(image.decode_seconds)
             self._metrics.image_hash_seconds.observe(image.hash_seconds)
+        return prompts, delivery, chat, images, t_read
+
+    async def count_tokens(self, request: Request, parse: Callable[[Any], ChatRequest]) -> int:
+        """The prompt length (tokens, images included) the request would have; nothing runs
+        on the engine. Same errors as `admit` up to the prompt."""
+        prompts, _, chat, images, _ = await self._prepare(request, parse)
+        try:
+            return await asyncio.to_thread(prompts.count, chat, images)
+        except ValueError as exc:
+            raise invalid(f"could not build the prompt: {exc}", "messages") from None
+
+    async def admit(
+        self, request: Request, parse: Callable[[Any], ChatRequest], id_prefix: str
+    ) -> Admission:
+        """Authorize, read and parse the body, load media, build the prompt, submit, and wait
+        for admission. Raises APIError (4xx for the client's mistakes; `Overloaded` when the
+        engine queue is full; 503 while shutting down) or ClientGone."""
+        arrival = time.perf_counter()
+        prompts, delivery, chat, images, t_read = await self._prepare(request, parse)
         request_id = f"{id_prefix}{uuid.uuid4().hex}"
         t_media = time.perf_counter()
         try:

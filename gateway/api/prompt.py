@@ -14,6 +14,7 @@ from typing import Any
 from caches.prefix import ImageSpan
 from gateway.api.chat import ChatRequest, ImagePart, TextPart
 from gateway.engine.model import VisionLanguageModel
+from gateway.engine.positions import ImageLayout
 from gateway.engine.request import EngineRequest, ImageInput, SamplingParams
 from gateway.errors import invalid
 from gateway.media import DecodedImage
@@ -58,13 +59,24 @@ class PromptBuilder:
         self._max_context = max_context_tokens
         self._default_max_tokens = default_max_tokens
 
-    def build(
-        self, chat: ChatRequest, images: Sequence[DecodedImage], request_id: str, arrival: float
-    ) -> EngineRequest:
-        text = self.model.render(template_messages(chat))
+    def count(self, chat: ChatRequest, images: Sequence[DecodedImage]) -> int:
+        """The prompt's length in tokens, image tokens included (no pixel work)."""
+        return len(self._layout(chat, images)[0])
+
+    def _layout(
+        self, chat: ChatRequest, images: Sequence[DecodedImage]
+    ) -> tuple[list[int], list[ImageLayout], list[tuple[int, int, int]]]:
+        # An assistant prefill continues the assistant turn the template just opened.
+        text = self.model.render(template_messages(chat)) + chat.prefill
         ids = self.model.tokenize(text)
         grids = [self.model.image_grid(image.width, image.height) for image in images]
         prompt, layouts = self.model.layout_prompt(ids, grids)
+        return prompt, layouts, grids
+
+    def build(
+        self, chat: ChatRequest, images: Sequence[DecodedImage], request_id: str, arrival: float
+    ) -> EngineRequest:
+        prompt, layouts, grids = self._layout(chat, images)
         spans = [
             ImageSpan(layout.start, layout.end, image.content_hash)
             for image, layout in zip(images, layouts, strict=True)
