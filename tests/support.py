@@ -174,8 +174,11 @@ class EngineHarness:
     def submit(self, body: dict, images: list[Image.Image] | tuple = ()) -> Run:
         from gateway.api.openai import parse_chat_request
 
+        return self.submit_chat(parse_chat_request(body), images)
+
+    def submit_chat(self, chat: object, images: list[Image.Image] | tuple = ()) -> Run:
+        """Submit a parsed `ChatRequest` (from any wire format)."""
         self._ids += 1
-        chat = parse_chat_request(body)
         request = self.prompts.build(
             chat, [decoded(i) for i in images], f"req-{self._ids}", time.perf_counter()
         )
