@@ -20,7 +20,7 @@ from starlette.requests import Request
 
 from gateway.api.chat import ChatRequest
 from gateway.api.http import authorize, read_json, unless_disconnected
-from gateway.api.prompt import PromptBuilder
+from gateway.api.prompt import PromptBuilder, UnsupportedImage
 from gateway.api.streams import EventStream, LoopDelivery
 from gateway.config import ServerConfig
 from gateway.engine.core import Engine
@@ -147,7 +147,7 @@ class ChatPipeline:
         try:
             return await asyncio.to_thread(prompts.count, chat, images)
         except ValueError as exc:
-            raise invalid(f"could not build the prompt: {exc}", "messages") from None
+            raise prompt_error(exc, chat) from None
 
     async def admit(
         self, request: Request, parse: Callable[[Any], ChatRequest], id_prefix: str
@@ -161,8 +161,8 @@ class ChatPipeline:
         t_media = time.perf_counter()
         try:
             prepared = await asyncio.to_thread(prompts.build, chat, images, request_id, arrival)
-        except ValueError as exc:  # e.g. an image placeholder typed into the text
-            raise invalid(f"could not build the prompt: {exc}", "messages") from None
+        except ValueError as exc:
+            raise prompt_error(exc, chat) from None
         t_prompt = time.perf_counter()
         stream = EventStream(delivery)
         try:
@@ -180,6 +180,14 @@ class ChatPipeline:
         assert isinstance(first, AdmittedEvent)
         timings = Timings(arrival, t_read, t_media, t_prompt, time.perf_counter())
         return Admission(request_id, chat, first, stream, timings)
+
+
+def prompt_error(exc: ValueError, chat: ChatRequest) -> APIError:
+    """400 for a prompt that cannot be built: an image the processor refuses (named by its
+    field), else e.g. an image placeholder typed into the text."""
+    if isinstance(exc, UnsupportedImage):
+        return invalid(str(exc), chat.images[exc.index].param, "unsupported_image")
+    return invalid(f"could not build the prompt: {exc}", "messages")
 
 
 def engine_busy(busy: EngineBusy) -> Overloaded:

@@ -20,6 +20,15 @@ from gateway.errors import invalid
 from gateway.media import DecodedImage
 
 
+class UnsupportedImage(ValueError):
+    """An image the model's processor cannot take (e.g. too elongated); `index` is its place
+    among the request's images, so the caller can name the field it came from."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
 def template_messages(chat: ChatRequest) -> list[dict[str, Any]]:
     """OpenAI messages -> the chat template's format (`{"type": "image"}` placeholders)."""
     out: list[dict[str, Any]] = []
@@ -69,9 +78,19 @@ class PromptBuilder:
         # An assistant prefill continues the assistant turn the template just opened.
         text = self.model.render(template_messages(chat)) + chat.prefill
         ids = self.model.tokenize(text)
-        grids = [self.model.image_grid(image.width, image.height) for image in images]
+        grids = [self._grid(index, image) for index, image in enumerate(images)]
         prompt, layouts = self.model.layout_prompt(ids, grids)
         return prompt, layouts, grids
+
+    def _grid(self, index: int, image: DecodedImage) -> tuple[int, int, int]:
+        try:
+            return self.model.image_grid(image.width, image.height)
+        except ValueError as exc:
+            size = f"{image.width}x{image.height} pixels"
+            if "aspect ratio" in str(exc):  # Qwen-VL's processor: at most 200:1
+                reason = f"the image is {size}; this model takes images up to 200:1"
+                raise UnsupportedImage(index, f"{reason}: crop or pad it") from None
+            raise UnsupportedImage(index, f"the image ({size}) cannot be processed") from None
 
     def build(
         self, chat: ChatRequest, images: Sequence[DecodedImage], request_id: str, arrival: float

@@ -213,6 +213,10 @@ CASES: list[Any] = [
         id="prompt-over-max-context",
     ),
     pytest.param(Case(user("\ud800 hi")), id="text-with-lone-surrogate"),
+    pytest.param(
+        Case(image(data_uri(noise_png(3, 1, 3000))), 400, "unsupported_image", IMAGE_PARAM),
+        id="image-over-the-models-aspect-ratio",
+    ),
     # --- numeric and typed fields
     pytest.param(Case(chat(max_tokens=0), param="max_tokens"), id="max_tokens-zero"),
     pytest.param(Case(chat(max_tokens=-5), param="max_tokens"), id="max_tokens-negative"),

@@ -73,6 +73,7 @@ CASES = [
     (MESSAGES, body(_url("file:///etc/passwd")), AUTH, 400, "invalid_request_error"),
     (MESSAGES, body(_url("/etc/passwd")), AUTH, 400, "invalid_request_error"),
     (MESSAGES, body(*[_image(PNG)] * 5), AUTH, 400, "invalid_request_error"),
+    (MESSAGES, body(_image(_b64(noise_png(3, 1, 3000)))), AUTH, 400, "invalid_request_error"),
     (MESSAGES, body({"type": "document", "source": {}}), AUTH, 400, "invalid_request_error"),
     (MESSAGES, body(tools=[{"name": "f"}]), AUTH, 400, "invalid_request_error"),
     (MESSAGES, body(thinking={"type": "enabled"}), AUTH, 400, "invalid_request_error"),

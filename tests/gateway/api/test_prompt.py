@@ -8,7 +8,7 @@ import pytest
 from support import decoded, noise_image, tiny_model
 
 from gateway.api.chat import ChatMessage, ChatRequest, ImagePart, TextPart
-from gateway.api.prompt import PromptBuilder, template_messages
+from gateway.api.prompt import PromptBuilder, UnsupportedImage, template_messages
 from gateway.engine.model import VisionLanguageModel
 from gateway.errors import APIError
 
@@ -103,3 +103,28 @@ def test_context_limits_name_the_field_to_fix(model: VisionLanguageModel) -> Non
     with pytest.raises(APIError) as info:
         builder.build(_chat(message, max_tokens=room + 1), [], "r", 0.0)
     assert info.value.param == "max_tokens" and f"at most {room}" in info.value.message
+
+
+def test_an_image_the_processor_refuses_is_named_by_its_index(
+    model: VisionLanguageModel,
+) -> None:
+    """Invariant: a 1x3000 image is refused in our words with its index (the pipeline turns
+    the index into the image's field path), not as the processor's ValueError."""
+    builder = PromptBuilder(model, lambda ids, spans: [True] * len(spans), 4096, 16)
+    images = [decoded(noise_image(1)), decoded(noise_image(2, 1, 3000))]
+    message = ChatMessage("user", (IMAGE, IMAGE, TextPart("compare")))
+    with pytest.raises(UnsupportedImage) as info:
+        builder.build(_chat(message), images, "r", 0.0)
+    assert info.value.index == 1
+    assert "1x3000" in str(info.value) and "200:1" in str(info.value)
+
+
+def test_an_over_long_prompt_logs_no_tokenizer_warning(
+    model: VisionLanguageModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Invariant: tokenizing past the tokenizer's nominal maximum logs nothing (our own 400
+    is the only word on it)."""
+    with caplog.at_level("WARNING"):
+        ids = model.tokenize("word " * 40_000)
+    assert len(ids) > 32_768
+    assert not [r for r in caplog.records if "sequence length" in r.getMessage()]
