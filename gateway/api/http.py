@@ -18,6 +18,7 @@ import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from gateway.api.body_budget import BodyBudget
 from gateway.errors import APIError, invalid, too_large
 
 log = logging.getLogger(__name__)
@@ -51,23 +52,39 @@ def authorize(request: Request, key: str | None) -> None:
     )
 
 
-async def read_json(request: Request, limit: int) -> Any:
+async def read_json(request: Request, limit: int, budget: BodyBudget | None = None) -> Any:
     """The request body as JSON: 413 when it is over `limit` bytes (from Content-Length before
-    reading, else while reading), 400 when it is not JSON, 499 when the client leaves."""
+    reading, else while reading), 429 when `budget` cannot hold it, 400 when it is not JSON,
+    499 when the client leaves. The budget is held only while the body is read and parsed."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    announced = int(declared) if declared is not None and declared.isdigit() else None
+    if announced is not None and announced > limit:
         raise too_large(f"the request body is over {limit} bytes (--max-body-bytes)")
-    chunks: list[bytes] = []
-    size = 0
+    held = 0
+
+    def hold(size: int) -> None:
+        nonlocal held
+        if budget is not None and size > held:
+            budget.reserve(size - held)
+            held = size
+
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise too_large(f"the request body is over {limit} bytes (--max-body-bytes)")
-            chunks.append(chunk)
-    except ClientDisconnect:
-        raise APIError(499, "the client closed the connection", code="client_closed") from None
-    return parse_json(b"".join(chunks))
+        hold(announced or 0)
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large(f"the request body is over {limit} bytes (--max-body-bytes)")
+                hold(size)  # a chunked body (or one longer than announced) reserves as it comes
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise APIError(499, "the client closed the connection", code="client_closed") from None
+        return parse_json(b"".join(chunks))
+    finally:
+        if budget is not None and held:
+            budget.release(held)
 
 
 def parse_json(raw: bytes) -> Any:

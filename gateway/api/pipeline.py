@@ -18,11 +18,12 @@ from typing import Any
 
 from starlette.requests import Request
 
+from gateway.api.body_budget import BodyBudget
 from gateway.api.chat import ChatRequest
 from gateway.api.http import authorize, read_json, unless_disconnected
 from gateway.api.prompt import PromptBuilder, UnsupportedImage
 from gateway.api.streams import EventStream, LoopDelivery
-from gateway.config import ServerConfig
+from gateway.config import MIB, ServerConfig
 from gateway.engine.core import Engine
 from gateway.engine.process import EngineUnavailable, RemoteEngine
 from gateway.engine.request import AdmittedEvent, EngineBusy, ErrorEvent, ErrorKind
@@ -106,6 +107,7 @@ class ChatPipeline:
         self.prompts: PromptBuilder | None = None
         self._delivery: LoopDelivery | None = None
         self.draining = False
+        self._bodies = BodyBudget(int(server.max_inflight_body_mb * MIB), metrics)
 
     def open(self, prompts: PromptBuilder, delivery: LoopDelivery) -> None:
         self.prompts = prompts
@@ -129,7 +131,7 @@ class ChatPipeline:
         prompts, delivery = self.prompts, self._delivery
         if self.draining or prompts is None or delivery is None:
             raise APIError(503, "the server is shutting down", "server_error", code="unavailable")
-        body = await read_json(request, self._server.max_body_bytes)
+        body = await read_json(request, self._server.max_body_bytes, self._bodies)
         t_read = time.perf_counter()
         chat = parse(body)
         if chat.model != self.served_model_name:
