@@ -68,6 +68,8 @@ class Gateway:
         )
         self.notice = notice
         self.created = int(time.time())
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._shutdown_begun = False
 
     # ----- lifecycle --------------------------------------------------------------------------
 
@@ -77,7 +79,8 @@ class Gateway:
         # when a step is done; with CPython's default 5 ms switch interval a busy event loop
         # (SSE chunks of many streams) could hold it for half a decode step.
         sys.setswitchinterval(0.0005)
-        delivery = LoopDelivery(asyncio.get_running_loop())
+        self._loop = asyncio.get_running_loop()
+        delivery = LoopDelivery(self._loop)
         await asyncio.to_thread(self.engine.start)
         try:
             assert self.engine.model is not None
@@ -124,6 +127,34 @@ class Gateway:
                 if response.status_code != 200:
                     log.warning("HTTP warm-up got %d: %s", response.status_code, response.text)
         self.engine.reset_caches()
+
+    def begin_shutdown(self) -> None:
+        """SIGTERM/SIGINT arrived (called from the signal handler; thread-safe). New requests
+        get 503 from now on; shortly before --shutdown-grace ends, requests still running end
+        with an error event of their API (instead of uvicorn cutting their connection)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        if self._shutdown_begun:  # a second signal: uvicorn exits at once, end streams now
+            self._interrupt()
+            return
+        self._shutdown_begun = True
+        self.pipeline.close()
+        grace = self.server.shutdown_grace_s
+        assert self._loop is not None
+        # Leave the streams time to deliver the error event and close before uvicorn's own
+        # deadline cancels their tasks.
+        self._loop.call_later(max(0.0, grace - min(1.0, grace / 2)), self._interrupt)
+
+    def _interrupt(self) -> None:
+        grace = self.server.shutdown_grace_s
+        count = self.pipeline.interrupt_all(
+            f"the server is shutting down and its --shutdown-grace of {grace:g} s is over; "
+            "the answer is incomplete"
+        )
+        if count:
+            log.warning("shutdown: ended %d running request(s) with an error event", count)
 
     # ----- helpers ----------------------------------------------------------------------------
 

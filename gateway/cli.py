@@ -8,7 +8,7 @@ import importlib.metadata
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -331,7 +331,7 @@ def serve(args: argparse.Namespace) -> None:
         notice = EMBEDDED_NOTICE
         logging.warning(EMBEDDED_NOTICE)
     app = create_app(server, engine, media, notice=notice)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=server.host,
         port=server.port,
@@ -339,6 +339,21 @@ def serve(args: argparse.Namespace) -> None:
         # 0 must mean 'no grace', not uvicorn's None ('wait forever')
         timeout_graceful_shutdown=max(server.shutdown_grace_s, 0.001),
     )
+    _uvicorn_server(config, app.state.gateway.begin_shutdown).run()
+
+
+def _uvicorn_server(config: Any, on_exit: Callable[[], None]) -> Any:
+    """uvicorn's server, telling the app when a shutdown signal arrives (uvicorn itself only
+    stops accepting connections and waits) so that running streams can end with an error
+    event before the grace period runs out."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            on_exit()
+            super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

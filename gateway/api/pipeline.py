@@ -10,8 +10,10 @@ caller passes its parser, and failures are `APIError`s the caller renders.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -107,6 +109,8 @@ class ChatPipeline:
         self.prompts: PromptBuilder | None = None
         self._delivery: LoopDelivery | None = None
         self.draining = False
+        # Admitted requests whose events may still be read, for `interrupt_all` at shutdown.
+        self._live: weakref.WeakValueDictionary[str, EventStream] = weakref.WeakValueDictionary()
         self._bodies = BodyBudget(int(server.max_inflight_body_mb * MIB), metrics)
 
     def open(self, prompts: PromptBuilder, delivery: LoopDelivery) -> None:
@@ -122,6 +126,18 @@ class ChatPipeline:
 
     def cancel(self, request_id: str) -> None:
         self.engine.cancel(request_id)
+
+    def interrupt_all(self, message: str) -> int:
+        """End every admitted request's event stream with a shutting-down error (each API
+        renders it: an SSE error event, or a 503) and cancel it in the engine; returns how
+        many streams were still open. Event loop only."""
+        live = list(self._live.items())
+        self._live.clear()
+        for request_id, stream in live:
+            stream.interrupt(ErrorEvent(ErrorKind.SHUTTING_DOWN, message))
+            with contextlib.suppress(EngineUnavailable):
+                self.engine.cancel(request_id)
+        return len(live)
 
     async def _prepare(
         self, request: Request, parse: Callable[[Any], ChatRequest]
@@ -181,6 +197,7 @@ class ChatPipeline:
             raise engine_error(first)
         assert isinstance(first, AdmittedEvent)
         timings = Timings(arrival, t_read, t_media, t_prompt, time.perf_counter())
+        self._live[request_id] = stream
         return Admission(request_id, chat, first, stream, timings)
 
 
