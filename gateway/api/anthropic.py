@@ -147,6 +147,7 @@ def _content(raw: Any, where: str, role: str) -> tuple[Part, ...]:
     for j, block in enumerate(raw):
         at = f"{where}[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
+        kind = kind if isinstance(kind, str) else None  # e.g. a list: unhashable, and wrong
         if kind == "text":
             parts.append(TextPart(_block_text(block, at)))
         elif kind == "image":

@@ -113,6 +113,8 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
         (_with(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
         (_user({"type": "text"}), "messages[0].content[0].text"),
         (_user({"type": "audio"}), "messages[0].content[0].type"),
+        (_user({"type": []}), "messages[0].content[0].type"),
+        (_user({"type": {"a": 1}}), "messages[0].content[0].type"),
         (_user({"type": "document", "source": {}}), "messages[0].content[0].type"),
         (_user({"type": "tool_result", "tool_use_id": "x"}), "messages[0].content[0].type"),
         (_user({"type": "image", "source": {"type": "file", "file_id": "f"}}),
