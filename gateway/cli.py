@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.metadata
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
-from gateway.config import MIB, CacheConfig, ConfigError, EngineConfig, MediaConfig, ServerConfig
+from gateway.config import CacheConfig, ConfigError, EngineConfig, MediaConfig, ServerConfig
 
 EMBEDDED_NOTICE = (
     "This is the embedded tiny random-weight test model: its answers are noise. "
@@ -17,41 +20,106 @@ EMBEDDED_NOTICE = (
 )
 
 
+def _d(config: type, name: str) -> Any:
+    """The default of a config dataclass field: the one source of defaults for the flags."""
+    for f in dataclasses.fields(config):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            return f.default_factory()  # type: ignore[misc]
+    raise KeyError(f"{config.__name__} has no field {name}")
+
+
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Appends "(default: X)" where there is a default to show and the help does not already
+    say it (argparse's own formatter also prints "(default: None)" and repeats defaults that
+    the help text spells out)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, [], argparse.SUPPRESS):
+            return text
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return f"{text} (default: %(default)s)"
+        return text
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("vision-gateway")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree, not installed
+        return "unknown"
+
+
 def _serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
-        help="run the OpenAI-compatible server",
-        description="Serve a Qwen2/2.5/3-VL model with an OpenAI-compatible API.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        help="run the server (OpenAI and Anthropic APIs)",
+        description="Serve a Qwen2/2.5/3-VL model with the OpenAI Chat Completions and the "
+        "Anthropic Messages APIs.",
+        formatter_class=_DefaultsFormatter,
     )
     a = p.add_argument
     a("--model", help="local model dir or hub id (default: the embedded tiny offline model)")
     a("--served-model-name", help="model name clients send (default: derived from --model)")
-    a("--host", default="127.0.0.1", help="bind address")
-    a("--port", type=int, default=8000, help="TCP port")
+    a("--host", default=_d(ServerConfig, "host"), help="bind address")
+    a("--port", type=int, default=_d(ServerConfig, "port"), help="TCP port")
     a(
         "--api-key",
         default=None,
-        help="require `Authorization: Bearer KEY` (env VISION_GATEWAY_API_KEY)",
+        help="require the key as `Authorization: Bearer KEY` or `x-api-key: KEY` "
+        "(env VISION_GATEWAY_API_KEY)",
     )
     a(
         "--metrics-api-key",
         default=None,
         help="separate key for /metrics (env VISION_GATEWAY_METRICS_API_KEY; default: --api-key)",
     )
-    a("--max-batch", type=int, default=16, help="rows decoding at once")
-    a("--max-waiting", type=int, default=64, help="queued requests before 429")
-    a("--prefill-chunk", type=int, default=512, help="tokens per prefill chunk between decodes")
-    a("--default-max-tokens", type=int, default=512, help="when a request sets none")
-    a("--max-context", type=int, default=32768, help="prompt + completion tokens")
+    a("--max-batch", type=int, default=_d(EngineConfig, "max_batch"), help="rows decoding at once")
+    a(
+        "--max-waiting",
+        type=int,
+        default=_d(EngineConfig, "max_waiting"),
+        help="requests queued beyond the running rows; more are refused "
+        "(429, or 529 on /v1/messages)",
+    )
+    a(
+        "--prefill-chunk",
+        type=int,
+        default=_d(EngineConfig, "prefill_chunk_tokens"),
+        help="tokens per prefill chunk between decodes",
+    )
+    a(
+        "--default-max-tokens",
+        type=int,
+        default=_d(EngineConfig, "default_max_tokens"),
+        help="when a request sets none",
+    )
+    a(
+        "--max-context",
+        type=int,
+        default=_d(EngineConfig, "max_context_tokens"),
+        help="prompt + completion tokens",
+    )
     a(
         "--mlx-cache-limit-mb",
         type=float,
-        default=None,
+        default=_d(EngineConfig, "mlx_cache_limit_mb"),
         help="cap MLX's pool of freed buffers (MiB); default: MLX's own limit",
     )
-    a("--vision-cache-mb", type=float, default=512, help="vision-feature cache budget, MiB")
-    a("--kv-cache-mb", type=float, default=2048, help="KV prefix cache budget, MiB")
+    a(
+        "--vision-cache-mb",
+        type=float,
+        default=_d(CacheConfig, "vision_cache_mb"),
+        help="vision-feature cache budget, MiB",
+    )
+    a(
+        "--kv-cache-mb",
+        type=float,
+        default=_d(CacheConfig, "kv_cache_mb"),
+        help="KV prefix cache budget, MiB",
+    )
     a(
         "--cudnn-attention",
         action="store_true",
@@ -72,21 +140,22 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         action="append",
         metavar="PX",
-        help="square image size to warm up at start-up (repeatable; default: 448 and 1024)",
+        help="square image size to warm up at start-up (repeatable; default: "
+        f"{' and '.join(map(str, _d(EngineConfig, 'warmup_image_sizes')))})",
     )
     a("--no-vision-cache", action="store_true", help="disable the vision-feature cache")
     a("--no-prefix-cache", action="store_true", help="disable the KV prefix cache")
     a(
         "--exact-cache",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=_d(CacheConfig, "exact_reuse"),
         help="compute and reuse KV in fixed blocks so a cache hit is bit-identical to no "
         "cache on every backend (docs/caching.md); --no-exact-cache reuses any prefix",
     )
     a(
         "--kv-block-tokens",
         type=int,
-        default=0,
+        default=_d(CacheConfig, "kv_block_tokens"),
         help="block size (tokens) of --exact-cache: prefill forwards and KV reuse granularity; "
         "0: 256 on a GPU, 32 on CPU",
     )
@@ -109,14 +178,60 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         metavar="HOST",
         help="only fetch image URLs from these hosts (repeatable)",
     )
-    a("--max-image-bytes", type=int, default=20 * MIB, help="per image, bytes")
-    a("--max-image-pixels", type=int, default=40_000_000, help="per image, from the header")
-    a("--max-request-pixels", type=int, default=160_000_000, help="all images of one request")
-    a("--max-images-per-request", type=int, default=16)
-    a("--max-redirects", type=int, default=3, help="redirects followed per image URL")
-    a("--max-body-bytes", type=int, default=64 * MIB, help="request body cap, bytes")
-    a("--shutdown-grace", type=float, default=30.0, help="seconds to finish running requests")
-    a("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    a(
+        "--max-image-bytes",
+        type=int,
+        default=_d(MediaConfig, "max_image_bytes"),
+        help="per image, bytes",
+    )
+    a(
+        "--max-image-pixels",
+        type=int,
+        default=_d(MediaConfig, "max_image_pixels"),
+        help="per image, checked from the header before decoding",
+    )
+    a(
+        "--max-request-pixels",
+        type=int,
+        default=_d(MediaConfig, "max_request_pixels"),
+        help="all images of one request together",
+    )
+    a(
+        "--max-images-per-request",
+        type=int,
+        default=_d(MediaConfig, "max_images_per_request"),
+        help="images in one request (more: 400)",
+    )
+    a(
+        "--max-redirects",
+        type=int,
+        default=_d(MediaConfig, "max_redirects"),
+        help="redirects followed per image URL",
+    )
+    a(
+        "--max-body-bytes",
+        type=int,
+        default=_d(ServerConfig, "max_body_bytes"),
+        help="request body cap, bytes (413 over it, checked before the body is read whole)",
+    )
+    a(
+        "--max-inflight-body-mb",
+        type=float,
+        default=_d(ServerConfig, "max_inflight_body_mb"),
+        help="request bodies being read at once, all requests together, MiB (over it: 429)",
+    )
+    a(
+        "--shutdown-grace",
+        type=float,
+        default=_d(ServerConfig, "shutdown_grace_s"),
+        help="seconds to finish running requests",
+    )
+    a(
+        "--log-level",
+        default=_d(ServerConfig, "log_level"),
+        choices=["debug", "info", "warning", "error"],
+        help="log level of the server and the engine process",
+    )
 
 
 def _make_model_parser(sub: argparse._SubParsersAction) -> None:
@@ -124,12 +239,17 @@ def _make_model_parser(sub: argparse._SubParsersAction) -> None:
         "make-model",
         help="build a random-weight Qwen-VL checkpoint offline",
         description="Build a deterministic random-weight checkpoint that mlx_vlm.load accepts.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsFormatter,
     )
-    p.add_argument("out", type=Path)
-    p.add_argument("--arch", default="qwen2_vl", choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
-    p.add_argument("--size", default="tiny", choices=["tiny", "7b"])
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("out", type=Path, help="directory to write the checkpoint to")
+    p.add_argument(
+        "--arch",
+        default="qwen2_vl",
+        choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"],
+        help="architecture",
+    )
+    p.add_argument("--size", default="tiny", choices=["tiny", "7b"], help="shapes")
+    p.add_argument("--seed", type=int, default=0, help="weights seed")
     p.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "float16"],
@@ -142,15 +262,18 @@ def _make_model_parser(sub: argparse._SubParsersAction) -> None:
         help="quantize the language model to this many bits with mlx-vlm's converter "
         "(as the mlx-community checkpoints are)",
     )
-    p.add_argument("--q-group-size", type=int, default=64, choices=[32, 64, 128])
+    p.add_argument(
+        "--q-group-size", type=int, default=64, choices=[32, 64, 128], help="quantization groups"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vision-gateway",
-        description="OpenAI-compatible gateway for vision-language models on MLX, with "
-        "content-addressed vision-feature and KV caches.",
+        description="OpenAI- and Anthropic-compatible gateway for vision-language models on "
+        "MLX, with content-addressed vision-feature and KV caches.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
     _make_model_parser(sub)
@@ -169,6 +292,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         api_key=args.api_key or os.environ.get("VISION_GATEWAY_API_KEY"),
         metrics_api_key=args.metrics_api_key or os.environ.get("VISION_GATEWAY_METRICS_API_KEY"),
         max_body_bytes=args.max_body_bytes,
+        max_inflight_body_mb=args.max_inflight_body_mb,
         shutdown_grace_s=args.shutdown_grace,
         log_level=args.log_level,
         engine_process=not args.in_process_engine,
@@ -195,7 +319,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         cache=cache,
         cudnn_attention=args.cudnn_attention,
         warmup=not args.no_warmup,
-        warmup_image_sizes=tuple(args.warmup_image_size or (448, 1024)),
+        warmup_image_sizes=tuple(args.warmup_image_size or _d(EngineConfig, "warmup_image_sizes")),
     )
     media = MediaConfig(
         allowed_media_dirs=tuple(Path(d) for d in args.allowed_media_dir),
@@ -238,7 +362,7 @@ def serve(args: argparse.Namespace) -> None:
         notice = EMBEDDED_NOTICE
         logging.warning(EMBEDDED_NOTICE)
     app = create_app(server, engine, media, notice=notice)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=server.host,
         port=server.port,
@@ -246,6 +370,21 @@ def serve(args: argparse.Namespace) -> None:
         # 0 must mean 'no grace', not uvicorn's None ('wait forever')
         timeout_graceful_shutdown=max(server.shutdown_grace_s, 0.001),
     )
+    _uvicorn_server(config, app.state.gateway.begin_shutdown).run()
+
+
+def _uvicorn_server(config: Any, on_exit: Callable[[], None]) -> Any:
+    """uvicorn's server, telling the app when a shutdown signal arrives (uvicorn itself only
+    stops accepting connections and waits) so that running streams can end with an error
+    event before the grace period runs out."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            on_exit()
+            super().handle_exit(sig, frame)
+
+    return Server(config)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -142,7 +142,11 @@ class ServerConfig:
     port: int = 8000
     api_key: str | None = None
     metrics_api_key: str | None = None  # None: /metrics uses api_key
-    max_body_bytes: int = 64 * MIB
+    # The OpenAI API's own payload limit (50 MB): larger bodies are refused before being read.
+    max_body_bytes: int = 50_000_000
+    # Bodies being read at once, all requests together: many large uploads together get a 429
+    # (Retry-After) instead of exhausting memory.
+    max_inflight_body_mb: float = 256
     shutdown_grace_s: float = 30.0
     log_level: str = "info"
     engine_process: bool = True  # run the engine in its own process (its own GIL)
@@ -150,4 +154,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, "--port must be in 0..65535")
         _require(self.max_body_bytes > 0, "--max-body-bytes must be > 0")
+        _require(
+            self.max_inflight_body_mb * MIB >= self.max_body_bytes,
+            "--max-inflight-body-mb must hold at least one body of --max-body-bytes",
+        )
         _require(self.shutdown_grace_s >= 0, "--shutdown-grace must be >= 0")

@@ -1,18 +1,20 @@
-"""Errors that become OpenAI error objects.
+"""Request-level errors, independent of the wire format.
 
 Anything the client can fix raises `APIError` with a 4xx status and a message that says what
-to change. The HTTP layer turns it into `{"error": {"message", "type", "param", "code"}}`.
+to change. Each API renders it in its own shape: OpenAI's `{"error": {"message", "type",
+"param", "code"}}` (gateway.api.openai_responses) or Anthropic's `{"type": "error", "error":
+{"type", "message"}}` (gateway.api.anthropic_responses).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass
 class APIError(Exception):
-    """A request-level failure with an OpenAI-shaped body.
+    """A request-level failure: an HTTP status, a message for the client, and OpenAI-style
+    classification that other wire formats map to their own.
 
     `type` follows OpenAI's vocabulary: invalid_request_error, authentication_error,
     not_found_error, rate_limit_error, server_error. `param` names the offending field
@@ -28,16 +30,6 @@ class APIError(Exception):
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
 
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:

@@ -13,8 +13,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+# No `*_created` series (a creation timestamp per counter and histogram): noise for most
+# scrapers, and they double the size of /metrics.
+disable_created_metrics()
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -58,9 +69,11 @@ class Metrics:
             buckets=_FAST_BUCKETS,
             registry=r,
         )
+        # Observed once per engine step that runs the tower: one block of an encode group
+        # while rows decode, the whole tower for the group when none does (several images).
         self.vision_encode_seconds = Histogram(
-            p + "vision_encode_seconds",
-            "Vision tower time per image",
+            p + "vision_encode_step_seconds",
+            "Vision tower time per engine step that runs it (a block or a whole encode group)",
             buckets=_FAST_BUCKETS,
             registry=r,
         )
@@ -79,7 +92,7 @@ class Metrics:
 
 
 class EdgeMetrics:
-    """What the HTTP edge measures itself: image decoding and hashing."""
+    """What the HTTP edge measures itself: image decoding and hashing, request bodies."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -90,6 +103,16 @@ class EdgeMetrics:
         )
         self.image_hash_seconds = Histogram(
             p + "image_hash_seconds", "Pixel hash time", buckets=_FAST_BUCKETS, registry=r
+        )
+        self.body_bytes_reading = Gauge(
+            p + "request_body_bytes_reading",
+            "Bytes reserved for request bodies being read now (--max-inflight-body-mb)",
+            registry=r,
+        )
+        self.body_budget_refusals = Counter(
+            p + "request_body_budget_refusals",
+            "Requests refused with 429 because bodies being read filled --max-inflight-body-mb",
+            registry=r,
         )
 
     def render(self) -> bytes:

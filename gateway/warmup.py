@@ -25,11 +25,11 @@ import numpy as np
 from PIL import Image
 
 from caches.hashing import pixel_hash
+from gateway.api.openai import parse_chat_request
+from gateway.api.prompt import PromptBuilder
 from gateway.engine.core import Engine
 from gateway.engine.request import ErrorEvent, Event, FinishEvent
 from gateway.media import DecodedImage
-from gateway.openai_api import parse_chat_request
-from gateway.prompt import PromptBuilder
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from caches.entries import MAX_LIMIT, check_query, entries_report
+from gateway.api.http import authorize
 from gateway.dashboard import LiveStats, Sample, parse_engine_metrics
 from gateway.errors import invalid
 
@@ -47,8 +48,6 @@ class _Gateway(Protocol):
     engine: Any
     engine_config: Any
 
-    def _authorize(self, request: Request, key: str | None) -> None: ...
-
     async def _engine_call(self, method: Any) -> Any: ...
 
 
@@ -69,7 +68,7 @@ class Web:
     async def cache_entries(self, request: Request) -> Response:
         """`?limit=N` (1..100, default 10) and `?kind=vision|prefix` (default both)."""
         g = self.gateway
-        g._authorize(request, g.server.api_key)
+        authorize(request, g.server.api_key)
         raw = request.query_params.get("limit", "10")
         kind = request.query_params.get("kind") or None
         limit = int(raw) if raw.isdigit() else 0
@@ -84,7 +83,7 @@ class Web:
         """The dashboard's numbers: samples the engine at most once per ~second, then reports
         over the history (see `gateway.dashboard.LiveStats`)."""
         g = self.gateway
-        g._authorize(request, g.server.api_key)
+        authorize(request, g.server.api_key)
         if self._sampling is None:
             self._sampling = asyncio.Lock()
         async with self._sampling:  # concurrent viewers share one sample

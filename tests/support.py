@@ -167,10 +167,10 @@ class EngineHarness:
     def __init__(
         self, arch: str = "qwen2_vl", weights: str = "float32", **engine_kwargs: object
     ) -> None:
+        from gateway.api.prompt import PromptBuilder
         from gateway.config import CacheConfig, EngineConfig
         from gateway.engine.core import Engine
         from gateway.metrics import Metrics
-        from gateway.prompt import PromptBuilder
 
         caches = engine_kwargs.pop("cache", CacheConfig())
         config = EngineConfig(
@@ -186,10 +186,13 @@ class EngineHarness:
         self._ids = 0
 
     def submit(self, body: dict, images: list[Image.Image] | tuple = ()) -> Run:
-        from gateway.openai_api import parse_chat_request
+        from gateway.api.openai import parse_chat_request
 
+        return self.submit_chat(parse_chat_request(body), images)
+
+    def submit_chat(self, chat: object, images: list[Image.Image] | tuple = ()) -> Run:
+        """Submit a parsed `ChatRequest` (from any wire format)."""
         self._ids += 1
-        chat = parse_chat_request(body)
         request = self.prompts.build(
             chat, [decoded(i) for i in images], f"req-{self._ids}", time.perf_counter()
         )

@@ -11,7 +11,7 @@ export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-STEPS=${STEPS:-"hotpath tower engine"}
+STEPS=${STEPS:-"hotpath tower engine exact"}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 if [ ! -f /tmp/m7b/config.json ]; then
   python3 -m gateway make-model /tmp/m7b --arch qwen2_5_vl --size 7b >"$OUT/make-model.log" 2>&1 \
@@ -39,6 +39,17 @@ for step in $STEPS; do
     decode_ab)
       timeout 300 python3 -m gateway.bench.decode_ab --model /tmp/m7b --streams 1 16 32 \
         --variant=default --variant=--in-process-engine 2>&1 | tee "$OUT/decode_ab.log" ;;
+    exact)  # issue 14: what exact reuse costs in the engine (default: on, 256-row blocks on a
+      # GPU; against off and 32-row blocks), then cached == uncached through the server
+      for flags in --no-exact-cache --kv-block-tokens=32; do
+        timeout 80 python3 -m gateway bench engine --model /tmp/m7b --image-size 1024 --batch 1 \
+          --reps 3 --server-arg=$flags --out "$OUT/engine${flags//[-=]/_}.json" 2>&1 | tail -10
+      done 2>&1 | tee "$OUT/exact.log"
+      for flags in --exact-cache --no-exact-cache; do
+        timeout 120 python3 -m gateway bench repeat-image --model /tmp/m7b --images 2 --image-size 1024 \
+          --configs none,both --server-arg=--no-warmup --server-arg=$flags \
+          --out "$OUT/repeat${flags//-/_}.json" 2>&1 | tail -25
+      done 2>&1 | tee -a "$OUT/exact.log" ;;
     engine)
       timeout "${ENGINE_S:-150}" python3 -m gateway bench engine --raw --model /tmp/m7b --image-size 1024 \
         --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" ;;

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from caches.hashing import pixel_hash
+from gateway.api.openai import parse_chat_request
+from gateway.api.prompt import PromptBuilder
 from gateway.bench.hotpath_report import Row
 from gateway.bench.raw_measure import RawSettings, steady_window, token_ids
 from gateway.config import CacheConfig, EngineConfig
@@ -33,8 +35,6 @@ from gateway.engine.request import (
 )
 from gateway.media import DecodedImage
 from gateway.metrics import Metrics
-from gateway.openai_api import parse_chat_request
-from gateway.prompt import PromptBuilder
 
 
 @dataclass

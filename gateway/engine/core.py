@@ -530,7 +530,7 @@ class Engine:
             job.vision_hits,
             job.vision_misses,
         )
-        job.sink(FinishEvent(reason, usage, tail))
+        job.sink(FinishEvent(reason, usage, tail, job.output.stopped_by))
         self.metrics.requests.labels("ok").inc()
         self.metrics.prompt_tokens.inc(job.prompt_len)
         self.metrics.latency.observe(job.elapsed())

@@ -103,7 +103,9 @@ class VisionLanguageModel:
 
     def tokenize(self, text: str) -> list[int]:
         with self._tokenizer_lock:
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
+            # verbose=False: no "Token indices sequence length is longer than ..." warning; the
+            # prompt builder refuses over-long prompts itself, against --max-context.
+            return list(self.tokenizer.encode(text, add_special_tokens=False, verbose=False))
 
     def decode(self, ids: Sequence[int]) -> str:
         with self._tokenizer_lock:

@@ -68,6 +68,7 @@ class OutputState:
         self._pending = ""  # decoded but not yet emitted (possible stop-string prefix)
         self.completion_tokens = 0
         self.stopped = False
+        self.stopped_by: str | None = None  # the stop string that ended the completion
 
     def push(self, token: int) -> str:
         self.completion_tokens += 1
@@ -86,7 +87,7 @@ class OutputState:
         for stop in self._params.stop:
             at = self._pending.find(stop)
             if at >= 0:
-                self.stopped = True
+                self.stopped, self.stopped_by = True, stop
                 out, self._pending = self._pending[:at], ""
                 return out
         keep = 0 if final else self._partial_stop_len(self._pending)

@@ -101,6 +101,7 @@ class FinishEvent:
     finish_reason: str  # "stop" | "length" | "cancelled"
     usage: Usage
     text: str = ""  # any text flushed at the end
+    stop_sequence: str | None = None  # the stop string that ended it (None: EOS or other)
 
 
 class ErrorKind(enum.Enum):

@@ -213,6 +213,10 @@ CASES: list[Any] = [
         id="prompt-over-max-context",
     ),
     pytest.param(Case(user("\ud800 hi")), id="text-with-lone-surrogate"),
+    pytest.param(
+        Case(image(data_uri(noise_png(3, 1, 3000))), 400, "unsupported_image", IMAGE_PARAM),
+        id="image-over-the-models-aspect-ratio",
+    ),
     # --- numeric and typed fields
     pytest.param(Case(chat(max_tokens=0), param="max_tokens"), id="max_tokens-zero"),
     pytest.param(Case(chat(max_tokens=-5), param="max_tokens"), id="max_tokens-negative"),
@@ -706,7 +710,7 @@ def test_body_that_never_ends_does_not_block_other_requests(
     /health and a completion are answered meanwhile."""
     stalled = _raw(hostile.port, _head(1_000_000), b'{"model"')
     try:
-        time.sleep(0.2)
+        assert _wait_for(lambda: _body_bytes(hostile) == 1_000_000, 30)  # it is being read
         started = time.monotonic()
         assert httpx.get(hostile.base_url + "/health", timeout=10).status_code == 200
         r = client.post(CHAT, json=chat(), headers=AUTH, timeout=30)
@@ -722,18 +726,22 @@ def test_client_leaving_mid_body_is_not_logged_as_a_server_error(
     """Invariant: a client hanging up during its upload is not an internal server error."""
     offset = hostile.log_path.stat().st_size
     sock = _raw(hostile.port, _head(1_000_000), b'{"model"')
-    time.sleep(0.3)
+    assert _wait_for(lambda: _body_bytes(hostile) == 1_000_000, 30)  # the upload is being read
     sock.close()
-    deadline = time.monotonic() + 2.0
-    new = ""
-    while time.monotonic() < deadline:
-        with open(hostile.log_path, "rb") as f:
-            f.seek(offset)
-            new = f.read().decode(errors="replace")
-        if "ClientDisconnect" in new:
-            break
-        time.sleep(0.1)
+    # The server gives the body budget back only once it has handled the disconnect, so the
+    # log below is read after the handling (not merely before it happened).
+    assert _wait_for(lambda: _body_bytes(hostile) == 0, 30), "the disconnect was not handled"
+    with open(hostile.log_path, "rb") as f:
+        f.seek(offset)
+        new = f.read().decode(errors="replace")
     assert "ClientDisconnect" not in new and "unhandled error" not in new, new[-2000:]
+    assert "Traceback" not in new, new[-2000:]
+
+
+def _body_bytes(server: ServerProcess) -> float:
+    """Bytes of request bodies the server is reading now (its body-budget gauge)."""
+    metrics = server.metrics({"Authorization": f"Bearer {METRICS_KEY}"})
+    return metrics["vision_gateway_request_body_bytes_reading"]
 
 
 # ----- auth on the side endpoints -----------------------------------------------------------
@@ -912,6 +920,7 @@ class StalledFetch:
     url: str
     thread: threading.Thread
     result: dict[str, Any]
+    listener: socket.socket  # accept() returns once the server has connected to the URL
 
 
 @pytest.fixture(scope="module")
@@ -936,7 +945,7 @@ def stalled_fetch(open_server: ServerProcess) -> Iterator[StalledFetch]:
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    yield StalledFetch(url, thread, result)
+    yield StalledFetch(url, thread, result, listener)
     thread.join(60)
     listener.close()
 
@@ -959,7 +968,8 @@ def test_hanging_image_url_does_not_block_other_requests(
 ) -> None:
     """Invariant: while one request waits on an image URL that never answers, /health and
     other completions are served."""
-    time.sleep(0.5)
+    stalled_fetch.listener.settimeout(30)
+    connection, _ = stalled_fetch.listener.accept()  # the fetch is under way (and never answered)
     assert stalled_fetch.thread.is_alive(), stalled_fetch.result
     started = time.monotonic()
     assert _health(open_server)["status"] == "ok"
@@ -967,6 +977,7 @@ def test_hanging_image_url_does_not_block_other_requests(
     assert r.status_code == 200, r.text
     assert time.monotonic() - started < 10
     assert stalled_fetch.thread.is_alive(), "the hanging fetch ended too early"
+    stalled_fetch.result["connection"] = connection  # kept open (unanswered) until the fixture ends
 
 
 def _stream_socket(port: int, max_tokens: int) -> socket.socket:

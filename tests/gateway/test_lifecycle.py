@@ -7,11 +7,10 @@ Pinned invariants:
   complete' in the log, as LocalServer.stop checks);
 - a request that outlives the grace period does not keep the process alive: it exits soon
   after the grace period, cleanly, and the client's connection is closed;
-- --shutdown-grace 0 means "do not wait" (currently a bug: it means "wait forever").
-
-Observed and not pinned as desired behaviour: when the grace period expires, uvicorn cancels
-the request task, so the client's SSE stream is cut mid-body (no error event, no [DONE], no
-terminating chunk).
+- a stream still running when the grace period ends gets an SSE error event (503
+  "unavailable", saying the answer is incomplete) and [DONE] before its connection closes, and
+  the log says so in one line, without a traceback;
+- --shutdown-grace 0 means "do not wait".
 """
 
 from __future__ import annotations
@@ -166,12 +165,20 @@ def test_grace_expiry_bounds_shutdown_time() -> None:
         assert _exited_within(server.proc, 15), server.log()
         assert time.monotonic() - sent < 1 + 8
         assert stream.ended.wait(5), "the client's connection was left open"
-        assert stream.done_at is None  # cut short: 20000 tokens cannot have been generated
+        # Cut short (20000 tokens cannot have been generated), but with an error event:
+        events = [e for e in bytes(stream.data).split(b"\n\n") if b"data: " in e]
+        assert events[-1].endswith(b"data: [DONE]"), events[-2:]
+        error = json.loads(events[-2].split(b"data: ", 1)[1])["error"]
+        assert error["code"] == "unavailable" and "incomplete" in error["message"], error
+        assert b'"finish_reason":"length"' not in bytes(stream.data)
     finally:
         if stream is not None:
             stream.close()
         clean = server.stop()
     assert clean, server.log()
+    log = server.log(200_000)
+    assert "Traceback" not in log, log[-3000:]
+    assert log.count("shutdown: ended 1 running request(s) with an error event") == 1, log[-3000:]
 
 
 def test_zero_grace_does_not_wait_for_running_requests() -> None:

@@ -67,6 +67,9 @@ def test_one_changed_pixel_shares_no_image_kv(pair) -> None:  # noqa: ANN001
     ).index(cached.engine.model.image_token_id)
     assert a.finish.usage.vision_misses == 1 and b.finish.usage.vision_misses == 1
     assert b.finish.usage.cached_tokens <= image_start
+    # Control: the unchanged image does hit, so the check above is not met by an empty cache.
+    c = cached.run(chat_body("Same question", images=1), [first])
+    assert c.finish.usage.cached_tokens == c.finish.usage.prompt_tokens - 1
 
 
 def test_swapped_images_share_no_image_kv(pair) -> None:  # noqa: ANN001
@@ -77,6 +80,9 @@ def test_swapped_images_share_no_image_kv(pair) -> None:  # noqa: ANN001
     assert swapped.finish.usage.vision_hits == 2  # features are per image, order-free
     image_start = 3  # "<|im_start|>user\n" precedes <|vision_start|>
     assert swapped.finish.usage.cached_tokens <= image_start + 1
+    # Control: the same order again hits past both images.
+    again = cached.run(chat_body("Compare", images=2), [x, y])
+    assert again.finish.usage.cached_tokens == again.finish.usage.prompt_tokens - 1
 
 
 def test_stored_entry_is_not_mutated_by_extensions(pair) -> None:  # noqa: ANN001

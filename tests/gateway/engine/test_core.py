@@ -130,8 +130,8 @@ def test_capacity_is_rows_plus_queue_even_in_a_burst() -> None:
     """Invariant: at most max_batch + max_waiting requests are held; the rest are refused with
     EngineBusy (the HTTP edge's 429 + Retry-After), however fast they arrive
     (submitted-but-unadmitted requests count)."""
+    from gateway.api.pipeline import engine_busy
     from gateway.engine.request import EngineBusy
-    from gateway.responses import engine_busy
 
     h = EngineHarness("qwen2_vl", cache=NO_CACHE, max_batch=1, max_waiting=1)
     try:
@@ -181,3 +181,38 @@ def test_a_burst_prefilled_together_equals_each_alone(loose_harness: EngineHarne
     for single, burst in zip(alone, together, strict=True):
         assert burst.token_ids == single.token_ids
         assert burst.logprobs == pytest.approx(single.logprobs, abs=1e-4)
+
+
+def test_requests_arriving_together_share_every_decode_step() -> None:
+    """Invariant: 8 text requests that reach the engine in one step decode in shared steps:
+    alongside a running 64-token request they add at most 2 decode steps of their own (the
+    step that joins them), whatever the thread timing (pinned here at engine level; the HTTP
+    test only checks that concurrent requests all finish)."""
+    h = EngineHarness("qwen2_vl", cache=NO_CACHE, max_batch=16)
+    try:
+
+        def counter(name: str) -> float:
+            return h.metrics.registry.get_sample_value(name) or 0.0
+
+        steps0 = counter("vision_gateway_decode_steps_total")
+        tokens0 = counter("vision_gateway_generation_tokens_total")
+        with h.arriving_together():  # a 64-token request holds the engine inside a step
+            runs = [h.submit(chat_body(f"question number {i}", max_tokens=24)) for i in range(8)]
+        for run in runs:
+            assert run.wait().finish.usage.completion_tokens == 24
+        _wait_until_idle(h)
+        steps = counter("vision_gateway_decode_steps_total") - steps0
+        tokens = counter("vision_gateway_generation_tokens_total") - tokens0
+        assert tokens == 64 + 8 * 24
+        assert steps <= 64 + 2, f"{steps} steps for {tokens} tokens"
+    finally:
+        h.close()
+
+
+def _wait_until_idle(h: EngineHarness, timeout: float = 60.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while h.engine.running or h.engine.waiting:
+        assert time.monotonic() < deadline, "the engine did not go idle"
+        time.sleep(0.01)

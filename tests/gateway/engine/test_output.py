@@ -34,7 +34,7 @@ def test_deltas_concatenate_to_full_decode_and_never_split_characters() -> None:
 
 
 def test_stop_string_spanning_tokens_cuts_before_it() -> None:
-    out = _state("STOP")
+    out = _state("NOPE", "STOP")
     emitted = ""
     for t in _ids("abc STOP def"):
         emitted += out.push(t)
@@ -42,7 +42,7 @@ def test_stop_string_spanning_tokens_cuts_before_it() -> None:
             break
     emitted += out.finish()
     assert emitted == "abc "
-    assert out.stopped
+    assert out.stopped and out.stopped_by == "STOP"  # reported as Anthropic's stop_sequence
 
 
 def test_possible_stop_prefix_is_held_back_then_released() -> None:
@@ -52,7 +52,7 @@ def test_possible_stop_prefix_is_held_back_then_released() -> None:
     emitted.append(out.push(_ids("!")[0]))
     assert "".join(emitted) == "xxST!"[: len("".join(emitted))]
     assert "".join(emitted) + out.finish() == "xxST!"
-    assert not out.stopped
+    assert not out.stopped and out.stopped_by is None
 
 
 def test_no_stop_strings_emit_immediately() -> None:

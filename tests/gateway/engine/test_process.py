@@ -14,11 +14,11 @@ import signal
 import pytest
 from support import EngineHarness, Run, chat_body, decoded, noise_image, tiny_model
 
+from gateway.api.openai import parse_chat_request
+from gateway.api.prompt import PromptBuilder
 from gateway.config import EngineConfig
 from gateway.engine.process import EngineUnavailable, RemoteEngine
 from gateway.engine.request import ErrorEvent, FinishEvent
-from gateway.openai_api import parse_chat_request
-from gateway.prompt import PromptBuilder
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from gateway.api.chat import ImagePart, TextPart
+from gateway.api.openai import parse_chat_request
 from gateway.errors import APIError
-from gateway.openai_api import ImagePart, TextPart, parse_chat_request
 
 BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

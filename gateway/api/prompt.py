@@ -12,11 +12,21 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from caches.prefix import ImageSpan
+from gateway.api.chat import ChatRequest, ImagePart, TextPart
 from gateway.engine.model import VisionLanguageModel
+from gateway.engine.positions import ImageLayout
 from gateway.engine.request import EngineRequest, ImageInput, SamplingParams
 from gateway.errors import invalid
 from gateway.media import DecodedImage
-from gateway.openai_api import ChatRequest, ImagePart, TextPart
+
+
+class UnsupportedImage(ValueError):
+    """An image the model's processor cannot take (e.g. too elongated); `index` is its place
+    among the request's images, so the caller can name the field it came from."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 def template_messages(chat: ChatRequest) -> list[dict[str, Any]]:
@@ -58,13 +68,34 @@ class PromptBuilder:
         self._max_context = max_context_tokens
         self._default_max_tokens = default_max_tokens
 
+    def count(self, chat: ChatRequest, images: Sequence[DecodedImage]) -> int:
+        """The prompt's length in tokens, image tokens included (no pixel work)."""
+        return len(self._layout(chat, images)[0])
+
+    def _layout(
+        self, chat: ChatRequest, images: Sequence[DecodedImage]
+    ) -> tuple[list[int], list[ImageLayout], list[tuple[int, int, int]]]:
+        # An assistant prefill continues the assistant turn the template just opened.
+        text = self.model.render(template_messages(chat)) + chat.prefill
+        ids = self.model.tokenize(text)
+        grids = [self._grid(index, image) for index, image in enumerate(images)]
+        prompt, layouts = self.model.layout_prompt(ids, grids)
+        return prompt, layouts, grids
+
+    def _grid(self, index: int, image: DecodedImage) -> tuple[int, int, int]:
+        try:
+            return self.model.image_grid(image.width, image.height)
+        except ValueError as exc:
+            size = f"{image.width}x{image.height} pixels"
+            if "aspect ratio" in str(exc):  # Qwen-VL's processor: at most 200:1
+                reason = f"the image is {size}; this model takes images up to 200:1"
+                raise UnsupportedImage(index, f"{reason}: crop or pad it") from None
+            raise UnsupportedImage(index, f"the image ({size}) cannot be processed") from None
+
     def build(
         self, chat: ChatRequest, images: Sequence[DecodedImage], request_id: str, arrival: float
     ) -> EngineRequest:
-        text = self.model.render(template_messages(chat))
-        ids = self.model.tokenize(text)
-        grids = [self.model.image_grid(image.width, image.height) for image in images]
-        prompt, layouts = self.model.layout_prompt(ids, grids)
+        prompt, layouts, grids = self._layout(chat, images)
         spans = [
             ImageSpan(layout.start, layout.end, image.content_hash)
             for image, layout in zip(images, layouts, strict=True)

@@ -58,6 +58,10 @@ class EventStream:
     def sink(self, event: object) -> None:
         self._delivery.post(self._queue, event)
 
+    def interrupt(self, event: object) -> None:
+        """Deliver `event` now, ahead of anything the engine still posts (event loop only)."""
+        self._queue.put_nowait(event)
+
     async def get(self) -> object:
         return await self._queue.get()
 

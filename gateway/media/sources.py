@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gateway.errors import APIError, invalid, too_large
-from gateway.url_policy import shorten
+from gateway.media.url_policy import shorten
 
 _BASE64_BODY = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 # b64decode(validate=True) is a strict a2b_base64 from Python 3.11 on; 3.10 has no strict mode

@@ -2,9 +2,9 @@
 
 `MediaLoader.load` is the one entry point: for ANY input string it returns a `DecodedImage` or
 raises `APIError` with a 4xx status whose `param` is the field the string came from. URL rules
-live in `gateway.url_fetch`, decoding rules in `gateway.image_decode`.
+live in `gateway.media.url_fetch`, decoding rules in `gateway.media.image_decode`.
 
-Reading data URIs and local files lives in `gateway.media_sources`.
+Reading data URIs and local files lives in `gateway.media.sources`.
 
 Memo: decoded images are keyed by the hash of their encoded bytes; data URIs also by the hash
 of their text, so re-sending an image every turn costs one xxh3 pass (< 1 ms for 4 MB), not
@@ -28,11 +28,11 @@ from caches.hashing import bytes_hash
 from caches.lru import ByteLRU
 from gateway.config import MIB, MediaConfig
 from gateway.errors import APIError, invalid, too_large
-from gateway.image_decode import decode_and_hash, raise_pillow_pixel_limit
-from gateway.media_sources import file_url_path, parse_data_uri, read_media_file
-from gateway.single_flight import SingleFlight
-from gateway.url_fetch import TransportFactory, UrlFetcher
-from gateway.url_policy import AddressPolicy, Resolver, shorten
+from gateway.media.image_decode import decode_and_hash, raise_pillow_pixel_limit
+from gateway.media.single_flight import SingleFlight
+from gateway.media.sources import file_url_path, parse_data_uri, read_media_file
+from gateway.media.url_fetch import TransportFactory, UrlFetcher
+from gateway.media.url_policy import AddressPolicy, Resolver, shorten
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 backend that holds each connection to the address that was checked.
 
 The functions are pure (thread-safe) apart from the default async resolver. The fetcher in
-`gateway.url_fetch` applies them to every hop of every fetch.
+`gateway.media.url_fetch` applies them to every hop of every fetch.
 """
 
 from __future__ import annotations

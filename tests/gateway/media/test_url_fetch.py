@@ -1,6 +1,6 @@
-"""Invariants of gateway.url_fetch: image URLs cannot reach loopback/private addresses (however
-spelled, however resolved, however redirected), the checked address is the one connected to,
-limits (bytes, redirects, time) hold, and concurrent fetches of one URL are done once.
+"""Invariants of gateway.media.url_fetch: image URLs cannot reach loopback/private addresses
+(however spelled, however resolved, however redirected), the checked address is the one
+connected to, limits (bytes, redirects, time) hold, and concurrent fetches of one URL are done once.
 
 Network rule: every request goes to a server the test starts on 127.0.0.1 / 127.0.0.2; names
 are resolved by fake resolvers only, and `socket.getaddrinfo` refuses names outright.
@@ -27,8 +27,8 @@ from PIL import Image
 from gateway.config import MediaConfig
 from gateway.errors import APIError
 from gateway.media import MediaLoader
-from gateway.url_fetch import FORBIDDEN_CODE, TIMEOUT_CODE, UrlFetcher
-from gateway.url_policy import forbidden_address_reason, parse_ip_literal
+from gateway.media.url_fetch import FORBIDDEN_CODE, TIMEOUT_CODE, UrlFetcher
+from gateway.media.url_policy import forbidden_address_reason, parse_ip_literal
 
 Handler = Callable[[BaseHTTPRequestHandler], None]
 

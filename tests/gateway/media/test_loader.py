@@ -1,4 +1,4 @@
-"""Invariants of gateway.media / gateway.image_decode: one content hash per set of pixels
+"""Invariants of gateway.media (loader, sources, image_decode): one content hash per set of pixels
 whatever the encoding or source; every pixel kind decodes to the right RGB; limits are checked
 before decoding; local paths never leave the allowed roots; the memo skips decoding; and for
 any input at all, `MediaLoader.load` raises nothing but a 4xx APIError.
@@ -30,11 +30,12 @@ from PIL import Image, ImageFile
 from support import data_uri, png_claiming
 
 from caches.hashing import pixel_hash
-from gateway import media, media_sources
 from gateway.config import MediaConfig
 from gateway.errors import APIError
 from gateway.media import DecodedImage, MediaLoader
-from gateway.media_sources import parse_data_uri
+from gateway.media import loader as media
+from gateway.media import sources as media_sources
+from gateway.media.sources import parse_data_uri
 
 T = TypeVar("T")
 

@@ -32,8 +32,8 @@ import httpx
 
 from gateway.config import MediaConfig
 from gateway.errors import APIError, invalid, too_large
-from gateway.single_flight import SingleFlight
-from gateway.url_policy import (
+from gateway.media.single_flight import SingleFlight
+from gateway.media.url_policy import (
     AddressPolicy,
     IPAddress,
     PinnedBackend,
