@@ -45,7 +45,7 @@ for step in $STEPS; do
         timeout 80 python3 -m gateway bench engine --model /tmp/m7b --image-size 1024 --batch 1 \
           --reps 3 --server-arg=$flags --out "$OUT/engine${flags//[-=]/_}.json" 2>&1 | tail -10
       done 2>&1 | tee "$OUT/exact.log"
-      for flags in --exact-cache --no-exact-cache; do
+      for flags in --exact-cache ${EXACT_CONTROL:+--no-exact-cache}; do
         timeout 120 python3 -m gateway bench repeat-image --model /tmp/m7b --images 2 --image-size 1024 \
           --configs none,both --server-arg=--no-warmup --server-arg=$flags \
           --out "$OUT/repeat${flags//-/_}.json" 2>&1 | tail -25
