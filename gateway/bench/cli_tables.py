@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,11 @@ def add_table_parsers(kinds: argparse._SubParsersAction, common: Any) -> None:
     p.add_argument("--modes", nargs="+", choices=["text", "image"], default=["text", "image"])
     p.add_argument("--no-raw", action="store_true", help="skip raw mlx-lm BatchGenerator")
     p.add_argument("--raw-model", type=Path, help="checkpoint dir for raw (with --base-url)")
+    p.add_argument(
+        "--raw-json",
+        type=Path,
+        help="use this earlier `python -m gateway.bench.raw` output instead of measuring raw",
+    )
     p.add_argument("--ttft-plot", type=Path, help="write TTFT p50/p95 as a PNG")
     p.set_defaults(run=_concurrency)
 
@@ -66,9 +72,10 @@ def _table(p: argparse.ArgumentParser, common: Any) -> None:
 @contextlib.contextmanager
 def open_target(args: argparse.Namespace, extra: list[str] | None = None) -> Iterator[Any]:
     """(target, backend, model facts): our server started here, or `--base-url`'s."""
-    from gateway.bench.cli import _model
+    from gateway.bench.cli import _model, _quiet_clients
     from gateway.bench.target import RemoteTarget, describe, model_facts
 
+    _quiet_clients()
     if args.base_url:
         if not args.model:
             raise SystemExit("--base-url needs --model NAME (the model name requests carry)")
@@ -162,7 +169,9 @@ def _concurrency(args: argparse.Namespace) -> None:
         tuple(args.levels), args.max_tokens, args.image_size, tuple(args.modes)
     )
     raw: dict[str, Any] = {}
-    if not args.no_raw:
+    if args.raw_json:
+        raw = json.loads(args.raw_json.read_text().strip().splitlines()[-1])
+    elif not args.no_raw:
         root = args.raw_model or (None if args.base_url else Path(_model(args)))
         if root is None:
             print("raw: skipped (with --base-url, name the checkpoint with --raw-model DIR)")

@@ -41,3 +41,43 @@ def line_plot(
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def bar_plot(
+    groups: dict[str, dict[str, float]],
+    path: str,
+    *,
+    ylabel: str,
+    title: str,
+    log_y: bool = False,
+) -> bool:
+    """Grouped bars: one group per key of `groups` (e.g. a backend), one bar per inner key
+    (e.g. "cold", "warm"), the same inner keys in every group. False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    names = list(groups)
+    series = list(dict.fromkeys(k for bars in groups.values() for k in bars))
+    width = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for j, label in enumerate(series):
+        xs = [i + (j - (len(series) - 1) / 2) * width for i in range(len(names))]
+        ys = [groups[name].get(label, float("nan")) for name in names]
+        bars = ax.bar(xs, ys, width, label=label)
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_xticks(list(range(len(names))))
+    ax.set_xticklabels(names)
+    ax.set_ylabel(ylabel)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.legend()
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
