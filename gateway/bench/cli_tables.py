@@ -51,6 +51,7 @@ def add_table_parsers(kinds: argparse._SubParsersAction, common: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="generated per stream")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--modes", nargs="+", choices=["text", "image"], default=["text", "image"])
+    p.add_argument("--reps", type=int, default=1, help="timed waves per level (median)")
     p.add_argument("--no-raw", action="store_true", help="skip raw mlx-lm BatchGenerator")
     p.add_argument("--raw-model", type=Path, help="checkpoint dir for raw (with --base-url)")
     p.add_argument(
@@ -166,7 +167,7 @@ def _concurrency(args: argparse.Namespace) -> None:
     from gateway.bench.cli import _model
 
     settings = concurrency.ConcurrencySettings(
-        tuple(args.levels), args.max_tokens, args.image_size, tuple(args.modes)
+        tuple(args.levels), args.max_tokens, args.image_size, tuple(args.modes), args.reps
     )
     raw: dict[str, Any] = {}
     if args.raw_json:

@@ -34,6 +34,7 @@ class ConcurrencySettings:
     max_tokens: int = 64  # generated per stream (EOS ignored where the server allows)
     image_size: int = 224  # square px, image mode
     modes: tuple[str, ...] = ("text", "image")
+    reps: int = 1  # timed waves per level and mode (aggregate: the median wave's)
 
 
 def raw_ceiling(model_dir: Path, settings: ConcurrencySettings, log: Log) -> dict[str, Any]:
@@ -51,25 +52,36 @@ def raw_ceiling(model_dir: Path, settings: ConcurrencySettings, log: Log) -> dic
 
 
 def wave_summary(
-    mode: str, n: int, started: float, streams: list[Stream], raw: dict[str, Any]
+    mode: str, n: int, waves: list[tuple[float, list[Stream]]], raw: dict[str, Any]
 ) -> dict[str, Any]:
+    """One level's figures over its timed waves ((start time, streams) each): TTFT and
+    per-stream percentiles over every stream; aggregate and end-to-end tok/s the median of
+    the per-wave values (a wave is the unit those describe)."""
+    streams = [s for _, wave_streams in waves for s in wave_streams]
     ok = [s for s in streams if not s.error and s.first is not None]
-    tokens = sum(s.completion_tokens for s in ok)
-    ends = [s.last for s in ok if s.last is not None]
-    wall = max(ends) - started if ends else None
-    agg = aggregate_tok_s(streams)
+    aggregates, end_to_end = [], []
+    for started, wave_streams in waves:
+        done = [s for s in wave_streams if not s.error and s.last is not None]
+        aggregates.append(aggregate_tok_s(wave_streams))
+        if done:
+            wall = max(s.last for s in done) - started  # type: ignore[type-var]
+            end_to_end.append(sum(s.completion_tokens for s in done) / wall)
+    agg = median(aggregates)
     raw_agg = raw.get(f"decode_tok_s_b{n}") if mode == "text" else None
     return {
         "mode": mode,
         "streams": n,
+        "waves": len(waves),
         "ok": len(ok),
+        "requests": len(streams),
         "errors": [s.error for s in streams if s.error][:3],
         "prompt_tokens": median([s.prompt_tokens or None for s in ok]),
         "generated_tokens": median([s.completion_tokens for s in ok]),
         "ttft_p50_ms": percentile([s.ttft_ms for s in ok], 0.50),
         "ttft_p95_ms": percentile([s.ttft_ms for s in ok], 0.95),
         "aggregate_decode_tok_s": agg,
-        "end_to_end_tok_s": tokens / wall if wall else None,
+        "aggregate_per_wave_tok_s": aggregates,
+        "end_to_end_tok_s": median(end_to_end),
         "per_stream_decode_tok_s": median([s.tok_s for s in ok]),
         "raw_decode_tok_s": raw_agg,
         "vs_raw": ratio(agg, raw_agg),
@@ -103,16 +115,19 @@ async def run(
         for n in settings.levels:
             if mode == "text":  # this batch size's decode shapes, untimed
                 await wave(client, settings, mode, n, -seed, 4)
-            started = time.perf_counter()
-            streams = await wave(client, settings, mode, n, seed, settings.max_tokens)
-            seed += n
-            row = wave_summary(mode, n, started, streams, raw)
+            waves = []
+            for _ in range(settings.reps):
+                started = time.perf_counter()
+                streams = await wave(client, settings, mode, n, seed, settings.max_tokens)
+                waves.append((started, streams))
+                seed += n
+            row = wave_summary(mode, n, waves, raw)
             rows.append(row)
             log(
                 f"{mode:5s} x{n:3d}: TTFT p50 {fmt(row['ttft_p50_ms'])} / p95 "
                 f"{fmt(row['ttft_p95_ms'])} ms, aggregate {fmt(row['aggregate_decode_tok_s'])} "
                 f"tok/s (raw {fmt(row['raw_decode_tok_s'])}), per stream "
-                f"{fmt(row['per_stream_decode_tok_s'])} tok/s, ok {row['ok']}/{n}"
+                f"{fmt(row['per_stream_decode_tok_s'])} tok/s, ok {row['ok']}/{row['requests']}"
                 + (f" ERROR {row['errors'][0]}" if row["errors"] else "")
             )
     return add_scaling(rows)
@@ -143,7 +158,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"{fmt(r['raw_decode_tok_s'])} | {fmt(r['vs_raw'], 2, 'x')} | "
             f"{fmt(r['per_stream_decode_tok_s'])} | {fmt(r['end_to_end_tok_s'])} | "
             f"{fmt(r['prompt_tokens'], 0)} / {fmt(r['generated_tokens'], 0)} | "
-            f"{r['ok']}/{r['streams']} |"
+            f"{r['ok']}/{r['requests']} |"
         )
     return "\n".join(lines)
 

@@ -63,18 +63,21 @@ def _messages(system: str, question: str) -> list[dict[str, Any]]:
 
 
 async def calibrate(client: ChatClient, target_tokens: int, log: Log) -> int:
-    """Words of system prompt that make it about `target_tokens` tokens on this server's
-    tokenizer (a line through two untimed requests' prompt token counts)."""
-    points = []
-    for n in (64, 256):
-        reply = await client.chat(_messages(system_prompt(n, salt("cal", n)), QUESTIONS[0]), 1)
+    """Words of filler that make the system message (with its header and chat-template
+    wrapping) about `target_tokens` tokens on this server's tokenizer: a line through two
+    untimed requests' prompt token counts, less a request without a system message."""
+    counts = []
+    for n in (None, 64, 256):
+        system = [] if n is None else _messages(system_prompt(n, salt("cal", n)), "")[:1]
+        reply = await client.chat([*system, {"role": "user", "content": QUESTIONS[0]}], 1)
         if reply.error or not reply.prompt_tokens:
             log(f"calibration: no prompt token count ({reply.error or 'no usage'}); guessing")
             return int(target_tokens * WORDS_PER_TOKEN_GUESS)
-        points.append((n, reply.prompt_tokens))
-    (n1, p1), (n2, p2) = points
-    per_word = (p2 - p1) / (n2 - n1)
-    words = max(1, round(target_tokens / per_word))
+        counts.append(reply.prompt_tokens)
+    bare, p64, p256 = counts
+    per_word = (p256 - p64) / (256 - 64)
+    fixed = p64 - 64 * per_word - bare  # header and template tokens of the system message
+    words = max(1, round((target_tokens - fixed) / per_word))
     log(f"calibration: {per_word:.2f} tokens/word -> {words} words for {target_tokens} tokens")
     return words
 
