@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -62,12 +63,20 @@ def metadata(
 
     return {
         "scenario": scenario,
-        "client_machine": machine(),
+        # load average at the start: on a shared machine, how much else was running
+        "client_machine": {**machine(), "loadavg_1_5_15": _loadavg()},
         "backend": asdict(backend),
         "model": {"name": backend.model, **facts},
         "settings": asdict(settings) if settings is not None else {},
         "args": {k: str(v) for k, v in vars(args).items() if k != "run"},
     }
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def write_outputs(
