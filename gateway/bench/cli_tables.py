@@ -178,8 +178,10 @@ def _concurrency(args: argparse.Namespace) -> None:
             print("raw: skipped (with --base-url, name the checkpoint with --raw-model DIR)")
         else:
             raw = concurrency.raw_ceiling(root, settings, report.progress("raw: "))
+    rows_at_once = str(max(settings.levels))  # our server started here: room for every stream
+    flags = ["--max-batch", rows_at_once, "--max-waiting", str(4 * max(settings.levels))]
     meta, rows = _measure(
-        args, "concurrency", settings, lambda c, log: concurrency.run(c, settings, raw, log)
+        args, "concurrency", settings, lambda c, log: concurrency.run(c, settings, raw, log), flags
     )
     label = _label(meta)
     report.write_outputs(

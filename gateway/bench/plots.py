@@ -25,9 +25,10 @@ def line_plot(
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.5) if len(lines) > 4 else (7, 4))
     for label, (xs, ys) in lines.items():
-        ax.plot(list(xs), list(ys), marker=marker, label=label)
+        dashed = "raw" in label  # ceilings and references: dashed, so the measured lines lead
+        ax.plot(list(xs), list(ys), marker=marker, label=label, linestyle="--" if dashed else "-")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if log_y:
@@ -35,7 +36,10 @@ def line_plot(
     if xticks is not None:
         ax.set_xticks(list(xticks))
     ax.set_title(title)
-    ax.legend()
+    if len(lines) > 4:  # many lines: the legend beside the plot, not over it
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    else:
+        ax.legend(fontsize=8)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -75,7 +79,7 @@ def bar_plot(
     if log_y:
         ax.set_yscale("log")
     ax.set_title(title)
-    ax.legend()
+    ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
