@@ -105,3 +105,17 @@ def test_repeat_image_and_stall_through_base_url(server, tmp_path) -> None:
     (row,) = data["rows"]
     assert row["prefill_chunk"] is None and row["image_ttft_ms"] > 0
     assert row["tokens_per_step"] > 0  # our /metrics: available through --base-url too
+
+
+def test_load_through_base_url(server, tmp_path) -> None:
+    """The load bench drives a server it did not start (bounded: 2 clients, 3 s)."""
+    s, _ = server
+    out = tmp_path / "load.json"
+    main(
+        ["bench", "load", "--base-url", s.base_url, "--model", "tiny", "--clients", "2",
+         "--seconds", "3", "--image-size", "56", "--image-pool", "2", "--out", str(out)]
+    )  # fmt: skip
+    data = json.loads(out.read_text())
+    assert data["outcomes"].get("ok", 0) > 0 and data["server_errors"] == 0 and data["lost"] == 0
+    assert data["clean_shutdown"] is None  # not ours to stop
+    assert data["generation_tokens"] > 0  # our /metrics, read through --base-url
