@@ -56,8 +56,10 @@ for step in $STEPS; do
         --prefix-tokens 512 --reps 5 --max-tokens 32 \
         --out "$OUT/text-prefix.json" --markdown "$OUT/text-prefix.md" 2>&1 | tee "$OUT/text-prefix.log" ;;
     concurrency)
-      # --raw-json: the ceiling measured above, before the server took the GPU
-      timeout 200 python3 -m gateway bench concurrency "${common[@]}" --raw-json "$OUT/raw.json" \
+      # --raw-json: the ceiling measured above, before the server took the GPU (if that failed,
+      # the bench measures raw itself from --raw-model, with the idle server loaded)
+      raw=(); [ -s "$OUT/raw.json" ] && raw=(--raw-json "$OUT/raw.json")
+      timeout 200 python3 -m gateway bench concurrency "${common[@]}" "${raw[@]}" \
         --levels 1 2 4 8 16 32 --max-tokens 128 --image-size 448 \
         --out "$OUT/concurrency.json" --markdown "$OUT/concurrency.md" 2>&1 | tee "$OUT/concurrency.log" ;;
     repeat-image)  # optional (STEPS=...): the 1024 px conversation table through the same server

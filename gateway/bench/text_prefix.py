@@ -133,6 +133,7 @@ def plot(series: dict[str, dict[str, Any]], path: str) -> bool:
             samples = [float("nan") if v is None else v for v in s[f"{kind}_samples_ms"]]
             lines[f"{prefix}{kind}"] = (list(range(1, len(samples) + 1)), samples)
     tokens = next(iter(series.values()), {}).get("prompt_tokens")
+    reps = max((len(xs) for xs, _ in lines.values()), default=0)
     return line_plot(
         lines,
         path,
@@ -141,4 +142,5 @@ def plot(series: dict[str, dict[str, Any]], path: str) -> bool:
         title=f"Shared system prompt ({fmt(tokens, 0)} prompt tokens): cold vs warm",
         log_y=True,
         marker="o",
+        xticks=list(range(1, reps + 1)),
     )
