@@ -37,7 +37,8 @@ python3 -m gateway serve --model "$M" --served-model-name bench --port "$PORT" -
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server 2>/dev/null' EXIT
 for _ in $(seq 300); do
-  curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break
+  python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$PORT/health', timeout=2)" \
+    2>/dev/null && break  # (no curl needed on the GPU machine)
   kill -0 $server 2>/dev/null || { tail -30 "$OUT/server.log"; exit 1; }
   sleep 1
 done
