@@ -1,7 +1,9 @@
-"""`vision-gateway bench repeat-image | stall | load`: argparse -> bench runs.
+"""`vision-gateway bench ...`: argparse -> bench runs.
 
 Each bench starts its own server(s) on 127.0.0.1 (a subprocess of this installation), so the
-numbers include HTTP, JSON, image decoding and hashing, exactly what a client sees.
+numbers include HTTP, JSON, image decoding and hashing, exactly what a client sees. The
+client-side ones (repeat-image, stall, load and the tables in `cli_tables`) can instead measure
+any OpenAI-compatible server with `--base-url URL --model NAME`.
 """
 
 from __future__ import annotations
@@ -17,31 +19,40 @@ from typing import Any
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    from gateway.bench.cli_tables import add_table_parsers, add_target_options
+
     bench = sub.add_parser("bench", help="benchmarks against a local server")
     kinds = bench.add_subparsers(dest="bench", required=True)
 
     p = kinds.add_parser("repeat-image", help="TTFT of repeat questions, caches on/off/ablation")
     _common(p)
+    add_target_options(p)
     p.add_argument("--images", type=int, default=3, help="distinct images (conversations)")
     p.add_argument("--image-size", type=int, default=448)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument(
         "--configs",
         default="none,vision only,prefix only,both",
-        help="comma-separated cache configurations to run: none, vision only, prefix only, both",
+        help="comma-separated cache configurations to run: none, vision only, prefix only, both "
+        "(with --base-url: the one configuration the server runs)",
     )
     p.add_argument("--plot", type=Path, help="write a PNG plot (needs matplotlib)")
+    p.add_argument("--markdown", type=Path, help="write the markdown table")
     p.set_defaults(run=_repeat_image)
 
     p = kinds.add_parser("stall", help="inter-token gaps of text streams while an image joins")
     _common(p)
+    add_target_options(p)
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--image-size", type=int, nargs="+", default=[448])
     p.add_argument("--prefill-chunk", type=int, nargs="+", default=[512])
+    p.add_argument("--max-tokens", type=int, default=160, help="per text stream")
+    p.add_argument("--markdown", type=Path, help="write the markdown table")
     p.set_defaults(run=_stall)
 
     p = kinds.add_parser("load", help="N clients mixing text and image requests for M seconds")
     _common(p)
+    add_target_options(p)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--seconds", type=float, default=120.0)
     p.add_argument("--image-pool", type=int, default=24, help="distinct images in rotation")
@@ -80,6 +91,8 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", type=Path, help="write the ratios as a PNG (needs matplotlib)")
     p.add_argument("--budget-s", type=float, help="skip scenarios not started by then (s)")
     p.set_defaults(run=_hotpath)
+
+    add_table_parsers(kinds, _common)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -126,77 +139,15 @@ def _server(model: str, extra: list[str]) -> Any:
 
 
 def _repeat_image(args: argparse.Namespace) -> None:
-    from gateway.bench import repeat_image as bench
+    from gateway.bench.cli_client import repeat_image
 
-    model = _model(args)
-    names = [n.strip() for n in args.configs.split(",")]
-    results = {}
-    for name in names:
-        print(f"config '{name}': starting server")
-        server = _server(model, bench.CONFIGS[name] + args.server_arg)
-        try:
-            results[name] = bench.run_config(
-                server, "bench", name, args.images, args.image_size, args.max_tokens, print
-            )
-        finally:
-            server.stop()
-    reference = results.get("none")
-    mismatches = (
-        {n: bench.compare_answers(reference, r) for n, r in results.items()} if (reference) else {}
-    )
-    table = bench.markdown(results, mismatches)
-    print(table)
-    if args.plot and bench.plot(results, str(args.plot)):
-        print(f"plot: {args.plot}")
-    if args.out:
-        payload = {
-            "machine": machine(),
-            "model": model,
-            "args": {k: str(v) for k, v in vars(args).items() if k != "run"},
-            "results": {
-                n: {
-                    "ttft_ms": r.ttft_ms,
-                    "cached_tokens": r.cached_tokens,
-                    "prompt_tokens": r.prompt_tokens,
-                    "server_pre_admission_ms": r.server_ms,
-                }
-                for n, r in results.items()
-            },
-            "mismatches": mismatches,
-            "table": table,
-        }
-        args.out.write_text(json.dumps(payload, indent=2))
-    if any(differ for differ, _ in mismatches.values()):
-        raise SystemExit("cached answers differ from uncached answers")
+    repeat_image(args)
 
 
 def _stall(args: argparse.Namespace) -> None:
-    from gateway.bench import stall
+    from gateway.bench.cli_client import stall
 
-    model = _model(args)
-    rows = []
-    for chunk in args.prefill_chunk:
-        print(f"prefill chunk {chunk}: starting server")
-        server = _server(model, ["--prefill-chunk", str(chunk), *args.server_arg])
-        try:
-            for size in args.image_size:
-                rows.append(stall.run_stall(server, "bench", chunk, args.streams, size, log=print))
-        finally:
-            server.stop()
-    print(stall.HEADER)
-    for result in rows:
-        print(result.row())
-    if args.out:
-        args.out.write_text(
-            json.dumps(
-                {
-                    "machine": machine(),
-                    "model": model,
-                    "rows": [r.__dict__ for r in rows],
-                },
-                indent=2,
-            )
-        )
+    stall(args)
 
 
 def _load(args: argparse.Namespace) -> None:
@@ -206,17 +157,17 @@ def _load(args: argparse.Namespace) -> None:
 
     if args.clients > 256 or args.seconds > 3600:
         raise SystemExit("bench load is bounded: at most 256 clients and 3600 s")
-    model = _model(args)
+    from gateway.bench.cli_tables import open_target
+
     extra = ["--kv-cache-mb", str(args.kv_cache_mb), "--vision-cache-mb", str(args.vision_cache_mb)]
-    server = _server(model, [*extra, "--max-waiting", str(4 * args.clients), *args.server_arg])
-    try:
+    with open_target(args, [*extra, "--max-waiting", str(4 * args.clients)]) as (server, be, _):
         print(f"{args.clients} clients for {args.seconds:.0f} s against {server.base_url}")
         report = asyncio.run(
-            run_load(server, "bench", args.clients, args.seconds, args.image_pool, args.image_size)
+            run_load(server, be.model, args.clients, args.seconds, args.image_pool, args.image_size)
         )
         server_stats = server.metrics()
-    finally:
-        clean = server.stop()
+        clean = server.stop()  # None for a --base-url server (not ours to stop)
+    model = args.model or be.details.get("model_card", {}).get("root")
     summary = report.summary()
     summary["clean_shutdown"] = clean
     summary["decode_steps"] = server_stats.get("vision_gateway_decode_steps_total")

@@ -4,17 +4,21 @@ For each cache configuration (both caches, vision only, prefix only, none) a fre
 started; then, for several distinct images, a 5-turn conversation about the image is streamed
 through the `openai` client (turn 1 is cold; turns 2..5 carry the history and the same image).
 Every answer is compared with the answer of the no-cache configuration: cached output must be
-identical (greedy token strings and logprobs).
+identical (greedy token strings and logprobs). Against a `--base-url` server there is one
+configuration (the server's own) and no reference; columns the server cannot fill read n/a.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.bench.plots import line_plot
-from gateway.bench.timing import image_data_uri, image_message, timed_stream
+from gateway.bench.report import fmt
+from gateway.bench.timing import image_message, timed_stream
+from gateway.bench.workload import image_uri
 
 CONFIGS: dict[str, list[str]] = {
     "none": ["--no-vision-cache", "--no-prefix-cache"],
@@ -39,6 +43,8 @@ class ConfigResult:
     prompt_tokens: dict[int, list[int]] = field(default_factory=dict)
     answers: list[list[tuple[list[str], list[float]]]] = field(default_factory=list)
     server_ms: dict[int, list[float]] = field(default_factory=dict)  # turn -> server-side
+    generated_tokens: dict[int, list[int]] = field(default_factory=dict)
+    decode_tok_s: dict[int, list[float]] = field(default_factory=dict)  # after the first token
 
     def median_ttft(self, turn: int) -> float:
         return statistics.median(self.ttft_ms[turn])
@@ -54,12 +60,12 @@ def run_config(
     result = ConfigResult(name)
     # Untimed requests at the measured size (and a follow-up turn) so one-time kernel
     # compilation and allocator growth are not counted as cold-cache cost.
-    warm = [image_message(image_data_uri(size=image_size, seed=9999), "Warm-up question?")]
+    warm = [image_message(image_uri(image_size, 9999), "Warm-up question?")]
     first = timed_stream(client, model, warm, 4)
     warm += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "More?"}]
     timed_stream(client, model, warm, 4)
     for index in range(images):
-        uri = image_data_uri(size=image_size, seed=index)
+        uri = image_uri(image_size, index)
         messages: list[dict[str, Any]] = []
         answers = []
         for turn, question in enumerate(QUESTIONS, start=1):
@@ -72,9 +78,16 @@ def run_config(
             answers.append((timing.token_ids, timing.logprobs))
             result.ttft_ms.setdefault(turn, []).append(1000 * timing.ttft_s)
             result.cached_tokens.setdefault(turn, []).append(timing.cached_tokens)
-            result.prompt_tokens.setdefault(turn, []).append(timing.usage.prompt_tokens)
-            # time the server spent before admitting the request (read + media + prompt)
-            result.server_ms.setdefault(turn, []).append(sum(timing.server_timing.values()))
+            prompt = timing.prompt_tokens
+            result.prompt_tokens.setdefault(turn, []).append(math.nan if prompt is None else prompt)
+            # time the server spent before admitting the request (read + media + prompt); a
+            # server without the Server-Timing header: n/a
+            server = sum(timing.server_timing.values()) if timing.server_timing else math.nan
+            result.server_ms.setdefault(turn, []).append(server)
+            times = timing.token_times
+            result.generated_tokens.setdefault(turn, []).append(len(times))
+            speed = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else math.nan
+            result.decode_tok_s.setdefault(turn, []).append(speed)
         result.answers.append(answers)
         log(
             f"  [{name}] image {index + 1}/{images}: TTFT turn1 "
@@ -105,22 +118,34 @@ def markdown(results: dict[str, ConfigResult], mismatches: dict[str, tuple[int, 
     lines = [
         "| caches | TTFT turn 1 (cold, ms) | TTFT turns 2-5 (warm, median ms) | "
         "cold / warm | server pre-admission ms (cold / warm) | cached tokens turn 2 / prompt | "
+        "decode tok/s (median) | generated tokens | "
         "answers differing from no-cache | max first-token logprob diff |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         cold, warm = r.median_ttft(1), r.warm_median()
         cached = statistics.median(r.cached_tokens[2])
-        prompt = statistics.median(r.prompt_tokens[2])
-        differ, drift = mismatches.get(name, (0, 0.0))
-        server_cold = statistics.median(r.server_ms[1])
-        server_warm = statistics.median([t for turn in range(2, 6) for t in r.server_ms[turn]])
+        prompt = _median(r.prompt_tokens[2])
+        server_cold = _median(r.server_ms[1])
+        server_warm = _median([t for turn in range(2, 6) for t in r.server_ms[turn]])
+        decode = _median([t for turns in r.decode_tok_s.values() for t in turns])
+        generated = _median([t for turns in r.generated_tokens.values() for t in turns])
+        if name in mismatches:
+            differ, drift = mismatches[name]
+            check = f"{differ} | {drift:.1e}"
+        else:
+            check = "n/a | n/a"
         lines.append(
             f"| {name} | {cold:.1f} | {warm:.1f} | {cold / warm:.1f}x | "
-            f"{server_cold:.1f} / {server_warm:.1f} | "
-            f"{cached:.0f} / {prompt:.0f} | {differ} | {drift:.1e} |"
+            f"{fmt(server_cold)} / {fmt(server_warm)} | "
+            f"{cached:.0f} / {fmt(prompt, 0)} | {fmt(decode)} | {fmt(generated, 0)} | {check} |"
         )
     return "\n".join(lines)
+
+
+def _median(values: list[float]) -> float:
+    present = [v for v in values if not math.isnan(v)]
+    return statistics.median(present) if present else math.nan
 
 
 def plot(results: dict[str, ConfigResult], path: str) -> bool:

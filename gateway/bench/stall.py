@@ -14,12 +14,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.bench.timing import StreamTiming, image_data_uri, image_message, timed_stream
+from gateway.bench.report import fmt
+from gateway.bench.timing import StreamTiming, image_message, timed_stream
+from gateway.bench.workload import image_uri
 
 
 @dataclass(frozen=True)
 class StallResult:
-    prefill_chunk: int
+    prefill_chunk: int | None  # None: as the --base-url server runs
     streams: int
     image_size: int
     baseline_gap_ms: float  # median inter-token gap before the image request
@@ -30,10 +32,11 @@ class StallResult:
 
     def row(self) -> str:
         return (
-            f"| {self.prefill_chunk} | {self.streams} | {self.image_size}x{self.image_size} | "
+            f"| {self.prefill_chunk or 'as served'} | {self.streams} | "
+            f"{self.image_size}x{self.image_size} | "
             f"{self.baseline_gap_ms:.1f} | {self.admission_median_gap_ms:.1f} | "
             f"{self.admission_max_gap_ms:.1f} | {self.image_ttft_ms:.0f} | "
-            f"{self.tokens_per_step:.2f} |"
+            f"{fmt(self.tokens_per_step, 2)} |"
         )
 
 
@@ -48,7 +51,7 @@ HEADER = (
 def run_stall(
     server: Any,
     model: str,
-    prefill_chunk: int,
+    prefill_chunk: int | None,
     streams: int = 4,
     image_size: int = 448,
     max_tokens: int = 160,
@@ -57,7 +60,7 @@ def run_stall(
 ) -> StallResult:
     client = server.client()
     # Warm-up at the measured image size, so one-time kernel compilation is not counted.
-    warm = image_data_uri(size=image_size, seed=424242)
+    warm = image_uri(image_size, 424242)
     timed_stream(client, model, [image_message(warm, "warm-up")], 2)
     before = server.metrics()
     timings: list[StreamTiming | None] = [None] * streams
@@ -78,7 +81,7 @@ def run_stall(
             break
         time.sleep(0.01)
     log(f"  {streams} text streams running; sending a cold {image_size}px image request")
-    uri = image_data_uri(size=image_size, seed=int(time.time_ns() % 100000))
+    uri = image_uri(image_size, time.time_ns())
     image = timed_stream(client, model, [image_message(uri, "What is this?")], 4)
     for t in threads:
         t.join(600)

@@ -33,6 +33,12 @@ class StreamTiming:
         return [b - a for a, b in zip(self.token_times, self.token_times[1:])]
 
     @property
+    def prompt_tokens(self) -> int | None:
+        """From the usage chunk; None when the server sent no usage."""
+        value = getattr(self.usage, "prompt_tokens", None)
+        return None if value is None else int(value)
+
+    @property
     def cached_tokens(self) -> int:
         details = getattr(self.usage, "prompt_tokens_details", None)
         return int(getattr(details, "cached_tokens", 0) or 0)
@@ -47,18 +53,32 @@ def timed_stream(
     **kwargs: Any,
 ) -> StreamTiming:
     """Stream one greedy completion, recording token arrivals into `timing` (pass your own to
-    watch progress from another thread)."""
+    watch progress from another thread).
+
+    Works against any OpenAI-compatible server: a server that refuses `logprobs` or
+    `stream_options` (a 400 naming the field) is asked again without it; with no logprobs in
+    the stream every content chunk counts as one token (`token_ids` then holds the text)."""
+    import openai
+
     timing = timing or StreamTiming(start=time.perf_counter())
-    raw = client.chat.completions.with_raw_response.create(
-        model=model,
-        messages=messages,
-        max_tokens=max_tokens,
-        stream=True,
-        stream_options={"include_usage": True},
-        logprobs=True,
-        temperature=kwargs.pop("temperature", 0),
-        **kwargs,
-    )
+    options: dict[str, Any] = {"stream_options": {"include_usage": True}, "logprobs": True}
+    options = {k: v for k, v in options.items() if k not in _REFUSED}
+    try:
+        raw = client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=messages,
+            max_tokens=max_tokens,
+            stream=True,
+            temperature=kwargs.pop("temperature", 0),
+            **options,
+            **kwargs,
+        )
+    except openai.BadRequestError as exc:
+        refused = next((k for k in options if k in str(exc)), None)
+        if refused is None:
+            raise
+        _REFUSED.add(refused)
+        return timed_stream(client, model, messages, max_tokens, timing, **kwargs)
     timing.server_timing.update(server_timing(raw.headers.get("server-timing", "")))
     for chunk in raw.parse():
         now = time.perf_counter()
@@ -72,10 +92,17 @@ def timed_stream(
                 timing.token_times.append(now)
                 timing.token_ids.append(entry.token)
                 timing.logprobs.append(entry.logprob)
+        elif choice.delta.content:  # a server without logprobs: one chunk, one token
+            timing.token_times.append(now)
+            timing.token_ids.append(choice.delta.content)
         timing.text += choice.delta.content or ""
         if choice.finish_reason:
             timing.finish_reason = choice.finish_reason
     return timing
+
+
+# Optional request fields some server refused with a 400 (process-wide: one bench, one target).
+_REFUSED: set[str] = set()
 
 
 def image_data_uri(path: Path | None = None, size: int = 448, seed: int = 0) -> str:
