@@ -53,6 +53,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     a("--vision-cache-mb", type=float, default=512, help="vision-feature cache budget, MiB")
     a("--kv-cache-mb", type=float, default=2048, help="KV prefix cache budget, MiB")
     a(
+        "--grammar-cache-mb",
+        type=float,
+        default=64,
+        help="compiled structured-output grammars cache budget, MiB (estimated sizes)",
+    )
+    a(
         "--cudnn-attention",
         action="store_true",
         help="use cuDNN attention on CUDA (fast for repeated shapes; plans a new one per length)",
@@ -149,6 +155,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
     cache = CacheConfig(
         vision_cache_mb=args.vision_cache_mb,
         kv_cache_mb=args.kv_cache_mb,
+        grammar_cache_mb=args.grammar_cache_mb,
         vision_enabled=not args.no_vision_cache,
         prefix_enabled=not args.no_prefix_cache,
     )

@@ -65,10 +65,12 @@ class CacheConfig:
     kv_cache_mb: float = 2048
     vision_enabled: bool = True
     prefix_enabled: bool = True
+    grammar_cache_mb: float = 64  # compiled structured-output grammars (estimated bytes)
 
     def __post_init__(self) -> None:
         _require(self.vision_cache_mb >= 0, "--vision-cache-mb must be >= 0")
         _require(self.kv_cache_mb >= 0, "--kv-cache-mb must be >= 0")
+        _require(self.grammar_cache_mb >= 0, "--grammar-cache-mb must be >= 0")
 
     @property
     def vision_capacity_bytes(self) -> int:
@@ -77,6 +79,10 @@ class CacheConfig:
     @property
     def kv_capacity_bytes(self) -> int:
         return int(self.kv_cache_mb * MIB) if self.prefix_enabled else 0
+
+    @property
+    def grammar_capacity_bytes(self) -> int:
+        return int(self.grammar_cache_mb * MIB)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from typing import Any
 
 from gateway.engine.request import TokenLogprob, Usage
 from gateway.errors import APIError, invalid
+from gateway.structured.response_format import response_format_grammar
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP_STRINGS = 16
@@ -49,6 +50,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens (benchmarks)
+    grammar: str | None = None  # structured output (`response_format`), see gateway.structured
 
     @property
     def images(self) -> list[ImagePart]:
@@ -103,6 +105,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stream=stream,
         include_usage=include_usage,
         ignore_eos=ignore_eos,
+        grammar=response_format_grammar(body.get("response_format")),
     )
 
 
@@ -171,9 +174,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             raise invalid(f"`{name}` is not supported by this server; omit it or send 0", name)
     if body.get("tools") or body.get("functions"):
         raise invalid("tool calling is not supported by this server", "tools")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise invalid('only `response_format: {"type": "text"}` is supported', "response_format")
 
 
 def _stop(raw: Any) -> tuple[str, ...]:
