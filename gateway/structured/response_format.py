@@ -26,7 +26,7 @@ from typing import Any
 from llguidance import LLMatcher
 
 from gateway.errors import invalid
-from gateway.structured.schema_check import check_schema, close_objects, locate
+from gateway.structured.schema_check import check_depth, check_schema, close_objects, locate
 
 MAX_SCHEMA_BYTES = 64 * 1024  # the schema as compact JSON; larger ones are refused
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -73,6 +73,7 @@ def response_format_grammar(raw: Any) -> str | None:
 
 
 def _grammar(schema: dict[str, Any], strict: bool, where: str) -> str:
+    check_depth(schema, where)
     size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
     if size > MAX_SCHEMA_BYTES:
         raise invalid(
@@ -86,12 +87,12 @@ def _grammar(schema: dict[str, Any], strict: bool, where: str) -> str:
         schema = close_objects(schema)
     try:
         grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)  # type: ignore[arg-type]
-    except ValueError as exc:
-        raise invalid(f"`{where}` could not be read: {exc}", where) from None
-    error = LLMatcher.validate_grammar(grammar)
+        error = LLMatcher.validate_grammar(grammar)
+    except Exception as exc:  # llguidance refuses what it cannot read: the client's schema
+        raise invalid(f"`{where}` could not be compiled: {exc}", where) from None
     if error:
         path = locate(schema, error, where)
-        first = error.strip().splitlines()[0]
+        first = " ".join(error.split())[:300]
         raise invalid(
             f"`{path}`: this server cannot enforce this schema ({first}); supported: JSON "
             "Schema types, properties, required, additionalProperties, items, prefixItems, "

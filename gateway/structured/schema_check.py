@@ -40,15 +40,39 @@ def _path(where: str, parts: tuple[Any, ...] | list[Any]) -> str:
     return out
 
 
+MAX_DEPTH = 64  # nesting of objects and arrays inside a schema
+
+
+def _depth(node: Any) -> int:
+    """How deeply dicts and lists nest in `node` (iterative: no recursion limit to hit)."""
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            if level <= MAX_DEPTH:
+                values = item.values() if isinstance(item, dict) else item
+                stack.extend((v, level + 1) for v in values)
+    return deepest
+
+
+def check_depth(schema: dict[str, Any], where: str) -> None:
+    """Refuse a schema nested deeper than `MAX_DEPTH` (before anything recursive reads it)."""
+    if _depth(schema) > MAX_DEPTH:
+        raise invalid(f"`{where}` nests deeper than {MAX_DEPTH} levels", where, "schema_too_large")
+
+
 def check_schema(schema: dict[str, Any], where: str) -> None:
     """Refuse a schema that is not valid JSON Schema (its own `$schema` draft, else 2020-12),
     naming the path of the first error."""
-    cls = validator_for(schema, default=Draft202012Validator)
     try:
+        cls = validator_for(schema, default=Draft202012Validator)
         cls.check_schema(schema)
     except SchemaError as exc:
         path = _path(where, list(exc.absolute_path))
         raise invalid(f"`{path}` is not valid JSON Schema: {exc.message}", path) from None
+    except Exception as exc:  # e.g. an unknown `$schema` draft: still the client's schema
+        raise invalid(f"`{where}` is not a usable JSON Schema: {exc}", where) from None
 
 
 def subschemas(schema: Any, parts: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], dict]]:
