@@ -28,9 +28,10 @@ BOUNDED = {
         "name": {"type": "string", "maxLength": 8},
         "tags": {"type": "array", "items": {"enum": ["red", "green"]}, "maxItems": 3},
         "n": {"type": "integer", "minimum": 0, "maximum": 999},
+        "price": {"type": "number", "minimum": 0, "maximum": 1000, "multipleOf": 0.25},
         "ok": {"type": "boolean"},
     },
-    "required": ["name", "tags", "n", "ok"],
+    "required": ["name", "tags", "n", "price", "ok"],
 }
 # The longest output: every character of `name` as a 12-byte surrogate-pair escape, three
 # tags of the longest value, the longest number, separators: well under 300 bytes, and every
