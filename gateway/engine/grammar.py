@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -93,13 +94,14 @@ class Masker:
     row-masks computed (read by the benchmark).
     """
 
-    def __init__(self, vocab_size: int, eos_ids: Sequence[int], threads: int = 2) -> None:
+    def __init__(self, vocab_size: int, eos_ids: Sequence[int], threads: int | None = None) -> None:
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
         self._eos_row = np.zeros(self.words, dtype=np.uint32)
         for t in eos_ids:
             self._eos_row[t // 32] |= np.uint32(1 << (t % 32))
-        self._executor = LLExecutor(num_threads=threads)
+        # Masks of a batch's rows are computed in parallel by llguidance's own threads (no GIL).
+        self._executor = LLExecutor(num_threads=threads or max(1, min(8, os.cpu_count() or 1)))
         self._shifts = mx.arange(32, dtype=mx.uint32)
         self.seconds = 0.0
         self.masks = 0
@@ -146,9 +148,12 @@ class Grammars:
         self._hf_tokenizer = hf_tokenizer
         self._vocab_size = vocab_size
         self._eos_ids = list(eos_ids)
-        self._tokenizer: LLTokenizer | None = None  # built on first use (~1 s for 150k tokens)
+        self._tokenizer: LLTokenizer | None = None
         self.cache: ByteLRU[str, LLMatcher] = ByteLRU(capacity_bytes)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+        # llguidance's view of the vocabulary takes ~1 s for 150k tokens: build it now, on the
+        # worker thread, rather than in the first structured request's time to first token.
+        self._pool.submit(self._llg_tokenizer)
         self._inflight: dict[str, Future[LLMatcher]] = {}
         self._lock = threading.Lock()
         self.masker = Masker(vocab_size, self._eos_ids)
@@ -175,11 +180,7 @@ class Grammars:
 
     def _compile(self, key: str, grammar: str) -> LLMatcher:
         try:
-            if self._tokenizer is None:
-                self._tokenizer = llguidance.hf.from_tokenizer(
-                    self._hf_tokenizer, n_vocab=self._vocab_size, eos_token=self._eos_ids
-                )
-            matcher = LLMatcher(self._tokenizer, grammar, log_level=0)
+            matcher = LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
             if matcher.is_error():
                 raise GrammarError(matcher.get_error())
             self.cache.put(
@@ -189,6 +190,14 @@ class Grammars:
         finally:
             with self._lock:
                 self._inflight.pop(key, None)
+
+    def _llg_tokenizer(self) -> LLTokenizer:
+        """llguidance's tokenizer for the model (worker thread only: built once there)."""
+        if self._tokenizer is None:
+            self._tokenizer = llguidance.hf.from_tokenizer(
+                self._hf_tokenizer, n_vocab=self._vocab_size, eos_token=self._eos_ids
+            )
+        return self._tokenizer
 
     def stats(self) -> dict[str, object]:
         s = self.cache.stats()
