@@ -139,6 +139,39 @@ class _Bench:
         self.engine.stop()
 
 
+def mask_apply_micro(vocab: int, batch: int, iters: int = 200) -> dict:
+    """Applying B rows' masks to (B, vocab) logprobs on the device: one batched unpack and
+    `where` (what the engine does) against mlx-lm's per-row logits-processor shape (slice
+    each row, mask it, concatenate). Median ms per step, evaluated each step."""
+    import mlx.core as mx
+    import numpy as np
+
+    from gateway.engine.grammar import Masker
+
+    masker = Masker(vocab, [0])
+    rng = np.random.default_rng(0)
+    mask = rng.integers(-(2**31), 2**31 - 1, size=(batch, masker.words), dtype=np.int32)
+    logprobs = mx.random.normal((batch, vocab))
+    mx.eval(logprobs)
+
+    def batched() -> mx.array:
+        return masker.apply(logprobs, mask)
+
+    def per_row() -> mx.array:
+        rows = [masker.apply(logprobs[i : i + 1], mask[i : i + 1]) for i in range(batch)]
+        return mx.concatenate(rows, axis=0)
+
+    out = {"vocab": vocab, "batch": batch}
+    for name, fn in (("batched_ms", batched), ("per_row_ms", per_row)):
+        times = []
+        for _ in range(iters):
+            started = time.perf_counter()
+            mx.eval(fn())
+            times.append(time.perf_counter() - started)
+        out[name] = 1000 * statistics.median(times[iters // 10 :])
+    return out
+
+
 def run(model: str, batches: list[int], tokens: int, repeat: int, schema_name: str) -> list[dict]:
     bench = _Bench(model, max(batches))
     rows = []
@@ -182,6 +215,12 @@ def main(argv: list[str] | None = None) -> None:
         model = str(build_model(Path(tempfile.mkdtemp()) / "tiny", "qwen2_5_vl", "tiny", 0))
     rows = run(model, args.batch, args.tokens, args.repeat, args.schema)
     print(report(rows))
+    vocab = json.loads((Path(model) / "config.json").read_text())
+    vocab = vocab.get("text_config", vocab).get("vocab_size", vocab.get("vocab_size"))
+    for batch in args.batch:
+        micro = mask_apply_micro(int(vocab), batch)
+        rows.append({"mode": "mask_apply", **micro})
+        print(json.dumps(micro), flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
 
