@@ -121,6 +121,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="KV prefix cache budget, MiB",
     )
     a(
+        "--grammar-cache-mb",
+        type=float,
+        default=64,
+        help="compiled structured-output grammars cache budget, MiB (estimated sizes)",
+    )
+    a(
         "--cudnn-attention",
         action="store_true",
         help="use cuDNN attention on CUDA (fast for repeated shapes; plans a new one per length)",
@@ -300,6 +306,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
     cache = CacheConfig(
         vision_cache_mb=args.vision_cache_mb,
         kv_cache_mb=args.kv_cache_mb,
+        grammar_cache_mb=args.grammar_cache_mb,
         vision_enabled=not args.no_vision_cache,
         prefix_enabled=not args.no_prefix_cache,
         exact_reuse=args.exact_cache,

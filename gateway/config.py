@@ -80,11 +80,13 @@ class CacheConfig:
     # dominates), so larger blocks there mean fewer forwards for a cold prompt; on a CPU every
     # padded row costs its own compute.
     kv_block_tokens: int = 0
+    grammar_cache_mb: float = 64  # compiled structured-output grammars (estimated bytes)
 
     def __post_init__(self) -> None:
         _require(self.vision_cache_mb >= 0, "--vision-cache-mb must be >= 0")
         _require(self.kv_cache_mb >= 0, "--kv-cache-mb must be >= 0")
         _require(0 <= self.kv_block_tokens <= 4096, "--kv-block-tokens must be in 0..4096")
+        _require(self.grammar_cache_mb >= 0, "--grammar-cache-mb must be >= 0")
 
     def exact_block_tokens(self, on_gpu: bool) -> int:
         """The block size of the exact-reuse rule on this device, 0 when the rule is off."""
@@ -99,6 +101,10 @@ class CacheConfig:
     @property
     def kv_capacity_bytes(self) -> int:
         return int(self.kv_cache_mb * MIB) if self.prefix_enabled else 0
+
+    @property
+    def grammar_capacity_bytes(self) -> int:
+        return int(self.grammar_cache_mb * MIB)
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,13 @@ class CacheCollector:
             ("cache_capacity_bytes", "Byte budget", "capacity_bytes", GaugeMetricFamily),
         ):
             metric = family(p + name, doc, labels=["cache"])
-            for cache in ("vision", "prefix"):
-                metric.add_metric([cache], stats[cache][key])
+            for cache in ("vision", "prefix", "grammar"):
+                if cache in stats:  # grammar: once the engine has loaded the model
+                    metric.add_metric([cache], stats[cache][key])
             yield metric
+        if "grammar" in stats:  # structured output: compiled grammars, counted per request
+            grammar = stats["grammar"]
+            yield CounterMetricFamily(
+                p + "grammar_cache_queries", "Grammars looked up", grammar["queries"]
+            )
+            yield CounterMetricFamily(p + "grammar_cache_hits", "Grammars found", grammar["hits"])

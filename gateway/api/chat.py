@@ -53,6 +53,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens (benchmarks)
+    grammar: str | None = None  # structured output (`response_format`), see gateway.structured
     # Text the answer continues (Anthropic's final assistant message): appended after the
     # template's opening of the assistant turn; the response holds only what follows it.
     prefill: str = ""

@@ -21,6 +21,7 @@ from gateway.api.http import unless_disconnected, with_errors
 from gateway.api.openai_responses import collect, render_error, sse_stream
 from gateway.api.pipeline import ChatPipeline, ClientGone
 from gateway.errors import invalid
+from gateway.structured.response_format import response_format_grammar
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_STOP_STRINGS = 16
@@ -75,6 +76,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stream=stream,
         include_usage=include_usage,
         ignore_eos=ignore_eos,
+        grammar=response_format_grammar(body.get("response_format")),
     )
 
 
@@ -132,9 +134,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             raise invalid(f"`{name}` is not supported by this server; omit it or send 0", name)
     if body.get("tools") or body.get("functions"):
         raise invalid("tool calling is not supported by this server", "tools")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise invalid('only `response_format: {"type": "text"}` is supported', "response_format")
 
 
 def routes(pipeline: ChatPipeline) -> list[Route]:

@@ -155,4 +155,5 @@ class PromptBuilder:
             logprobs=chat.logprobs,
             top_logprobs=chat.top_logprobs,
             ignore_eos=chat.ignore_eos,
+            grammar=chat.grammar,
         )

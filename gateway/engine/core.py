@@ -30,6 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -40,6 +41,7 @@ from caches.vision import VisionCache
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import CacheOps, cache_stats
 from gateway.engine.encode_group import EncodeGroup, start_group, step_group
+from gateway.engine.grammar import GrammarRow, Grammars
 from gateway.engine.job import Job, Sink, Stage
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.output import OutputState
@@ -134,6 +136,7 @@ class Engine:
         self._rows: dict[int, Job] = {}
         self._jobs: dict[str, Job] = {}
         self._step_hook: Callable[[], None] | None = None  # tests inject faults here
+        self._grammars: Grammars | None = None  # structured output; built with the model
 
     # ----- any thread -------------------------------------------------------------------------
 
@@ -179,8 +182,12 @@ class Engine:
         return self._queued
 
     def cache_stats(self) -> dict[str, dict[str, object]]:
-        """Both caches' counters as plain JSON-able dicts (any thread)."""
-        return cache_stats(self.vision_cache, self.prefix_cache)
+        """The caches' counters as plain JSON-able dicts (any thread): vision, prefix and,
+        once the model is loaded, compiled grammars."""
+        stats = cache_stats(self.vision_cache, self.prefix_cache)
+        if self._grammars is not None:
+            stats["grammar"] = self._grammars.stats()
+        return stats
 
     def needs_pixels(self, prompt_ids: Sequence[int], images: Sequence[ImageSpan]) -> list[bool]:
         """Per image: will the engine run the vision tower on it? (Any thread; advisory.)"""
@@ -190,6 +197,8 @@ class Engine:
     def clear_caches(self) -> None:
         self.vision_cache.clear()
         self.prefix_cache.clear()
+        if self._grammars is not None:
+            self._grammars.cache.clear()
 
     def reset_caches(self) -> None:
         """Replace both caches by empty ones with zeroed counters (after the start-up warm-up,
@@ -218,6 +227,12 @@ class Engine:
             block = self.config.cache.exact_block_tokens(on_gpu)  # 0: exact reuse off
             self._cache_ops = CacheOps(self.model, self.vision_cache, self.prefix_cache, block)
             self._prefiller = Prefiller(self.model, self._cache_ops, block)
+            self._grammars = Grammars(
+                self.model.tokenizer,
+                self.model.vocab_size,
+                self.model.eos_token_ids,
+                self.config.cache.grammar_capacity_bytes,
+            )
             self._batch = self._new_batch()
         except BaseException as exc:  # noqa: BLE001 - reported to start()
             log.exception("model load failed")
@@ -258,6 +273,8 @@ class Engine:
         self.vision_cache = VisionCache(self.config.cache.vision_capacity_bytes)
         self.prefix_cache = PrefixCache(self.config.cache.kv_capacity_bytes)
         self._cache_ops.vision, self._cache_ops.prefix = self.vision_cache, self.prefix_cache
+        if self._grammars is not None:
+            self._grammars.reset()
 
     def _new_batch(self) -> BatchGenerator:
         assert self.model is not None
@@ -272,7 +289,10 @@ class Engine:
             prefill_step_size=self.config.prefill_chunk_tokens,
         )
         # mlx-lm's batch of decoding rows lives as long as the generator (semi-private).
-        self._batch_sampler = BatchSampler(batch._generation_batch, self._row_sampling)
+        assert self._grammars is not None
+        self._batch_sampler = BatchSampler(
+            batch._generation_batch, self._row_sampling, self._row_grammar, self._grammars.masker
+        )
         return batch
 
     def _row_sampling(self, uid: int) -> RowSampling | None:
@@ -280,6 +300,12 @@ class Engine:
         job = self._rows.get(uid)
         sampler = job.sampler if job is not None else None
         return sampler.row if isinstance(sampler, RowSampler) else None
+
+    def _row_grammar(self, uid: int) -> GrammarRow | None:
+        """A decoding row's grammar state (None: free text), for the batch's one sampler."""
+        job = self._rows.get(uid)
+        sampler = job.sampler if job is not None else None
+        return sampler.grammar if isinstance(sampler, RowSampler) else None
 
     def _drain_inbox(self, block: bool) -> bool:
         """Apply queued submits/cancels. Returns False on stop."""
@@ -305,6 +331,9 @@ class Engine:
         assert self.model is not None
         output = OutputState(request.sampling, self.model.new_detokenizer, self.model.token_text)
         job = Job(request=request, sink=sink, output=output)
+        if request.sampling.grammar is not None and self._grammars is not None:
+            # Compiled on a worker thread while the request waits; admitted once it is ready.
+            job.grammar = self._grammars.prepare(request.sampling.grammar)
         self._jobs[request.request_id] = job
         self._waiting.append(job)
 
@@ -344,7 +373,9 @@ class Engine:
 
     def _admit(self) -> None:
         while self._waiting and self._active < self.config.max_batch:
-            job = self._waiting.popleft()
+            job = self._next_ready()
+            if job is None:
+                return
             job.stage = Stage.PREFILL
             with self._count_lock:
                 self._queued -= 1
@@ -355,9 +386,25 @@ class Engine:
                 log.exception("request %s failed to start", job.request_id)
                 self._fail(job, ErrorKind.INTERNAL, f"internal error starting the request: {exc}")
 
+    def _next_ready(self) -> Job | None:
+        """The oldest waiting job whose grammar (if any) is compiled, taken off the queue.
+        With nothing else to do, waits a little for a compilation instead of spinning."""
+        for job in self._waiting:
+            if job.grammar is None or job.grammar.done():
+                self._waiting.remove(job)
+                return job
+        if not (self._rows or self._prefilling or self._encoding or self._group):
+            wait([j.grammar for j in self._waiting if j.grammar], 0.05, FIRST_COMPLETED)
+        return None
+
     def _start(self, job: Job) -> None:
         """Look the request up in the caches, then queue its image or prefill work."""
-        job.sampler = make_sampler(job.request.sampling)
+        grammar = None
+        if job.grammar is not None:
+            assert self._grammars is not None
+            grammar = self._grammars.start(job.grammar.result())  # raises a compile error
+        masker = self._grammars.masker if self._grammars is not None else None
+        job.sampler = make_sampler(job.request.sampling, grammar, masker)
         self._cache_ops.admit(job)
         job.sink(
             AdmittedEvent(job.prompt_len, job.cached_tokens, job.vision_hits, job.vision_misses)
@@ -445,6 +492,8 @@ class Engine:
         """Emit the token sampled at the end of the prefill; finish, or join the batch."""
         self.metrics.generation_tokens.inc()
         self._emit(job, first.token, first.logprobs)
+        if job.stage is Stage.DONE:  # failed while emitting
+            return
         sampling = job.request.sampling
         eos = not sampling.ignore_eos and first.token in self._stop_ids
         if eos or job.output.stopped or sampling.max_tokens <= 1:
@@ -494,6 +543,8 @@ class Engine:
             if job is None:
                 continue
             self._emit(job, r.token, r.logprobs)
+            if job.stage is Stage.DONE:  # failed while emitting
+                continue
             if r.finish_reason is not None:
                 self._finish(job, r.finish_reason, r.prompt_cache, r.all_tokens)
             elif job.output.stopped:
@@ -507,6 +558,13 @@ class Engine:
     # ----- engine thread: events and endings --------------------------------------------------
 
     def _emit(self, job: Job, token: int, logprobs: mx.array) -> None:
+        grammar = getattr(job.sampler, "grammar", None)
+        if grammar is not None:
+            grammar.accept(job.output.completion_tokens, token)
+            if grammar.error is not None:  # never expected: every token was drawn under its mask
+                log.error("request %s left its grammar: %s", job.request_id, grammar.error)
+                self._fail(job, ErrorKind.INTERNAL, f"structured output failed: {grammar.error}")
+                return
         if job.first_token_time is None:
             job.first_token_time = time.perf_counter()
             self.metrics.ttft.observe(job.elapsed())

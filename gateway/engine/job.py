@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ class Job:
     uid: int | None = None  # BatchGenerator row id once inserted
     first_token_time: float | None = None
     sampler: Any = None
+    grammar: Future[Any] | None = None  # the compiled grammar (structured output), once ready
 
     @property
     def request_id(self) -> str:

@@ -28,6 +28,9 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks)
+    # Structured output: an llguidance grammar (serialized JSON, from gateway.structured) that
+    # every generated token must follow; None: free text.
+    grammar: str | None = None
 
     @property
     def greedy(self) -> bool:

@@ -12,6 +12,15 @@ depend on which other requests share its batch or on the order of rows: the same
 same tokens batched or alone. `RowSampler` samples one row with the same function (the first
 token after the engine's own prefill, and a row's first step inside mlx-lm before the engine
 re-binds the batch).
+
+Constrained rows (structured output, gateway.engine.grammar) have their disallowed tokens set
+to -inf before the draw, greedy or sampled, by one batched mask. mlx-lm builds step t+1's
+draw before the engine has read token t, and a grammar's mask for t+1 depends on t; so when a
+constrained row is in the batch the sampler first launches the step's forward pass
+(`async_eval`), then reads the tokens this step feeds (a wait mlx-lm's own `eval` of the same
+tokens makes right after anyway), advances the matchers and computes the masks on the CPU
+while the forward pass runs, and only then queues the masked draw. Batches without a
+constrained row are untouched.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.sample_utils import greedy_sampler
 
+from gateway.engine.grammar import GrammarRow, Masker
 from gateway.engine.request import SamplingParams
 
 GREEDY = greedy_sampler
@@ -83,11 +93,19 @@ def _top_p_threshold(order: mx.array, top_p: list[float]) -> mx.array:
     return mx.min(mx.where(kept, order, mx.inf), axis=-1, keepdims=True)
 
 
-def sample_rows(logprobs: mx.array, rows: Sequence[RowSampling | None]) -> mx.array:
+def sample_rows(
+    logprobs: mx.array,
+    rows: Sequence[RowSampling | None],
+    allowed: Callable[[mx.array], mx.array] | None = None,
+) -> mx.array:
     """Sample one token per row of (rows, vocab) log-probabilities; None rows are greedy.
 
-    Advances each sampled row's draw counter by one. Returns a lazy (rows,) uint32 array.
+    `allowed`, if given, maps the log-probabilities to the same with disallowed tokens at
+    -inf (a grammar mask); it applies to greedy and sampled rows alike. Advances each
+    sampled row's draw counter by one. Returns a lazy (rows,) uint32 array.
     """
+    if allowed is not None:
+        logprobs = allowed(logprobs)
     greedy = mx.argmax(logprobs, axis=-1)
     sampled = [i for i, row in enumerate(rows) if row is not None]
     if not sampled:
@@ -119,36 +137,83 @@ def sample_rows(logprobs: mx.array, rows: Sequence[RowSampling | None]) -> mx.ar
 
 
 class RowSampler:
-    """Samples one request's rows with its own `RowSampling`. Engine thread only."""
+    """Samples one request's row with its own `RowSampling` (None: greedy) and, for
+    structured output, its grammar's mask. Engine thread only."""
 
-    def __init__(self, params: SamplingParams) -> None:
-        self.row = RowSampling.from_params(params)
+    def __init__(
+        self,
+        params: SamplingParams,
+        grammar: GrammarRow | None = None,
+        masker: Masker | None = None,
+    ) -> None:
+        self.row = None if params.greedy else RowSampling.from_params(params)
+        self.grammar = grammar
+        self._masker = masker
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        return sample_rows(logprobs, [self.row] * logprobs.shape[0])
+        n = logprobs.shape[0]
+        allowed = None
+        if self.grammar is not None and self._masker is not None:
+            # Alone (after the engine's prefill, or a row's first step in mlx-lm) the row's
+            # previous token has always been read already: `bitmask` checks it.
+            mask = self._masker.bitmask([self.grammar] * n)
+            masker = self._masker
+            allowed = lambda lp: masker.apply(lp, mask)  # noqa: E731
+        return sample_rows(logprobs, [self.row] * n, allowed)
 
 
-def make_sampler(params: SamplingParams) -> Callable[[mx.array], mx.array]:
-    """The sampler for one request alone: the shared greedy sampler or a private seeded one."""
-    return GREEDY if params.greedy else RowSampler(params)
+def make_sampler(
+    params: SamplingParams, grammar: GrammarRow | None = None, masker: Masker | None = None
+) -> Callable[[mx.array], mx.array]:
+    """The sampler for one request alone: the shared greedy sampler, or a private one for a
+    seeded or constrained request."""
+    if params.greedy and grammar is None:
+        return GREEDY
+    return RowSampler(params, grammar, masker)
 
 
 class BatchSampler:
     """The one sampler every row of a `GenerationBatch` holds, bound to that batch.
 
-    `lookup(uid)` returns the row's `RowSampling`, or None for a greedy row. Called by mlx-lm
-    on the engine thread with the batch's (rows, vocab) log-probabilities in `batch.uids` order.
+    `lookup(uid)` returns the row's `RowSampling`, or None for a greedy row; `grammar(uid)`
+    the row's `GrammarRow`, or None for a free row. Called by mlx-lm on the engine thread with
+    the batch's (rows, vocab) log-probabilities in `batch.uids` order.
     """
 
-    def __init__(self, batch: object, lookup: Callable[[int], RowSampling | None]) -> None:
+    def __init__(
+        self,
+        batch: object,
+        lookup: Callable[[int], RowSampling | None],
+        grammar: Callable[[int], GrammarRow | None] | None = None,
+        masker: Masker | None = None,
+    ) -> None:
         self._batch = batch
         self._lookup = lookup
+        self._grammar = grammar
+        self._masker = masker
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         uids = self._batch.uids  # type: ignore[attr-defined]
         if logprobs.shape[0] != len(uids):
             raise RuntimeError(f"sampler bound to {len(uids)} rows got {logprobs.shape[0]}")
-        return sample_rows(logprobs, [self._lookup(uid) for uid in uids])
+        rows = [self._lookup(uid) for uid in uids]
+        grammars = [self._grammar(uid) for uid in uids] if self._grammar is not None else []
+        if not any(g is not None for g in grammars) or self._masker is None:
+            return sample_rows(logprobs, rows)
+        mask = self._constrain(logprobs, grammars)
+        masker = self._masker
+        return sample_rows(logprobs, rows, lambda lp: masker.apply(lp, mask))
+
+    def _constrain(self, logprobs: mx.array, grammars: list[GrammarRow | None]) -> np.ndarray:
+        """Read the tokens this step feeds into the matchers, then compute the next masks,
+        while the step's forward pass (launched first) runs."""
+        mx.async_eval(logprobs)
+        fed = self._batch._current_tokens.tolist()  # type: ignore[attr-defined]
+        for grammar, token in zip(grammars, fed, strict=True):
+            if grammar is not None:
+                grammar.catch_up(int(token))
+        assert self._masker is not None
+        return self._masker.bitmask(grammars)
 
     def bind_all_rows(self) -> None:
         """Make every row of the batch hold this sampler (rows join with their own)."""

@@ -281,8 +281,8 @@ CASES: list[Any] = [
     pytest.param(Case(chat(presence_penalty=0.5), param="presence_penalty"), id="presence_penalty"),
     pytest.param(Case(chat(tools=[{"type": "function"}]), param="tools"), id="tools"),
     pytest.param(
-        Case(chat(response_format={"type": "json_object"}), param="response_format"),
-        id="response_format-json",
+        Case(chat(response_format={"type": "xml"}), param="response_format.type"),
+        id="response_format-unknown-type",
     ),
     # --- image payloads
     pytest.param(

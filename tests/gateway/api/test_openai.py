@@ -94,7 +94,7 @@ def test_max_completion_tokens_wins_and_developer_is_system() -> None:
         (_with(stream_options=[]), "stream_options"),
         (_with(presence_penalty=0.5), "presence_penalty"),
         (_with(tools=[{"type": "function"}]), "tools"),
-        (_with(response_format={"type": "json_object"}), "response_format"),
+        (_with(response_format={"type": "xml"}), "response_format.type"),
     ],
 )
 def test_invalid_fields_name_the_field(body: object, param: str | None) -> None:

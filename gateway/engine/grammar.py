@@ -1,0 +1,217 @@
+"""Constrained decoding inside the shared batch: compiled grammars, one matcher per
+constrained row, and the batched token mask.
+
+A request with a `SamplingParams.grammar` (an llguidance grammar, built from the request's
+JSON Schema at the HTTP edge by gateway.structured) decodes in the same batch as every other
+row. Per step, the batch's one sampler asks each row for its `GrammarRow`; if any row has one,
+the masks of all constrained rows are computed in one call into one (rows, vocab/32) bitmask
+(free rows all ones) and applied to the batch's log-probabilities before the one batched
+draw, so constrained and free rows cost one extra `where` per step, not a kernel per row.
+
+Compilation runs once per grammar (keyed by its SHA-256) on a worker thread, before the
+request is admitted, and the compiled matcher is kept in a byte-bounded LRU; each request gets
+a cheap copy of it (`LLMatcher.deep_copy`).
+
+Thread safety: `Grammars.prepare` and the row methods run on the engine thread; compilation
+runs on the worker thread (llguidance drops the GIL while it compiles and computes masks);
+`stats` may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import llguidance.hf
+import mlx.core as mx
+import numpy as np
+from llguidance import LLExecutor, LLMatcher, LLTokenizer
+from llguidance.numpy import fill_next_token_bitmask_par
+
+from caches.lru import ByteLRU
+
+log = logging.getLogger(__name__)
+
+# llguidance does not report a compiled grammar's memory. Its lexer states cost ~1-2 kB each
+# (llguidance's own figure) and grow with the grammar's text, so an entry is counted as a
+# fixed overhead plus a multiple of the grammar's size: an estimate that keeps the cache
+# bounded, not an exact figure (documented in docs/caching.md).
+ENTRY_OVERHEAD_BYTES = 64 * 1024
+BYTES_PER_GRAMMAR_BYTE = 32
+
+
+class GrammarError(Exception):
+    """A grammar that passed validation at the edge failed to compile for this tokenizer."""
+
+
+class GrammarRow:
+    """One constrained request's matcher and how far it has read the request's own tokens.
+
+    `drawn` counts masks handed out (one per sampled token), `consumed` the tokens the matcher
+    has read. mlx-lm samples step t+1 before the engine has seen token t, so when a mask is
+    due the matcher may be one token behind: `catch_up(token)` reads the token fed in this
+    step (the last one drawn) and `accept(index, token)` (from the engine's emit) skips tokens
+    already read. Engine thread only.
+    """
+
+    def __init__(self, matcher: LLMatcher) -> None:
+        self.matcher = matcher
+        self.drawn = 0
+        self.consumed = 0
+        self.error: str | None = None
+
+    @property
+    def ready(self) -> bool:
+        """The matcher has read every token drawn so far: the next mask can be computed."""
+        return self.consumed == self.drawn
+
+    def accept(self, index: int, token: int) -> None:
+        """Read the request's `index`-th generated token (idempotent per index)."""
+        if index < self.consumed or self.error is not None:
+            return
+        if index != self.consumed:
+            raise RuntimeError(f"grammar row skipped tokens: at {self.consumed}, got {index}")
+        self.consumed += 1
+        if not self.matcher.consume_token(token):
+            self.error = self.matcher.get_error() or f"token {token} was not allowed"
+
+    def catch_up(self, fed_token: int) -> None:
+        """Before a mask: read the token this step feeds, if it is the one not yet read."""
+        if self.consumed == self.drawn - 1:
+            self.accept(self.consumed, fed_token)
+
+
+class Masker:
+    """Computes the batch's bitmask and applies it to log-probabilities. Engine thread only.
+
+    `seconds` and `masks` accumulate the CPU time spent computing masks and the number of
+    row-masks computed (read by the benchmark).
+    """
+
+    def __init__(self, vocab_size: int, eos_ids: Sequence[int], threads: int | None = None) -> None:
+        self.vocab_size = vocab_size
+        self.words = (vocab_size + 31) // 32
+        self._eos_row = np.zeros(self.words, dtype=np.uint32)
+        for t in eos_ids:
+            self._eos_row[t // 32] |= np.uint32(1 << (t % 32))
+        # Masks of a batch's rows are computed in parallel by llguidance's own threads (no GIL).
+        self._executor = LLExecutor(num_threads=threads or max(1, min(8, os.cpu_count() or 1)))
+        self._shifts = mx.arange(32, dtype=mx.uint32)
+        self.seconds = 0.0
+        self.masks = 0
+
+    def bitmask(self, rows: Sequence[GrammarRow | None]) -> np.ndarray:
+        """The (len(rows), words) int32 bitmask of the next token: all ones for None rows.
+        Counts one draw on every constrained row (each row's matcher must be `ready`)."""
+        started = time.perf_counter()
+        mask = np.full((len(rows), self.words), -1, dtype=np.int32)
+        live = []
+        for i, row in enumerate(rows):
+            if row is None:
+                continue
+            if not row.ready:
+                raise RuntimeError("a grammar row is asked for a mask before reading its token")
+            row.drawn += 1
+            if row.error is None:
+                live.append((row.matcher, i))
+            else:  # ends the row at once; the engine fails the request when it sees the error
+                mask[i] = self._eos_row.view(np.int32)
+        if live:
+            fill_next_token_bitmask_par(self._executor, live, mask)
+            for _, i in live:
+                if not mask[i].any():  # never leave a row without a token: end it instead
+                    mask[i] = self._eos_row.view(np.int32)
+        self.seconds += time.perf_counter() - started
+        self.masks += len(live)
+        return mask
+
+    def apply(self, logprobs: mx.array, mask: np.ndarray) -> mx.array:
+        """`logprobs` (rows, vocab) with disallowed tokens at -inf (lazy)."""
+        words = mx.array(mask.view(np.uint32))
+        bits = (words[:, :, None] >> self._shifts) & 1
+        allowed = bits.reshape(words.shape[0], -1)[:, : logprobs.shape[-1]]
+        return mx.where(allowed.astype(mx.bool_), logprobs, -mx.inf)
+
+
+class Grammars:
+    """Compiled grammars for one model's tokenizer, cached by hash; per-request matchers."""
+
+    def __init__(
+        self, hf_tokenizer: Any, vocab_size: int, eos_ids: Sequence[int], capacity_bytes: int
+    ) -> None:
+        self._hf_tokenizer = hf_tokenizer
+        self._vocab_size = vocab_size
+        self._eos_ids = list(eos_ids)
+        self._tokenizer: LLTokenizer | None = None
+        self.cache: ByteLRU[str, LLMatcher] = ByteLRU(capacity_bytes)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
+        # llguidance's view of the vocabulary takes ~1 s for 150k tokens: build it now, on the
+        # worker thread, rather than in the first structured request's time to first token.
+        self._pool.submit(self._llg_tokenizer)
+        self._inflight: dict[str, Future[LLMatcher]] = {}
+        self._lock = threading.Lock()
+        self.masker = Masker(vocab_size, self._eos_ids)
+
+    def prepare(self, grammar: str) -> Future[LLMatcher]:
+        """The compiled grammar: from the cache (done at once), joined to a compilation under
+        way, or compiled now on the worker thread. Engine thread."""
+        key = hashlib.sha256(grammar.encode()).hexdigest()
+        compiled = self.cache.get(key)
+        if compiled is not None:
+            done: Future[LLMatcher] = Future()
+            done.set_result(compiled)
+            return done
+        with self._lock:
+            running = self._inflight.get(key)
+            if running is None:
+                running = self._pool.submit(self._compile, key, grammar)
+                self._inflight[key] = running
+        return running
+
+    def start(self, compiled: LLMatcher) -> GrammarRow:
+        """A fresh row state for one request from a compiled grammar."""
+        return GrammarRow(compiled.deep_copy())
+
+    def _compile(self, key: str, grammar: str) -> LLMatcher:
+        try:
+            matcher = LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
+            if matcher.is_error():
+                raise GrammarError(matcher.get_error())
+            self.cache.put(
+                key, matcher, ENTRY_OVERHEAD_BYTES + BYTES_PER_GRAMMAR_BYTE * len(grammar)
+            )
+            return matcher
+        finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+
+    def _llg_tokenizer(self) -> LLTokenizer:
+        """llguidance's tokenizer for the model (worker thread only: built once there)."""
+        if self._tokenizer is None:
+            self._tokenizer = llguidance.hf.from_tokenizer(
+                self._hf_tokenizer, n_vocab=self._vocab_size, eos_token=self._eos_ids
+            )
+        return self._tokenizer
+
+    def stats(self) -> dict[str, object]:
+        s = self.cache.stats()
+        return {
+            "queries": s.hits + s.misses,
+            "hits": s.hits,
+            "misses": s.misses,
+            "hit_rate": s.hit_rate,
+            "evictions": s.evictions,
+            "entries": s.entries,
+            "bytes": s.bytes,
+            "capacity_bytes": s.capacity_bytes,
+        }
+
+    def reset(self) -> None:
+        """Forget every compiled grammar and zero the counters (engine thread)."""
+        self.cache = ByteLRU(self.cache.capacity_bytes)
