@@ -24,24 +24,30 @@ thread; everything else runs on the engine thread.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, wait
-from dataclasses import dataclass
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, StopSequences
 
 from caches.prefix import ImageSpan, PrefixCache
 from caches.vision import VisionCache
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import CacheOps, cache_stats
+from gateway.engine.decode_batch import DecodeBatch
 from gateway.engine.encode_group import EncodeGroup, start_group, step_group
-from gateway.engine.grammar import GrammarRow, Grammars
+from gateway.engine.grammar import Grammars
+from gateway.engine.inbox import (
+    Cancel,
+    Message,
+    ResetCaches,
+    Stop,
+    Submit,
+    disable_cudnn_attention,
+)
 from gateway.engine.job import Job, Sink, Stage
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.output import OutputState
@@ -57,48 +63,10 @@ from gateway.engine.request import (
     TokenEvent,
     Usage,
 )
-from gateway.engine.sampling import GREEDY, BatchSampler, RowSampler, RowSampling, make_sampler
+from gateway.engine.sampling import make_sampler
 from gateway.metrics import CacheCollector, Metrics
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Submit:
-    request: EngineRequest
-    sink: Sink
-
-
-@dataclass(frozen=True)
-class _Cancel:
-    request_id: str
-
-
-@dataclass(frozen=True)
-class _Stop:
-    pass
-
-
-@dataclass(frozen=True)
-class _ResetCaches:
-    pass
-
-
-_Message = _Submit | _Cancel | _Stop | _ResetCaches
-
-
-def disable_cudnn_attention() -> None:
-    """Route MLX's CUDA attention to its own kernels instead of cuDNN (no effect elsewhere).
-
-    MLX caches one cuDNN attention plan per (batch, heads, query length, key length) and
-    builds a new one, tens of milliseconds, for every new pair. A server meets new pairs all
-    the time (every prompt length, every turn's cached prefix, every image grid in the
-    tower), so the build lands in time to first token. MLX reads the switch once, at the
-    first attention call: set it before the model runs. (0.32 reads ..._SDPA; 0.30 read the
-    misspelt ..._SPDA, set too so that a pin change cannot silently turn cuDNN back on.)
-    """
-    for name in ("MLX_CUDA_USE_CUDNN_SPDA", "MLX_CUDA_USE_CUDNN_SDPA"):
-        os.environ.setdefault(name, "0")
 
 
 class Engine:
@@ -120,7 +88,7 @@ class Engine:
         self.on_events: Callable[[], None] | None = None
         self._to_store: list[tuple[Job, object, list[int]]] = []
         self.model: VisionLanguageModel | None = None
-        self._inbox: queue.Queue[_Message] = queue.Queue()
+        self._inbox: queue.Queue[Message] = queue.Queue()
         self._thread = threading.Thread(target=self._main, name="mlx-engine", daemon=True)
         self._ready = threading.Event()
         self._stopped = threading.Event()
@@ -133,7 +101,6 @@ class Engine:
         self._encoding: deque[Job] = deque()  # requests with images still to encode
         self._group: EncodeGroup | None = None  # images going through the tower now
         self._prefilling: deque[Job] = deque()
-        self._rows: dict[int, Job] = {}
         self._jobs: dict[str, Job] = {}
         self._step_hook: Callable[[], None] | None = None  # tests inject faults here
         self._grammars: Grammars | None = None  # structured output; built with the model
@@ -160,17 +127,17 @@ class Engine:
             if self._queued + self._active >= capacity:
                 raise EngineBusy(min(self._active, self.config.max_batch), self._queued)
             self._queued += 1
-        self._inbox.put(_Submit(request, sink))
+        self._inbox.put(Submit(request, sink))
 
     def cancel(self, request_id: str) -> None:
         """Drop a request wherever it is; its row is freed at the next step. Idempotent."""
-        self._inbox.put(_Cancel(request_id))
+        self._inbox.put(Cancel(request_id))
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving; requests still in flight get an ErrorEvent (SHUTTING_DOWN). Returns
         once the engine has finished its last step (the thread then parks; see `_main`)."""
         if self._thread.is_alive() and not self._stopped.is_set():
-            self._inbox.put(_Stop())
+            self._inbox.put(Stop())
             self._stopped.wait(timeout)
 
     @property
@@ -203,7 +170,7 @@ class Engine:
     def reset_caches(self) -> None:
         """Replace both caches by empty ones with zeroed counters (after the start-up warm-up,
         so stats count only real traffic). Applied on the engine thread, in inbox order."""
-        self._inbox.put(_ResetCaches())
+        self._inbox.put(ResetCaches())
 
     @property
     def idle(self) -> bool:
@@ -276,36 +243,9 @@ class Engine:
         if self._grammars is not None:
             self._grammars.reset()
 
-    def _new_batch(self) -> BatchGenerator:
-        assert self.model is not None
-        self._stop_ids = frozenset(self.model.eos_token_ids)
-        self._stops = StopSequences([[t] for t in self.model.eos_token_ids])
-        self._no_stops = StopSequences()
-        batch = BatchGenerator(
-            self.model.text_core,
-            sampler=GREEDY,
-            completion_batch_size=self.config.max_batch,
-            prefill_batch_size=min(8, self.config.max_batch),
-            prefill_step_size=self.config.prefill_chunk_tokens,
-        )
-        # mlx-lm's batch of decoding rows lives as long as the generator (semi-private).
-        assert self._grammars is not None
-        self._batch_sampler = BatchSampler(
-            batch._generation_batch, self._row_sampling, self._row_grammar, self._grammars.masker
-        )
-        return batch
-
-    def _row_sampling(self, uid: int) -> RowSampling | None:
-        """A decoding row's draw state (None: greedy), for the batch's one sampler."""
-        job = self._rows.get(uid)
-        sampler = job.sampler if job is not None else None
-        return sampler.row if isinstance(sampler, RowSampler) else None
-
-    def _row_grammar(self, uid: int) -> GrammarRow | None:
-        """A decoding row's grammar state (None: free text), for the batch's one sampler."""
-        job = self._rows.get(uid)
-        sampler = job.sampler if job is not None else None
-        return sampler.grammar if isinstance(sampler, RowSampler) else None
+    def _new_batch(self) -> DecodeBatch:
+        assert self.model is not None and self._grammars is not None
+        return DecodeBatch(self.model, self.config, self._grammars.masker)
 
     def _drain_inbox(self, block: bool) -> bool:
         """Apply queued submits/cancels. Returns False on stop."""
@@ -314,11 +254,11 @@ class Engine:
         except queue.Empty:
             return True
         while True:
-            if isinstance(message, _Stop):
+            if isinstance(message, Stop):
                 return False
-            if isinstance(message, _Cancel):
+            if isinstance(message, Cancel):
                 self._cancel(message.request_id)
-            elif isinstance(message, _ResetCaches):
+            elif isinstance(message, ResetCaches):
                 self._new_caches()
             else:
                 self._enqueue(message.request, message.sink)
@@ -393,7 +333,7 @@ class Engine:
             if job.grammar is None or job.grammar.done():
                 self._waiting.remove(job)
                 return job
-        if not (self._rows or self._prefilling or self._encoding or self._group):
+        if not (self._batch.rows or self._prefilling or self._encoding or self._group):
             wait([j.grammar for j in self._waiting if j.grammar], 0.05, FIRST_COMPLETED)
         return None
 
@@ -424,7 +364,7 @@ class Engine:
             # Block by block only while rows decode (they must not stall); alone, the tower
             # runs as one graph.
             self._group, failed = start_group(
-                self._cache_ops, self._encoding, stepwise=lambda: bool(self._rows)
+                self._cache_ops, self._encoding, stepwise=lambda: bool(self._batch.rows)
             )
             for job, exc in failed:  # e.g. preprocessing an evicted image without pixels
                 log.error("preparing an image of %s failed: %s", job.request_id, exc)
@@ -458,7 +398,7 @@ class Engine:
         batch instead, which prefills them together in one forward per group; one request
         alone is prefilled here, so its first token comes from its own prefill logits."""
         budget = self.config.prefill_chunk_tokens
-        if not self._rows:  # nothing decodes: fewer, larger chunks (still bounded: attention
+        if not self._batch.rows:  # nothing decodes: fewer, larger chunks (still bounded: attention
             budget *= 4  # memory grows with chunk x context)
         burst = [
             job
@@ -495,7 +435,7 @@ class Engine:
         if job.stage is Stage.DONE:  # failed while emitting
             return
         sampling = job.request.sampling
-        eos = not sampling.ignore_eos and first.token in self._stop_ids
+        eos = not sampling.ignore_eos and first.token in self._batch.stop_ids
         if eos or job.output.stopped or sampling.max_tokens <= 1:
             # Done at its first token: the KV holds exactly the prompt (copied without the
             # buffer's spare capacity, as every stored entry must be).
@@ -504,53 +444,30 @@ class Engine:
             self._finish(job, reason, kv, list(job.request.prompt_ids))
         else:
             prompt = list(job.request.prompt_ids)
-            self._insert(job, [first.token], sampling.max_tokens - 1, prompt)
-
-    def _insert(self, job: Job, tokens: list[int], budget: int, in_cache: list[int]) -> None:
-        """Hand the job to the batch: its KV holds `in_cache`, `tokens` are fed next and
-        `budget` more tokens may be generated."""
-        [uid] = self._batch.insert(
-            [tokens],
-            max_tokens=[budget],
-            caches=[job.cache],
-            all_tokens=[in_cache],
-            samplers=[job.sampler],
-            stop_sequences=[self._no_stops if job.request.sampling.ignore_eos else self._stops],
-        )
-        job.cache = None  # the batch merged (copied) it
-        job.uid = uid
-        job.stage = Stage.DECODE
-        self._rows[uid] = job
+            self._batch.insert(job, [first.token], sampling.max_tokens - 1, prompt)
 
     def _insert_prompt(self, job: Job) -> None:
-        """Hand the job's remaining (text) prompt to the batch, which prefills it together
-        with the other rows it admits in the same step."""
-        prompt = list(job.request.prompt_ids)
-        self._insert(job, prompt[job.fed :], job.request.sampling.max_tokens, prompt[: job.fed])
+        self._batch.insert_prompt(job)
 
     def _decode(self) -> None:
-        if not self._rows:
+        if not self._batch.rows:
             return
-        _, responses = self._batch.next()
-        # Rows that joined in this step hold their own sampler: one batched draw from now on.
-        self._batch_sampler.bind_all_rows()
+        responses = self._batch.step()
         if responses:
             self.metrics.decode_steps.inc()
             self.metrics.generation_tokens.inc(len(responses))
         stopped: list[Job] = []
-        for r in responses:
-            job = self._rows.get(r.uid)
-            if job is None:
-                continue
+        for job, r in responses:
             self._emit(job, r.token, r.logprobs)
             if job.stage is Stage.DONE:  # failed while emitting
                 continue
             if r.finish_reason is not None:
+                self._batch.finished(job)
                 self._finish(job, r.finish_reason, r.prompt_cache, r.all_tokens)
             elif job.output.stopped:
                 stopped.append(job)
-        if stopped:
-            caches = self._batch.remove([j.uid for j in stopped], return_prompt_caches=True)
+        if stopped:  # by a stop string: the generator does not know, take the rows out
+            caches = self._batch.remove(stopped)
             for job in stopped:
                 kv, tokens = caches.get(job.uid, (None, None))
                 self._finish(job, "stop", kv, tokens)
@@ -640,8 +557,7 @@ class Engine:
             if job in pending:
                 pending.remove(job)
         job.cache = job.plan = None
-        if job.uid is not None and self._rows.pop(job.uid, None) is not None:
-            self._batch.remove([job.uid])
+        self._batch.release(job)
 
     def _fail_active(self) -> None:
         """After an unexpected error in a step: fail every request holding a row (their state
@@ -656,8 +572,7 @@ class Engine:
     def _fail_batch(self) -> None:
         """The decode step raised: the batch's state is unknown. Replace it first, then fail
         its rows (releasing them no longer touches the broken batch)."""
-        failed = list(self._rows.values())
-        self._rows.clear()
+        failed = self._batch.forget_rows()
         try:
             self._batch = self._new_batch()
         except Exception:

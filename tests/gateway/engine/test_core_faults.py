@@ -62,7 +62,7 @@ def test_recovery_survives_a_batch_that_cannot_remove_rows(harness: EngineHarnes
     def broken_remove(*_: object, **__: object) -> None:
         raise RuntimeError("injected remove fault")
 
-    broken.remove = broken_remove  # type: ignore[method-assign]
+    broken.generator.remove = broken_remove  # type: ignore[method-assign]
     _fail_next_steps(harness, 1)
     for run in rows:
         assert isinstance(run.wait().finish, ErrorEvent)

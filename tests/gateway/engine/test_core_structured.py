@@ -147,12 +147,15 @@ def test_a_repeat_extraction_reuses_the_image_kv_and_the_grammar() -> None:
     and the compiled grammar (a hit), and both answers equal the uncached one."""
     image = noise_image(9, 84, 56)
     body = _constrained("extract the receipt", images=1)
-    cold = EngineHarness("qwen2_vl", cache=NO_CACHE, max_batch=4, prefill_chunk_tokens=32)
+    # 8-token exact-reuse blocks on both sides: this prompt is 25 tokens, hits whole blocks.
+    off = CacheConfig(vision_enabled=False, prefix_enabled=False, kv_block_tokens=8)
+    cold = EngineHarness("qwen2_vl", cache=off, max_batch=4, prefill_chunk_tokens=32)
     try:
         reference = cold.run(body, [image])
     finally:
         cold.close()
-    warm = EngineHarness("qwen2_vl", max_batch=4, prefill_chunk_tokens=32)
+    on = CacheConfig(kv_block_tokens=8)
+    warm = EngineHarness("qwen2_vl", cache=on, max_batch=4, prefill_chunk_tokens=32)
     try:
         first = warm.run(body, [image])
         second = warm.run(body, [image])
