@@ -13,9 +13,11 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gateway.bench.hotpath_client import Stream, median
 
 Log = Callable[[str], None]
 
@@ -96,3 +98,32 @@ def write_outputs(
             print(f"plot: {args.plot}")
         else:
             print("plot: skipped (matplotlib is not installed: pip install '.[bench]')")
+
+
+@dataclass
+class ColdWarm:
+    """Cold and warm streams of one point of a cold-vs-warm sweep (an image size, a system
+    prompt): medians, p95s and their ratio, TTFT apart from decode speed."""
+
+    cold: list[Stream] = field(default_factory=list)
+    warm: list[Stream] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        ok_cold = [s for s in self.cold if not s.error]
+        ok_warm = [s for s in self.warm if not s.error]
+        cold_ms = median([s.ttft_ms for s in ok_cold])
+        warm_ms = median([s.ttft_ms for s in ok_warm])
+        return {
+            "prompt_tokens": median([s.prompt_tokens or None for s in ok_cold]),
+            "warm_cached_tokens": median([s.cached_tokens for s in ok_warm]),
+            "generated_tokens": median([s.completion_tokens for s in ok_cold + ok_warm]),
+            "cold_ttft_ms": cold_ms,
+            "cold_ttft_p95_ms": percentile([s.ttft_ms for s in ok_cold], 0.95),
+            "warm_ttft_ms": warm_ms,
+            "warm_ttft_p95_ms": percentile([s.ttft_ms for s in ok_warm], 0.95),
+            "cold_over_warm": ratio(cold_ms, warm_ms),
+            "decode_tok_s": median([s.tok_s for s in ok_cold + ok_warm]),
+            "errors": [s.error for s in self.cold + self.warm if s.error][:3],
+            "cold_samples_ms": [s.ttft_ms for s in self.cold],
+            "warm_samples_ms": [s.ttft_ms for s in self.warm],
+        }

@@ -10,12 +10,11 @@ TTFT is reported apart from decode speed (tokens after the first over the time a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from gateway.bench.hotpath_client import Stream, median
 from gateway.bench.plots import line_plot
-from gateway.bench.report import Log, fmt, percentile, ratio
+from gateway.bench.report import ColdWarm, Log, fmt
 from gateway.bench.sse import ChatClient
 from gateway.bench.workload import image_turn, image_uri
 
@@ -31,31 +30,11 @@ class ResolutionSettings:
 
 
 @dataclass
-class SizeResult:
-    size: int
-    cold: list[Stream] = field(default_factory=list)
-    warm: list[Stream] = field(default_factory=list)
+class SizeResult(ColdWarm):
+    size: int = 0
 
     def summary(self) -> dict[str, Any]:
-        ok_cold = [s for s in self.cold if not s.error]
-        ok_warm = [s for s in self.warm if not s.error]
-        cold_ms = median([s.ttft_ms for s in ok_cold])
-        warm_ms = median([s.ttft_ms for s in ok_warm])
-        return {
-            "image_size": self.size,
-            "prompt_tokens": median([s.prompt_tokens or None for s in ok_cold]),
-            "warm_cached_tokens": median([s.cached_tokens for s in ok_warm]),
-            "generated_tokens": median([s.completion_tokens for s in ok_cold + ok_warm]),
-            "cold_ttft_ms": cold_ms,
-            "cold_ttft_p95_ms": percentile([s.ttft_ms for s in ok_cold], 0.95),
-            "warm_ttft_ms": warm_ms,
-            "warm_ttft_p95_ms": percentile([s.ttft_ms for s in ok_warm], 0.95),
-            "cold_over_warm": ratio(cold_ms, warm_ms),
-            "decode_tok_s": median([s.tok_s for s in ok_cold + ok_warm]),
-            "errors": [s.error for s in self.cold + self.warm if s.error][:3],
-            "cold_samples_ms": [s.ttft_ms for s in self.cold],
-            "warm_samples_ms": [s.ttft_ms for s in self.warm],
-        }
+        return {"image_size": self.size, **super().summary()}
 
 
 async def run(client: ChatClient, settings: ResolutionSettings, log: Log) -> list[dict[str, Any]]:
@@ -67,7 +46,7 @@ async def run(client: ChatClient, settings: ResolutionSettings, log: Log) -> lis
         uri = image_uri(size, 10_000 + seed)  # untimed pair: compile this size's shapes
         await client.chat([image_turn(uri, COLD_Q)], 2)
         await client.chat([image_turn(uri, WARM_Q)], 2)
-        result = SizeResult(size)
+        result = SizeResult(size=size)
         for rep in range(settings.reps):
             seed += 1
             uri = image_uri(size, seed)

@@ -10,12 +10,11 @@ untimed requests), so every backend sees the same text.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from gateway.bench.hotpath_client import Stream, median
 from gateway.bench.plots import line_plot
-from gateway.bench.report import Log, fmt, percentile, ratio
+from gateway.bench.report import ColdWarm, Log, fmt
 from gateway.bench.sse import ChatClient
 from gateway.bench.workload import salt, system_prompt
 
@@ -31,31 +30,11 @@ class TextPrefixSettings:
 
 
 @dataclass
-class PrefixResult:
-    words: int
-    cold: list[Stream] = field(default_factory=list)
-    warm: list[Stream] = field(default_factory=list)
+class PrefixResult(ColdWarm):
+    words: int = 0
 
     def summary(self) -> dict[str, Any]:
-        ok_cold = [s for s in self.cold if not s.error]
-        ok_warm = [s for s in self.warm if not s.error]
-        cold_ms = median([s.ttft_ms for s in ok_cold])
-        warm_ms = median([s.ttft_ms for s in ok_warm])
-        return {
-            "system_prompt_words": self.words,
-            "prompt_tokens": median([s.prompt_tokens or None for s in ok_cold]),
-            "warm_cached_tokens": median([s.cached_tokens for s in ok_warm]),
-            "generated_tokens": median([s.completion_tokens for s in ok_cold + ok_warm]),
-            "cold_ttft_ms": cold_ms,
-            "cold_ttft_p95_ms": percentile([s.ttft_ms for s in ok_cold], 0.95),
-            "warm_ttft_ms": warm_ms,
-            "warm_ttft_p95_ms": percentile([s.ttft_ms for s in ok_warm], 0.95),
-            "cold_over_warm": ratio(cold_ms, warm_ms),
-            "decode_tok_s": median([s.tok_s for s in ok_cold + ok_warm]),
-            "errors": [s.error for s in self.cold + self.warm if s.error][:3],
-            "cold_samples_ms": [s.ttft_ms for s in self.cold],
-            "warm_samples_ms": [s.ttft_ms for s in self.warm],
-        }
+        return {"system_prompt_words": self.words, **super().summary()}
 
 
 def _messages(system: str, question: str) -> list[dict[str, Any]]:
@@ -87,7 +66,7 @@ async def run(client: ChatClient, settings: TextPrefixSettings, log: Log) -> dic
     system = system_prompt(words, salt("warmup", 0))  # untimed pair: this length's shapes
     for question in QUESTIONS:
         await client.chat(_messages(system, question), 2)
-    result = PrefixResult(words)
+    result = PrefixResult(words=words)
     for rep in range(settings.reps):
         system = system_prompt(words, salt("prefix", rep))
         cold = await client.chat(_messages(system, QUESTIONS[0]), settings.max_tokens)

@@ -62,7 +62,7 @@ class Receipt(BaseModel):
 
 @pytest.fixture(scope="module")
 def server():
-    proc = ServerProcess("--max-batch", "8")
+    proc = ServerProcess("--max-batch", "8", "--kv-block-tokens", "8")  # short prompts
     yield proc
     assert proc.stop(), proc.log()
 

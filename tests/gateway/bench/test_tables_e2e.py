@@ -23,7 +23,9 @@ HAS_PLOT = importlib.util.find_spec("matplotlib") is not None
 @pytest.fixture(scope="module")
 def server():
     model = tiny_model("qwen2_vl")
-    with LocalServer(["--model", str(model), "--served-model-name", "tiny"]) as s:
+    # 8-token exact-reuse blocks: these small images' prompts are a few dozen tokens.
+    args = ["--model", str(model), "--served-model-name", "tiny", "--kv-block-tokens", "8"]
+    with LocalServer(args) as s:
         yield s, model
 
 
