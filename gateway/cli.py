@@ -416,6 +416,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
             print(f"wrote {out}")
         else:
+            _require_plotting(args)
             args.run(args)
     except ConfigError as exc:
         sys.exit(f"vision-gateway: {exc}")
+
+
+def _require_plotting(args: argparse.Namespace) -> None:
+    """A bench asked for a plot fails before it runs, not silently after, without matplotlib."""
+    if getattr(args, "plot", None) is None:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        sys.exit(
+            "vision-gateway: --plot needs matplotlib: pip install 'vision-gateway[bench]' "
+            "(or leave out --plot)"
+        )

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from gateway.cli import build_parser, configs_from_args
+from gateway.cli import build_parser, configs_from_args, main
 from gateway.config import CacheConfig, EngineConfig, MediaConfig, ServerConfig
 
 
@@ -48,3 +48,25 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         build_parser().parse_args(["--version"])
     assert info.value.code == 0
     assert re.fullmatch(r"vision-gateway \S+\n", capsys.readouterr().out)
+
+
+def test_a_plot_without_matplotlib_fails_before_the_bench_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    """Invariant: `bench ... --plot FILE` without matplotlib exits with a message naming the
+    missing package, before any server starts (it used to write nothing and say nothing)."""
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a),
+    )
+    ran = []
+    from gateway.bench import cli as bench_cli
+
+    monkeypatch.setattr(bench_cli, "_load", lambda args: ran.append(args))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "load", "--seconds", "1", "--plot", str(tmp_path / "rss.png")])
+    assert "matplotlib" in str(exit_info.value) and not ran
