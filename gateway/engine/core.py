@@ -19,6 +19,10 @@ replaced first, so the recovery never touches the broken one); the loop itself n
 
 Thread contract: `submit`, `cancel`, `stop` and the read-only properties may be called from any
 thread; everything else runs on the engine thread.
+
+Around this module: `inbox.py` (what other threads send), `decode_batch.py` (the decoding rows
+and their one sampler), `endings.py` (token emission and how jobs end), `prefill.py`,
+`encode_group.py` and `cache_ops.py` (the stages' work).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from gateway.config import EngineConfig
 from gateway.engine.cache_ops import CacheOps, cache_stats
 from gateway.engine.decode_batch import DecodeBatch
 from gateway.engine.encode_group import EncodeGroup, start_group, step_group
+from gateway.engine.endings import JobEndings
 from gateway.engine.grammar import Grammars
 from gateway.engine.inbox import (
     Cancel,
@@ -51,17 +56,12 @@ from gateway.engine.inbox import (
 from gateway.engine.job import Job, Sink, Stage
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.output import OutputState
-from gateway.engine.positions import rope_delta_at
 from gateway.engine.prefill import FirstToken, Prefiller
 from gateway.engine.request import (
     AdmittedEvent,
     EngineBusy,
     EngineRequest,
-    ErrorEvent,
     ErrorKind,
-    FinishEvent,
-    TokenEvent,
-    Usage,
 )
 from gateway.engine.sampling import make_sampler
 from gateway.metrics import CacheCollector, Metrics
@@ -69,7 +69,7 @@ from gateway.metrics import CacheCollector, Metrics
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(JobEndings):
     """Schedules requests onto the model. Construct, `start()`, `submit()`, `stop()`."""
 
     def __init__(
@@ -471,111 +471,3 @@ class Engine:
             for job in stopped:
                 kv, tokens = caches.get(job.uid, (None, None))
                 self._finish(job, "stop", kv, tokens)
-
-    # ----- engine thread: events and endings --------------------------------------------------
-
-    def _emit(self, job: Job, token: int, logprobs: mx.array) -> None:
-        grammar = getattr(job.sampler, "grammar", None)
-        if grammar is not None:
-            grammar.accept(job.output.completion_tokens, token)
-            if grammar.error is not None:  # never expected: every token was drawn under its mask
-                log.error("request %s left its grammar: %s", job.request_id, grammar.error)
-                self._fail(job, ErrorKind.INTERNAL, f"structured output failed: {grammar.error}")
-                return
-        if job.first_token_time is None:
-            job.first_token_time = time.perf_counter()
-            self.metrics.ttft.observe(job.elapsed())
-        text = job.output.push(token)
-        lps = ()
-        if job.request.sampling.logprobs:
-            lps = (job.output.logprob(token, logprobs),)
-        job.sink(TokenEvent(text, (token,), lps))
-
-    def _finish(self, job: Job, reason: str, kv: object, all_tokens: object) -> None:
-        try:
-            self._release(job)
-        except Exception:  # the final event below must still go out
-            log.exception("releasing %s failed", job.request_id)
-        tail = job.output.finish()
-        reason = "stop" if job.output.stopped else reason
-        usage = Usage(
-            job.prompt_len,
-            job.output.completion_tokens,
-            job.cached_tokens,
-            job.vision_hits,
-            job.vision_misses,
-        )
-        job.sink(FinishEvent(reason, usage, tail, job.output.stopped_by))
-        self.metrics.requests.labels("ok").inc()
-        self.metrics.prompt_tokens.inc(job.prompt_len)
-        self.metrics.latency.observe(job.elapsed())
-        if kv is not None and all_tokens is not None:
-            self._to_store.append((job, kv, list(all_tokens)))  # type: ignore[arg-type]
-
-    def _store_finished(self) -> None:
-        """Store the prompt + answer KV of the requests finished in this step."""
-        stores, self._to_store = self._to_store, []
-        for job, kv, tokens in stores:
-            try:
-                delta = rope_delta_at([i.layout for i in job.request.images], job.prompt_len)
-                self._cache_ops.store_finished(job, kv, tokens, delta)  # type: ignore[arg-type]
-            except Exception:  # a cache is an optimisation: a failed store is a later miss
-                log.exception("storing the KV of %s failed", job.request_id)
-
-    def _fail(self, job: Job, kind: ErrorKind, message: str) -> None:
-        """End a job with an ErrorEvent. Never raises: it runs inside recovery paths."""
-        try:
-            self._release(job)
-        except Exception:
-            log.exception("releasing %s failed; dropping it", job.request_id)
-        job.sink(ErrorEvent(kind, message))
-        self.metrics.requests.labels("error").inc()
-
-    def _cancel(self, request_id: str) -> None:
-        job = self._jobs.get(request_id)
-        if job is None:
-            return
-        self._release(job)
-        job.sink(FinishEvent("cancelled", Usage(job.prompt_len, 0, job.cached_tokens)))
-        self.metrics.requests.labels("cancelled").inc()
-
-    def _release(self, job: Job) -> None:
-        """Forget a job wherever it is and free its row (idempotent). The bookkeeping is
-        undone before the batch is touched, so a failing batch cannot leave a half-released
-        job (or a leaked row count) behind."""
-        if self._jobs.pop(job.request_id, None) is None:
-            return
-        stage, job.stage = job.stage, Stage.DONE
-        if stage is Stage.QUEUED:
-            self._waiting.remove(job)
-            with self._count_lock:
-                self._queued -= 1
-            return
-        with self._count_lock:
-            self._active -= 1
-        for pending in (self._encoding, self._prefilling):
-            if job in pending:
-                pending.remove(job)
-        job.cache = job.plan = None
-        self._batch.release(job)
-
-    def _fail_active(self) -> None:
-        """After an unexpected error in a step: fail every request holding a row (their state
-        is unknown), with a fresh batch; queued requests are served as usual."""
-        for job in [*self._encoding, *self._prefilling]:
-            self._fail(job, ErrorKind.INTERNAL, "internal error in the engine step")
-        self._group = None
-        self._to_store.clear()
-        self._fail_batch()
-        self._ship()
-
-    def _fail_batch(self) -> None:
-        """The decode step raised: the batch's state is unknown. Replace it first, then fail
-        its rows (releasing them no longer touches the broken batch)."""
-        failed = self._batch.forget_rows()
-        try:
-            self._batch = self._new_batch()
-        except Exception:
-            log.exception("could not build a new batch")
-        for job in failed:
-            self._fail(job, ErrorKind.INTERNAL, "internal error in the decode step")
