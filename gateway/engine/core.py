@@ -21,8 +21,9 @@ Thread contract: `submit`, `cancel`, `stop` and the read-only properties may be 
 thread; everything else runs on the engine thread.
 
 Around this module: `inbox.py` (what other threads send), `decode_batch.py` (the decoding rows
-and their one sampler), `endings.py` (token emission and how jobs end), `prefill.py`,
-`encode_group.py` and `cache_ops.py` (the stages' work).
+and their one sampler), `endings.py` (token emission and how jobs end, a mixin), `prefill.py`,
+`encode_group.py` and `cache_ops.py` (the stages' work), `stages.py` (the stages below, a
+mixin of `Engine`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, wait
 
 import mlx.core as mx
 
@@ -42,8 +42,7 @@ from caches.vision import VisionCache
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import CacheOps, cache_stats
 from gateway.engine.decode_batch import DecodeBatch
-from gateway.engine.encode_group import EncodeGroup, start_group, step_group
-from gateway.engine.endings import JobEndings
+from gateway.engine.encode_group import EncodeGroup
 from gateway.engine.grammar import Grammars
 from gateway.engine.inbox import (
     Cancel,
@@ -53,23 +52,22 @@ from gateway.engine.inbox import (
     Submit,
     disable_cudnn_attention,
 )
-from gateway.engine.job import Job, Sink, Stage
+from gateway.engine.job import Job, Sink
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.output import OutputState
-from gateway.engine.prefill import FirstToken, Prefiller
+from gateway.engine.prefill import Prefiller
 from gateway.engine.request import (
-    AdmittedEvent,
     EngineBusy,
     EngineRequest,
     ErrorKind,
 )
-from gateway.engine.sampling import make_sampler
+from gateway.engine.stages import Stages
 from gateway.metrics import CacheCollector, Metrics
 
 log = logging.getLogger(__name__)
 
 
-class Engine(JobEndings):
+class Engine(Stages):
     """Schedules requests onto the model. Construct, `start()`, `submit()`, `stop()`."""
 
     def __init__(
@@ -308,166 +306,3 @@ class Engine(JobEndings):
     def metrics_text(self) -> bytes:
         """The engine's metrics in Prometheus text format (any thread)."""
         return self.metrics.render()
-
-    # ----- engine thread: the stages ----------------------------------------------------------
-
-    def _admit(self) -> None:
-        while self._waiting and self._active < self.config.max_batch:
-            job = self._next_ready()
-            if job is None:
-                return
-            job.stage = Stage.PREFILL
-            with self._count_lock:
-                self._queued -= 1
-                self._active += 1
-            try:
-                self._start(job)
-            except Exception as exc:
-                log.exception("request %s failed to start", job.request_id)
-                self._fail(job, ErrorKind.INTERNAL, f"internal error starting the request: {exc}")
-
-    def _next_ready(self) -> Job | None:
-        """The oldest waiting job whose grammar (if any) is compiled, taken off the queue.
-        With nothing else to do, waits a little for a compilation instead of spinning."""
-        for job in self._waiting:
-            if job.grammar is None or job.grammar.done():
-                self._waiting.remove(job)
-                return job
-        if not (self._batch.rows or self._prefilling or self._encoding or self._group):
-            wait([j.grammar for j in self._waiting if j.grammar], 0.05, FIRST_COMPLETED)
-        return None
-
-    def _start(self, job: Job) -> None:
-        """Look the request up in the caches, then queue its image or prefill work."""
-        grammar = None
-        if job.grammar is not None:
-            assert self._grammars is not None
-            grammar = self._grammars.start(job.grammar.result())  # raises a compile error
-        masker = self._grammars.masker if self._grammars is not None else None
-        job.sampler = make_sampler(job.request.sampling, grammar, masker)
-        self._cache_ops.admit(job)
-        job.sink(
-            AdmittedEvent(job.prompt_len, job.cached_tokens, job.vision_hits, job.vision_misses)
-        )
-        if job.to_encode:
-            job.stage = Stage.ENCODE
-            self._encoding.append(job)
-        else:
-            self._prefilling.append(job)
-
-    def _encode(self) -> None:
-        """One vision-tower unit for the current group of images (formed from the oldest
-        requests' pending images when none is running; see gateway.engine.encode_group)."""
-        if self._group is None:
-            if not self._encoding:
-                return
-            # Block by block only while rows decode (they must not stall); alone, the tower
-            # runs as one graph.
-            self._group, failed = start_group(
-                self._cache_ops, self._encoding, stepwise=lambda: bool(self._batch.rows)
-            )
-            for job, exc in failed:  # e.g. preprocessing an evicted image without pixels
-                log.error("preparing an image of %s failed: %s", job.request_id, exc)
-                self._fail(job, ErrorKind.INTERNAL, f"internal error preparing the image: {exc}")
-            if self._group is None:
-                return
-        group = self._group
-        started = time.perf_counter()
-        try:
-            done = step_group(self._cache_ops, group)
-        except Exception as exc:
-            self._group = None
-            log.exception("encoding a group of %d images failed", len(group.images))
-            for job in group.jobs:
-                self._fail(job, ErrorKind.INTERNAL, f"internal error encoding the image: {exc}")
-            return
-        self.metrics.vision_encode_seconds.observe(time.perf_counter() - started)
-        if not done:
-            return
-        self._group = None
-        for job in group.jobs:
-            if job.stage is Stage.ENCODE and not job.to_encode:
-                self._encoding.remove(job)
-                job.stage = Stage.PREFILL
-                self._prefilling.append(job)
-
-    def _prefill(self) -> None:
-        """Feed up to one prefill budget of prompt tokens, oldest request first.
-
-        A burst (several requests whose remaining prompt is short text) is handed to the
-        batch instead, which prefills them together in one forward per group; one request
-        alone is prefilled here, so its first token comes from its own prefill logits."""
-        budget = self.config.prefill_chunk_tokens
-        if not self._batch.rows:  # nothing decodes: fewer, larger chunks (still bounded: attention
-            budget *= 4  # memory grows with chunk x context)
-        burst = [
-            job
-            for job in self._prefilling
-            if job.fed == max(job.split, job.cached_tokens)  # images done, no text fed yet
-            and job.prompt_len - job.fed <= budget
-        ]
-        if len(burst) > 1 and not self._prefiller.exact:  # exact: every prompt in blocks here
-            for job in burst:
-                self._prefilling.remove(job)
-                try:
-                    self._insert_prompt(job)
-                except Exception as exc:
-                    log.exception("inserting %s failed", job.request_id)
-                    self._fail(job, ErrorKind.INTERNAL, f"internal error admitting it: {exc}")
-        for job in list(self._prefilling):
-            if budget <= 0:
-                return
-            try:
-                fed, first = self._prefiller.feed(job, budget)
-                budget -= fed
-                self.metrics.prefill_chunks.inc()
-                if first is not None:
-                    self._prefilling.remove(job)
-                    self._first_token(job, first)
-            except Exception as exc:
-                log.exception("prefill of %s failed", job.request_id)
-                self._fail(job, ErrorKind.INTERNAL, f"internal error in the prefill: {exc}")
-
-    def _first_token(self, job: Job, first: FirstToken) -> None:
-        """Emit the token sampled at the end of the prefill; finish, or join the batch."""
-        self.metrics.generation_tokens.inc()
-        self._emit(job, first.token, first.logprobs)
-        if job.stage is Stage.DONE:  # failed while emitting
-            return
-        sampling = job.request.sampling
-        eos = not sampling.ignore_eos and first.token in self._batch.stop_ids
-        if eos or job.output.stopped or sampling.max_tokens <= 1:
-            # Done at its first token: the KV holds exactly the prompt (copied without the
-            # buffer's spare capacity, as every stored entry must be).
-            kv = [c.snapshot() for c in job.cache or []]
-            reason = "stop" if eos or job.output.stopped else "length"
-            self._finish(job, reason, kv, list(job.request.prompt_ids))
-        else:
-            prompt = list(job.request.prompt_ids)
-            self._batch.insert(job, [first.token], sampling.max_tokens - 1, prompt)
-
-    def _insert_prompt(self, job: Job) -> None:
-        self._batch.insert_prompt(job)
-
-    def _decode(self) -> None:
-        if not self._batch.rows:
-            return
-        responses = self._batch.step()
-        if responses:
-            self.metrics.decode_steps.inc()
-            self.metrics.generation_tokens.inc(len(responses))
-        stopped: list[Job] = []
-        for job, r in responses:
-            self._emit(job, r.token, r.logprobs)
-            if job.stage is Stage.DONE:  # failed while emitting
-                continue
-            if r.finish_reason is not None:
-                self._batch.finished(job)
-                self._finish(job, r.finish_reason, r.prompt_cache, r.all_tokens)
-            elif job.output.stopped:
-                stopped.append(job)
-        if stopped:  # by a stop string: the generator does not know, take the rows out
-            caches = self._batch.remove(stopped)
-            for job in stopped:
-                kv, tokens = caches.get(job.uid, (None, None))
-                self._finish(job, "stop", kv, tokens)
