@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api import anthropic, openai
+from gateway.api import anthropic, openai, responses_api
 from gateway.api.http import authorize, internal_error
 from gateway.api.openai_responses import render_error
 from gateway.api.pipeline import ChatPipeline
@@ -237,6 +237,7 @@ def create_app(
     routes = [
         *openai.routes(gateway.pipeline),
         *anthropic.routes(gateway.pipeline),
+        *responses_api.routes(gateway.pipeline, server),  # /v1/responses and its state
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/health", gateway.health, methods=["GET"]),
         Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),

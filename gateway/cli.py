@@ -12,7 +12,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from gateway.config import CacheConfig, ConfigError, EngineConfig, MediaConfig, ServerConfig
+from gateway.config import (
+    CacheConfig,
+    ConfigError,
+    EngineConfig,
+    MediaConfig,
+    ResponsesConfig,
+    ServerConfig,
+)
 
 EMBEDDED_NOTICE = (
     "This is the embedded tiny random-weight test model: its answers are noise. "
@@ -233,6 +240,24 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="seconds to finish running requests",
     )
     a(
+        "--responses-max-stored",
+        type=int,
+        default=_d(ResponsesConfig, "max_stored"),
+        help="Responses API: stored responses kept for previous_response_id (LRU; 0: none)",
+    )
+    a(
+        "--responses-store-mb",
+        type=float,
+        default=_d(ResponsesConfig, "max_mb"),
+        help="Responses API: MiB for stored conversations, their decoded images included",
+    )
+    a(
+        "--responses-ttl-s",
+        type=float,
+        default=_d(ResponsesConfig, "ttl_s"),
+        help="Responses API: seconds a stored response is kept (0: until evicted)",
+    )
+    a(
         "--log-level",
         default=_d(ServerConfig, "log_level"),
         choices=["debug", "info", "warning", "error"],
@@ -302,6 +327,11 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         shutdown_grace_s=args.shutdown_grace,
         log_level=args.log_level,
         engine_process=not args.in_process_engine,
+        responses=ResponsesConfig(
+            max_stored=args.responses_max_stored,
+            max_mb=args.responses_store_mb,
+            ttl_s=args.responses_ttl_s,
+        ),
     )
     cache = CacheConfig(
         vision_cache_mb=args.vision_cache_mb,

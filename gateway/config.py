@@ -141,6 +141,26 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class ResponsesConfig:
+    """Bounds of the Responses API's stored conversations (gateway.api.responses_store):
+    `max_stored` 0 stores nothing (`previous_response_id` then always 404s); `ttl_s` 0: no
+    expiry. Bytes count texts, rendered bodies and the kept decoded images (3 bytes/pixel)."""
+
+    max_stored: int = 1000
+    max_mb: float = 256
+    ttl_s: float = 86400.0
+
+    def __post_init__(self) -> None:
+        _require(self.max_stored >= 0, "--responses-max-stored must be >= 0")
+        _require(self.max_mb >= 0, "--responses-store-mb must be >= 0")
+        _require(self.ttl_s >= 0, "--responses-ttl-s must be >= 0")
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self.max_mb * MIB)
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """The HTTP edge."""
 
@@ -156,6 +176,7 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0
     log_level: str = "info"
     engine_process: bool = True  # run the engine in its own process (its own GIL)
+    responses: ResponsesConfig = field(default_factory=ResponsesConfig)
 
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, "--port must be in 0..65535")

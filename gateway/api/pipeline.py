@@ -14,14 +14,14 @@ import contextlib
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.requests import Request
 
 from gateway.api.body_budget import BodyBudget
-from gateway.api.chat import ChatRequest
+from gateway.api.chat import ChatRequest, ImagePart
 from gateway.api.http import authorize, read_json, unless_disconnected
 from gateway.api.prompt import PromptBuilder, UnsupportedImage
 from gateway.api.streams import EventStream, LoopDelivery
@@ -32,6 +32,11 @@ from gateway.engine.request import AdmittedEvent, EngineBusy, ErrorEvent, ErrorK
 from gateway.errors import APIError, invalid
 from gateway.media import DecodedImage, MediaLoader
 from gateway.metrics import EdgeMetrics
+
+# Images of a parsed request, in `ChatRequest.images` order. The default loads every image
+# part through the media loader; the Responses API passes its own, which takes the images of
+# a stored conversation from its store (no fetch, no decode, no hash) and loads only new ones.
+ImageResolver = Callable[[ChatRequest], Awaitable[list[DecodedImage]]]
 
 
 class ClientGone(Exception):
@@ -139,8 +144,19 @@ class ChatPipeline:
                 self.engine.cancel(request_id)
         return len(live)
 
+    async def load_images(self, parts: Sequence[ImagePart]) -> list[DecodedImage]:
+        """Fetch, decode and hash `parts` under the media limits (APIError on failure)."""
+        images = await self.media.load_all([(p.url, p.param) for p in parts])
+        for image in images:
+            self._metrics.image_decode_seconds.observe(image.decode_seconds)
+            self._metrics.image_hash_seconds.observe(image.hash_seconds)
+        return images
+
     async def _prepare(
-        self, request: Request, parse: Callable[[Any], ChatRequest]
+        self,
+        request: Request,
+        parse: Callable[[Any], ChatRequest],
+        resolve: ImageResolver | None = None,
     ) -> tuple[PromptBuilder, LoopDelivery, ChatRequest, list[DecodedImage], float]:
         """Authorize, read and parse the body, check the model, load the media."""
         authorize(request, self._server.api_key)
@@ -152,10 +168,7 @@ class ChatPipeline:
         chat = parse(body)
         if chat.model != self.served_model_name:
             raise model_not_found(chat.model, self.served_model_name)
-        images = await self.media.load_all([(p.url, p.param) for p in chat.images])
-        for image in images:
-            self._metrics.image_decode_seconds.observe(image.decode_seconds)
-            self._metrics.image_hash_seconds.observe(image.hash_seconds)
+        images = await (resolve(chat) if resolve else self.load_images(chat.images))
         return prompts, delivery, chat, images, t_read
 
     async def count_tokens(self, request: Request, parse: Callable[[Any], ChatRequest]) -> int:
@@ -168,13 +181,18 @@ class ChatPipeline:
             raise prompt_error(exc, chat) from None
 
     async def admit(
-        self, request: Request, parse: Callable[[Any], ChatRequest], id_prefix: str
+        self,
+        request: Request,
+        parse: Callable[[Any], ChatRequest],
+        id_prefix: str,
+        resolve: ImageResolver | None = None,
     ) -> Admission:
         """Authorize, read and parse the body, load media, build the prompt, submit, and wait
         for admission. Raises APIError (4xx for the client's mistakes; `Overloaded` when the
-        engine queue is full; 503 while shutting down) or ClientGone."""
+        engine queue is full; 503 while shutting down) or ClientGone. `resolve` supplies the
+        images (default: `load_images` of every image part)."""
         arrival = time.perf_counter()
-        prompts, delivery, chat, images, t_read = await self._prepare(request, parse)
+        prompts, delivery, chat, images, t_read = await self._prepare(request, parse, resolve)
         request_id = f"{id_prefix}{uuid.uuid4().hex}"
         t_media = time.perf_counter()
         try:
