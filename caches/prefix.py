@@ -7,7 +7,8 @@ an image's placeholder run says *which* image it is. A block's KV depends on eve
 before it, which the path from the root fixes; so two prompts share exactly the blocks whose
 whole prefix (text and images, in order) is equal, and different images never share a block
 past the text before them. Only whole blocks are stored; each is stored once, however many
-entries (leaves) contain it.
+entries (leaves) contain it. Without the exact rule (`align` 1) a hit may also use the
+leading tokens of a stored block (the one sharing most with the prompt's next tokens).
 
 Values are opaque (an MLX KV block; no mlx/numpy/PIL here), never sliced or mutated: a hit
 returns the path's block values and how many of their tokens to use; the caller assembles
@@ -192,8 +193,15 @@ class PrefixCache:
         n, b = len(token_ids), self._block
         if self._capacity == 0 or n < 2:
             return None
-        path = self._tree.match(self._edges(key_items(token_ids, spans), n // b))
+        items = key_items(token_ids, spans)
+        path = self._tree.match(self._edges(items, n // b))
         covered = len(path) * b
+        if covered < n and align < b:  # a hit may also end inside a stored block
+            after = tuple(items[covered : covered + b])
+            child, m = self._tree.best_child(path[-1] if path else None, after)
+            if child is not None:
+                path.append(child)
+                covered += m
         if align > 1:  # the exact rule: whole blocks of `align`, may end inside an image
             tokens = min(covered, n - 1) // align * align
         else:

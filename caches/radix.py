@@ -62,6 +62,22 @@ class Node:
         return out[::-1]
 
 
+def common_prefix_len(a: Edge, b: Edge) -> int:
+    """Longest common prefix length of two tuples: a binary search over slice equality, so
+    O(log n) Python steps and O(n) work in C."""
+    limit = min(len(a), len(b))
+    if a[:limit] == b[:limit]:
+        return limit
+    lo, hi = 0, limit  # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class BlockTree:
     """The tree, its byte total and its sharing counters. `capacity_bytes` > 0."""
 
@@ -89,6 +105,17 @@ class BlockTree:
                 break
             path.append(node)
         return path
+
+    def best_child(self, parent: Node | None, edge: Edge) -> tuple[Node | None, int]:
+        """The child of `parent` (None: the root) sharing the longest leading run of items
+        with `edge` (which may be shorter than a block), and that run's length (0: none).
+        O(children * log(block)) tuple-slice comparisons, done in C."""
+        best, best_m = None, 0
+        for child in (parent or self.root).children.values():
+            m = common_prefix_len(child.edge, edge)
+            if m > best_m:
+                best, best_m = child, m
+        return best, best_m
 
     def touch(self, path: Sequence[Node], hit: bool = False) -> None:
         """Mark every block of `path` used now; a leaf re-enters the LRU heap."""

@@ -101,7 +101,9 @@ class CacheOps:
             job.cached_tokens = hit.tokens
             # (an exact-rule hit may end inside an image: the delta of the images before it;
             # the prefill sets the prompt's own delta once it is complete)
-            job.cache = assemble(hit, delta_before(layouts, hit.tokens))
+            # room for the rest of the prompt (and the exact rule's padded last block)
+            room = len(request.prompt_ids) - hit.tokens + self.exact_block
+            job.cache = assemble(hit, delta_before(layouts, hit.tokens), room)
         job.encoded = [None] * len(request.images)
         pending = [i for i, img in enumerate(request.images) if img.layout.end > job.cached_tokens]
         job.split = max((request.images[i].layout.end for i in pending), default=0)
@@ -172,21 +174,32 @@ def delta_before(layouts: Sequence[Any], cut: int) -> int:
     return sum(i.rope_shift for i in layouts if i.end <= cut)
 
 
-def assemble(hit: PrefixHit, rope_delta: int) -> list[RowKVCache]:
-    """A private cache over the hit's first `hit.tokens` tokens: each layer's blocks
-    concatenated (a new array, so the request's own updates never write into a stored
-    block; the batch's merge copies again anyway)."""
+def assemble(hit: PrefixHit, rope_delta: int, room: int = 0) -> list[RowKVCache]:
+    """A private cache over the hit's first `hit.tokens` tokens: each layer's blocks copied
+    into one new buffer with `room` free rows after them, so the prefill of the rest writes in
+    place (one copy of the prefix, as the old snapshot fork's first update made) and never
+    into a stored block. The batch's merge copies again anyway."""
     out = []
     for layer in zip(*hit.blocks):
-        keys = _join([k for k, _ in layer])[..., : hit.tokens, :]
-        values = _join([v for _, v in layer])[..., : hit.tokens, :]
-        out.append(RowKVCache.from_arrays(keys, values, rope_delta))
+        keys = _join([k for k, _ in layer], hit.tokens, room)
+        values = _join([v for _, v in layer], hit.tokens, room)
+        cache = RowKVCache.from_arrays(keys, values, rope_delta)
+        cache.offset = hit.tokens
+        out.append(cache)
     mx.eval([c.keys for c in out], [c.values for c in out])
     return out
 
 
-def _join(arrays: list[mx.array]) -> mx.array:
-    return arrays[0] if len(arrays) == 1 else mx.concatenate(arrays, axis=2)
+def _join(blocks: list[mx.array], tokens: int, room: int) -> mx.array:
+    """(1, heads, tokens + room, dim): the blocks cut to `tokens` rows, then `room` zeros.
+    With no room and one block this is the stored array itself (or a view of it): its shape
+    equals the cache's length, so the next update reallocates instead of writing into it."""
+    extra = sum(b.shape[2] for b in blocks) - tokens
+    parts = [*blocks[:-1], blocks[-1][..., : blocks[-1].shape[2] - extra, :]]
+    if room > 0:
+        head = parts[0]
+        parts.append(mx.zeros((*head.shape[:2], room, head.shape[3]), dtype=head.dtype))
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2)
 
 
 def cache_stats(vision: VisionCache, prefix: PrefixCache) -> dict[str, dict[str, object]]:

@@ -107,8 +107,9 @@ def test_different_images_share_only_the_text_before_them() -> None:
     tokens; one that differs only in run length does not either."""
     cache = PrefixCache(10_000, block_tokens=B)
     put(cache, P(1, 2, 3, 4, 5, 6, ("x", 8), 7, 8))
-    assert hit_tokens(cache, P(1, 2, 3, 4, 5, 6, ("y", 8), 7, 8)) == 4
-    assert hit_tokens(cache, P(1, 2, 3, 4, 5, 6, ("x", 9), 7, 8)) == 4
+    assert hit_tokens(cache, P(1, 2, 3, 4, 5, 6, ("y", 8), 7, 8)) == 6  # part of block 1
+    assert hit_tokens(cache, P(1, 2, 3, 4, 5, 6, ("x", 9), 7, 8)) == 6
+    assert hit_tokens(cache, P(1, 2, 3, 4, 5, 6, ("y", 8), 7, 8), align=B) == 4
     assert hit_tokens(cache, P(1, 2, 3, 4, 5, 6, ("x", 8), 7, 8, 9)) == 16  # control
 
 
@@ -124,7 +125,8 @@ def test_hit_never_ends_inside_an_image_and_leaves_one_token() -> None:
     assert hit_tokens(cache, short) == 11  # part of the last block: text after the image
     assert hit_tokens(cache, P(1, 2, ("x", 8)), align=1) == 2  # 8 or 9: inside the image
     assert hit_tokens(cache, P(1, 2, ("x", 8)), align=B) == 8
-    assert hit_tokens(cache, P(1, 2, 3, 4, 5)) == 0
+    assert hit_tokens(cache, P(1, 2, 3, 4, 5)) == 2  # the text before the image, in block 0
+    assert hit_tokens(cache, P(1, 2, 3, 4, 5), align=B) == 0
 
 
 def test_budget_evicts_lru_leaves_and_counts_blocks() -> None:
@@ -225,9 +227,9 @@ def test_thread_safety_smoke() -> None:
     assert s.hits + s.misses == 400 and s.bytes <= 500
 
 
-def _brute(stored: Sequence[Prompt], query: Prompt) -> int:
-    """Longest whole-block prefix of the query's key items among stored prompts' whole
-    blocks, capped to leave a token and not end inside an image."""
+def _brute(stored: Sequence[Prompt], query: Prompt, align: int) -> int:
+    """Longest prefix of the query's key items among stored prompts' whole blocks (rounded
+    down to `align`), capped to leave a token and (align 1) not end inside an image."""
     q = key_items(*query)
     best = 0
     for ids, spans in stored:
@@ -235,8 +237,10 @@ def _brute(stored: Sequence[Prompt], query: Prompt) -> int:
         m = 0
         while m < min(len(s), len(q)) and s[m] == q[m]:
             m += 1
-        best = max(best, m // B * B)
+        best = max(best, m)
     best = min(best, len(q) - 1)
+    if align > 1:
+        return best // align * align
     for sp in query[1]:
         if sp.start < best < sp.end:
             best = sp.start
@@ -256,6 +260,7 @@ def test_lookup_matches_brute_force(stored: list[list[Seg]], data: st.DataObject
     for p in prompts:
         put(cache, p)
     query = P(*data.draw(st.lists(_seg, min_size=1, max_size=10)))
-    assert hit_tokens(cache, query) == _brute(prompts, query)
+    assert hit_tokens(cache, query) == _brute(prompts, query, 1)
+    assert hit_tokens(cache, query, align=B) == _brute(prompts, query, B)
     distinct = {tuple(key_items(*p)[: (k + 1) * B]) for p in prompts for k in range(len(p[0]) // B)}
     assert cache.stats().blocks == len(distinct)
