@@ -62,7 +62,8 @@ class Receipt(BaseModel):
 
 @pytest.fixture(scope="module")
 def server():
-    proc = ServerProcess("--max-batch", "8")
+    # 8-token exact-reuse blocks: a repeat extraction's 24-token prompt has no 32-token block.
+    proc = ServerProcess("--max-batch", "8", "--kv-block-tokens", "8")
     yield proc
     assert proc.stop(), proc.log()
 
