@@ -139,6 +139,16 @@ class CacheCollector:
         yield CounterMetricFamily(
             p + "prefix_cache_hits", "Prompt tokens found", prefix["tokens_hit"]
         )
+        # The prefix cache is a block radix tree: how much of it is shared.
+        for name, doc, key in (
+            ("prefix_cache_blocks", "KV blocks held, each once", "blocks"),
+            ("prefix_cache_shared_blocks", "KV blocks held by 2+ entries", "shared_blocks"),
+            ("prefix_cache_stored_tokens", "Tokens the entries stand for", "stored_tokens"),
+            ("prefix_cache_unique_tokens", "Tokens held (each block once)", "unique_tokens"),
+            ("prefix_cache_sharing_ratio", "stored_tokens / unique_tokens", "sharing_ratio"),
+        ):
+            if key in prefix:
+                yield GaugeMetricFamily(p + name, doc, value=prefix[key])
         for name, doc, key, family in (
             ("cache_evictions", "Entries evicted", "evictions", CounterMetricFamily),
             ("cache_bytes", "Bytes held (used array sizes)", "bytes", GaugeMetricFamily),

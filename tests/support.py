@@ -232,9 +232,11 @@ def _image_turn(text: str, images: int = 1) -> dict:
     return {"role": "user", "content": [*parts, {"type": "text", "text": text}]}
 
 
-def conversation(h: EngineHarness, image: Image.Image, turns: int = 5) -> list[Run]:
-    """`turns` greedy turns about one image, each resending the history, then a fresh
-    question about the same image (so len(result) == turns + 1)."""
+def conversation(
+    h: EngineHarness, image: Image.Image, turns: int = 5, fresh: bool = True
+) -> list[Run]:
+    """`turns` greedy turns about one image, each resending the history, then (`fresh`) a
+    new question about the same image (so len(result) == turns + fresh)."""
     messages = [_image_turn("What is in this picture?")]
     runs = []
     for turn in range(turns):
@@ -252,7 +254,8 @@ def conversation(h: EngineHarness, image: Image.Image, turns: int = 5) -> list[R
             {"role": "assistant", "content": run.text},
             {"role": "user", "content": f"Tell me more, part {turn + 2}."},
         ]
-    runs.append(h.run(chat_body("A different question about it", images=1), [image]))
+    if fresh:
+        runs.append(h.run(chat_body("A different question about it", images=1), [image]))
     return runs
 
 

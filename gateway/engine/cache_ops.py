@@ -1,5 +1,6 @@
-"""What the engine does with its caches: lookups at admission, image encoding through the
-vision cache, chunked image prefill, and storing KV snapshots. Engine thread only.
+"""What the engine does with its caches: lookups at admission (a prefix hit's KV blocks
+assembled into the request's own cache), vision-cache lookups, and storing a prompt's KV as
+blocks of the radix tree (caches/prefix.py). Engine thread only.
 
 A failure inside a cache is a miss (or a skipped store) with a log line, never a failed
 request: the caches are an optimisation, the request must still be answered.
@@ -14,12 +15,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from caches.prefix import ImageSpan, PrefixCache, PrefixEntry
+from caches.prefix import ImageSpan, PrefixCache, PrefixHit
+from caches.radix import Block
 from caches.vision import VisionCache, VisionEntry, VisionKey
+from gateway.config import CPU_KV_BLOCK_TOKENS, GPU_KV_BLOCK_TOKENS
 from gateway.engine.job import Job
 from gateway.engine.kv import RowKVCache
 from gateway.engine.model import VisionLanguageModel
-from gateway.engine.positions import rope_delta_at
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,10 @@ log = logging.getLogger(__name__)
 class CacheOps:
     """`exact_block` > 0 applies the exact-reuse rule (docs/caching.md): hits are whole blocks
     of that many tokens, and only KV that prefill computed is stored (a finished request's
-    prompt, not its answer, whose KV decode steps computed in other shapes)."""
+    prompt, not its answer, whose KV decode steps computed in other shapes).
+
+    The prefix cache stores blocks of `exact_block` tokens (with the rule off: the device's
+    default block, hits then any whole-block prefix that does not end inside an image)."""
 
     def __init__(
         self,
@@ -38,10 +43,22 @@ class CacheOps:
     ) -> None:
         self.model = model
         self.vision = vision
-        self.prefix = prefix
         self.exact_block = exact_block
+        on_gpu = mx.default_device().type == mx.DeviceType.gpu
+        self.block = exact_block or (GPU_KV_BLOCK_TOKENS if on_gpu else CPU_KV_BLOCK_TOKENS)
+        self.prefix = prefix
         self._align = max(exact_block, 1)
         self._dtype = str(model.embed_dtype).replace("mlx.core.", "")
+
+    @property
+    def prefix(self) -> PrefixCache:
+        return self._prefix
+
+    @prefix.setter
+    def prefix(self, cache: PrefixCache) -> None:
+        """Use `cache` (also a fresh one after a reset), keyed by this engine's blocks."""
+        cache.configure(self.block)
+        self._prefix = cache
 
     def spans(self, job: Job, upto: int | None = None) -> list[ImageSpan]:
         """Image spans of the request's prompt (those wholly before `upto`, if given)."""
@@ -69,8 +86,8 @@ class CacheOps:
     def admit(self, job: Job) -> None:
         """Prefix lookup, then vision lookups for the images the prefix does not cover.
 
-        Sets job.cached_tokens, job.cache (a private fork of the hit), job.encoded,
-        job.to_encode (images to run through the tower) and job.split.
+        Sets job.cached_tokens, job.cache (the hit's blocks assembled into a private cache),
+        job.encoded, job.to_encode (images to run through the tower) and job.split.
         """
         request = job.request
         layouts = [i.layout for i in request.images]
@@ -84,8 +101,9 @@ class CacheOps:
             job.cached_tokens = hit.tokens
             # (an exact-rule hit may end inside an image: the delta of the images before it;
             # the prefill sets the prompt's own delta once it is complete)
-            delta = sum(i.rope_shift for i in layouts if i.end <= hit.tokens)
-            job.cache = fork(hit.entry.kv, hit.tokens, delta)
+            # room for the rest of the prompt (and the exact rule's padded last block)
+            room = len(request.prompt_ids) - hit.tokens + self.exact_block
+            job.cache = assemble(hit, delta_before(layouts, hit.tokens), room)
         job.encoded = [None] * len(request.images)
         pending = [i for i, img in enumerate(request.images) if img.layout.end > job.cached_tokens]
         job.split = max((request.images[i].layout.end for i in pending), default=0)
@@ -109,56 +127,79 @@ class CacheOps:
             return None
 
     def store_image_part(self, job: Job) -> None:
-        """Store a snapshot of the job's KV over the image-bearing part [0, split) (called once
-        that part is prefilled), so a later question about the same images skips it."""
-        split = job.split
-        self._store(
-            job,
-            job.request.prompt_ids[:split],
-            [c.snapshot(split) for c in job.cache or []],
-            rope_delta_at([i.layout for i in job.request.images], split),
-            self.spans(job, split),
-        )
+        """Store the job's KV blocks prefilled so far (called once the image-bearing part
+        [0, split) is in its cache), so a later question about the same images skips it."""
+        kv = job.cache or []
+        upto = min(job.fed, kv[0].offset) if kv else 0
+        self._store(job, job.request.prompt_ids, kv, upto)
 
     def store_finished(self, job: Job, kv: list[Any], tokens: list[int], delta: int) -> None:
-        """Store prompt + answer KV of a finished request (for the next turn); under the
-        exact rule only the prompt's (`delta` is the rope delta at the prompt's end)."""
+        """Store the KV blocks of a finished request's prompt + answer (for the next turn);
+        under the exact rule only the prompt's. (`delta`, the rope delta at the prompt's end,
+        is recomputed per block.)"""
         if not kv or kv[0].offset != len(tokens):
             log.warning("not caching %s: KV length does not match its tokens", job.request_id)
             return
-        if self.exact_block and len(tokens) > job.prompt_len:
-            tokens = tokens[: job.prompt_len]
-            kv = [c.snapshot(job.prompt_len) for c in kv]
-        self._store(job, tokens, kv, delta, self.spans(job))
+        length = job.prompt_len if self.exact_block else len(tokens)
+        self._store(job, tokens, kv, length)
 
-    def _store(
-        self, job: Job, tokens: Any, kv: list[Any], delta: int, spans: list[ImageSpan]
-    ) -> None:
+    def _store(self, job: Job, tokens: Any, kv: list[Any], length: int) -> None:
+        """Store whole blocks of tokens[:length]; only blocks the tree lacks are copied."""
         try:
-            if self.prefix.capacity_bytes == 0 or not job.request.use_caches:
+            if self.prefix.capacity_bytes == 0 or not job.request.use_caches or not kv:
                 return
-            nbytes = sum(c.used_nbytes() for c in kv)
-            if nbytes > self.prefix.capacity_bytes:
-                return
-            # Materialise the snapshot now: a lazy slice would keep its whole source buffer
-            # (a batch's KV, every row) alive for as long as the entry lives, unaccounted.
-            mx.eval([c.keys for c in kv], [c.values for c in kv])
-            self.prefix.store(list(tokens), spans, PrefixEntry(kv, len(tokens), delta, nbytes))
+            layouts = [i.layout for i in job.request.images]
+            block, new = self.prefix.block_tokens, []
+
+            def make(k: int) -> Block:
+                lo, hi = k * block, (k + 1) * block
+                # A contiguous copy: a lazy slice would keep its whole source buffer (a
+                # batch's KV, every row) alive for as long as the block lives, unaccounted.
+                arrays = tuple(
+                    (mx.contiguous(c.keys[..., lo:hi, :]), mx.contiguous(c.values[..., lo:hi, :]))
+                    for c in kv
+                )
+                new.append(arrays)
+                nbytes = sum(k_.nbytes + v_.nbytes for k_, v_ in arrays)
+                return Block(arrays, nbytes, delta_before(layouts, hi))
+
+            self.prefix.store(list(tokens), self.spans(job), make, length)
+            mx.eval(new)
         except Exception:
             log.exception("prefix cache store failed for %s; continuing", job.request_id)
 
 
-def fork(kv: list[RowKVCache], tokens: int, rope_delta: int) -> list[RowKVCache]:
-    """A private cache over the first `tokens` tokens of a stored snapshot. The stored arrays
-    have no spare capacity, so the fork's first update reallocates instead of writing into
-    them: the stored entry is never mutated."""
+def delta_before(layouts: Sequence[Any], cut: int) -> int:
+    """Rope delta of the images wholly before token `cut` (which may fall inside an image)."""
+    return sum(i.rope_shift for i in layouts if i.end <= cut)
+
+
+def assemble(hit: PrefixHit, rope_delta: int, room: int = 0) -> list[RowKVCache]:
+    """A private cache over the hit's first `hit.tokens` tokens: each layer's blocks copied
+    into one new buffer with `room` free rows after them, so the prefill of the rest writes in
+    place (one copy of the prefix, as the old snapshot fork's first update made) and never
+    into a stored block. The batch's merge copies again anyway."""
     out = []
-    for layer in kv:
-        keys = layer.keys[..., :tokens, :]
-        values = layer.values[..., :tokens, :]
-        out.append(RowKVCache.from_arrays(keys, values, rope_delta))
-    mx.eval([c.keys for c in out])
+    for layer in zip(*hit.blocks):
+        keys = _join([k for k, _ in layer], hit.tokens, room)
+        values = _join([v for _, v in layer], hit.tokens, room)
+        cache = RowKVCache.from_arrays(keys, values, rope_delta)
+        cache.offset = hit.tokens
+        out.append(cache)
+    mx.eval([c.keys for c in out], [c.values for c in out])
     return out
+
+
+def _join(blocks: list[mx.array], tokens: int, room: int) -> mx.array:
+    """(1, heads, tokens + room, dim): the blocks cut to `tokens` rows, then `room` zeros.
+    With no room and one block this is the stored array itself (or a view of it): its shape
+    equals the cache's length, so the next update reallocates instead of writing into it."""
+    extra = sum(b.shape[2] for b in blocks) - tokens
+    parts = [*blocks[:-1], blocks[-1][..., : blocks[-1].shape[2] - extra, :]]
+    if room > 0:
+        head = parts[0]
+        parts.append(mx.zeros((*head.shape[:2], room, head.shape[3]), dtype=head.dtype))
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2)
 
 
 def cache_stats(vision: VisionCache, prefix: PrefixCache) -> dict[str, dict[str, object]]:

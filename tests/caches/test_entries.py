@@ -11,7 +11,8 @@ import pytest
 
 from caches.entries import HASH_PREFIX_CHARS, CacheEntryInfo, entries_report
 from caches.lru import ByteLRU
-from caches.prefix import ImageSpan, PrefixCache, PrefixEntry
+from caches.prefix import ImageSpan, PrefixCache
+from caches.radix import Block
 from caches.vision import VisionCache, VisionEntry, VisionKey
 
 H1, H2 = "a" * 32, "b" * 32
@@ -96,22 +97,27 @@ def _prompt(*segs: int | tuple[str, int]) -> tuple[list[int], list[ImageSpan]]:
 
 
 def test_prefix_entries_list_images_in_order_and_credit_lookup_hits() -> None:
-    """Invariant: a prefix entry lists its images' hashes in prompt order (none for text);
-    lookups served by it count as its hits, a peek and a covered re-store do not."""
-    cache = PrefixCache(10_000)
-    two = _prompt(1, (H1, 4), 2, (H2, 4), 3, 4)
-    text = _prompt(7, 8, 9)
+    """Invariant: a prefix entry (a leaf of the block tree) lists its images' hashes in
+    prompt order (none for text); lookups served along its path count as its hits, a peek
+    and a covered re-store do not."""
+    cache = PrefixCache(10_000, block_tokens=2)
+    two = _prompt(1, (H1, 4), 2, (H2, 4), 3, 4)  # 12 tokens: 6 blocks
+    text = _prompt(7, 8, 9, 10)
+
+    def make(k: int) -> Block:
+        return Block("kv", 50)
+
     for p in (two, text):
-        cache.store(*p, PrefixEntry("kv", len(p[0]), 0, 50))
+        cache.store(*p, make)
     longer = (two[0] + [5, 6], two[1])
     assert cache.lookup(*longer) is not None
     assert cache.lookup(*longer) is not None
     cache.peek(*longer)
-    cache.store(two[0][:3], two[1][:1], PrefixEntry("kv", 3, 0, 10))  # covered: touches only
+    cache.store(*two, make, length=4)  # covered: touches only
     info = {e.pixel_hashes: e for e in cache.entries()}
     assert set(info) == {(H1, H2), ()}
     assert info[(H1, H2)].hits == 2 and info[(H1, H2)].tokens == len(two[0])
-    assert info[()].hits == 0 and info[()].kind == "prefix"
+    assert info[()].hits == 0 and info[()].kind == "prefix" and info[()].tokens == 4
 
 
 def _info(kind: str, h: str | None, nbytes: int, hits: int, age: float = 1.0) -> CacheEntryInfo:

@@ -35,7 +35,8 @@ def _hash(png: bytes) -> str:
 @pytest.fixture(scope="module", params=["engine-process", "in-process-engine"])
 def server(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
     args = ["--in-process-engine"] if request.param == "in-process-engine" else []
-    proc = ServerProcess(*args)
+    # 8-token blocks: the prefix cache stores whole blocks, and these prompts are ~30 tokens.
+    proc = ServerProcess(*args, "--kv-block-tokens", "8")
     yield proc
     assert proc.stop(), proc.log()
 

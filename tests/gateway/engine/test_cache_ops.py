@@ -5,7 +5,9 @@ caches == without caches, token ids and logprobs bit for bit, for turns 1..5 of 
 about one image and for a fresh question on the same image; later turns reuse the earlier
 turns' prompt KV in whole blocks (the exact-reuse rule); two images differing in one pixel
 share nothing past the text before them; swapping two images' order shares nothing past the
-text before them; a stored entry is not mutated by requests that extend it.
+text before them; a stored entry is not mutated by requests that extend it; the prefix
+cache holds a conversation's KV once (<= 1.25x its prompt's KV, however many turns), and
+two conversations about one image with one system prompt hold those blocks once.
 """
 
 from __future__ import annotations
@@ -128,5 +130,60 @@ def test_stored_kv_holds_only_its_accounted_bytes() -> None:
         accounted = stats["prefix"]["bytes"] + stats["vision"]["bytes"]
         assert stats["prefix"]["entries"] >= 16
         assert held <= accounted + 2 * 1024 * 1024, (held, accounted)
+    finally:
+        h.close()
+
+
+def _kv_bytes_per_token(h: EngineHarness) -> int:
+    stats = h.engine.cache_stats()["prefix"]
+    assert stats["unique_tokens"] > 0
+    return stats["bytes"] // stats["unique_tokens"]
+
+
+def test_a_conversation_is_held_once() -> None:
+    """Invariant: after 6 turns about one image the prefix cache holds <= 1.25x the KV of the
+    last prompt (block granularity included): every turn's blocks are shared with the next;
+    the snapshot cache held each turn's whole history again (~3.9x after 6 turns)."""
+    h = EngineHarness("qwen2_vl", max_batch=2, cache=CacheConfig(kv_block_tokens=16))
+    try:
+        runs = conversation(h, noise_image(51, 112, 84), turns=6, fresh=False)
+        stats = h.engine.cache_stats()["prefix"]
+        last_prompt = runs[-1].finish.usage.prompt_tokens
+        assert stats["bytes"] <= 1.25 * last_prompt * _kv_bytes_per_token(h)
+        assert stats["entries"] == 1 and stats["sharing_ratio"] == 1.0
+        assert runs[-1].finish.usage.cached_tokens == runs[-2].finish.usage.prompt_tokens // 16 * 16
+    finally:
+        h.close()
+
+
+def test_two_conversations_share_system_prompt_and_image_blocks() -> None:
+    """Invariant: two conversations with one system prompt and one image, asking different
+    questions, store the blocks before their first different token once (shared blocks);
+    each then adds only its own blocks."""
+    h = EngineHarness("qwen2_vl", max_batch=2, cache=CacheConfig(kv_block_tokens=16))
+    system = {"role": "system", "content": "You look at pictures carefully. " * 4}
+    image = noise_image(52, 112, 84)
+    questions = ("What colour dominates?", "Count the shapes, please.")
+    try:
+        runs = []
+        for question in questions:
+            body = chat_body(question, images=1)
+            body["messages"] = [system, *body["messages"]]
+            runs.append(h.run(body, [image]))
+        model = h.engine.model
+        a, b = (
+            model.tokenize(
+                model.render([system, {"role": "user", "content": [{"type": "image"}, q]}])
+            )
+            for q in ({"type": "text", "text": q} for q in questions)
+        )
+        first_diff = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+        first_diff += runs[0].finish.usage.prompt_tokens - len(a)  # the image's run expanded
+        stats = h.engine.cache_stats()["prefix"]
+        assert stats["entries"] == 2 and stats["shared_blocks"] == first_diff // 16 > 2
+        both = sum(r.finish.usage.prompt_tokens // 16 for r in runs)
+        assert stats["blocks"] == both - stats["shared_blocks"]  # each block held once
+        assert stats["stored_tokens"] == both * 16  # the entries stand for both prompts
+        assert runs[1].finish.usage.cached_tokens == first_diff // 16 * 16
     finally:
         h.close()
