@@ -21,16 +21,16 @@ from typing import Any
 from starlette.requests import Request
 
 from gateway.api.body_budget import BodyBudget
-from gateway.api.chat import ChatRequest
+from gateway.api.chat import ChatRequest, ImagePart, VideoPart
 from gateway.api.http import authorize, read_json, unless_disconnected
-from gateway.api.prompt import PromptBuilder, UnsupportedImage
+from gateway.api.prompt import Media, PromptBuilder, UnsupportedImage
 from gateway.api.streams import EventStream, LoopDelivery
 from gateway.config import MIB, ServerConfig
 from gateway.engine.core import Engine
 from gateway.engine.process import EngineUnavailable, RemoteEngine
 from gateway.engine.request import AdmittedEvent, EngineBusy, ErrorEvent, ErrorKind
 from gateway.errors import APIError, invalid
-from gateway.media import DecodedImage, MediaLoader
+from gateway.media import MediaLoader
 from gateway.metrics import EdgeMetrics
 
 
@@ -141,7 +141,7 @@ class ChatPipeline:
 
     async def _prepare(
         self, request: Request, parse: Callable[[Any], ChatRequest]
-    ) -> tuple[PromptBuilder, LoopDelivery, ChatRequest, list[DecodedImage], float]:
+    ) -> tuple[PromptBuilder, LoopDelivery, ChatRequest, list[Media], float]:
         """Authorize, read and parse the body, check the model, load the media."""
         authorize(request, self._server.api_key)
         prompts, delivery = self.prompts, self._delivery
@@ -152,11 +152,18 @@ class ChatPipeline:
         chat = parse(body)
         if chat.model != self.served_model_name:
             raise model_not_found(chat.model, self.served_model_name)
-        images = await self.media.load_all([(p.url, p.param) for p in chat.images])
+        self.media.check_media_count(len(chat.images), len(chat.videos))
+        images, videos = await asyncio.gather(
+            self.media.load_all([(p.url, p.param) for p in chat.images]),
+            self.media.load_videos([(p.url, p.param) for p in chat.videos]),
+        )
         for image in images:
             self._metrics.image_decode_seconds.observe(image.decode_seconds)
             self._metrics.image_hash_seconds.observe(image.hash_seconds)
-        return prompts, delivery, chat, images, t_read
+        # Back into prompt order: the placeholders of images and videos interleave.
+        queues = {ImagePart: iter(images), VideoPart: iter(videos)}
+        media: list[Media] = [next(queues[type(p)]) for p in chat.media]  # type: ignore[call-overload]
+        return prompts, delivery, chat, media, t_read
 
     async def count_tokens(self, request: Request, parse: Callable[[Any], ChatRequest]) -> int:
         """The prompt length (tokens, images included) the request would have; nothing runs
@@ -205,7 +212,7 @@ def prompt_error(exc: ValueError, chat: ChatRequest) -> APIError:
     """400 for a prompt that cannot be built: an image the processor refuses (named by its
     field), else e.g. an image placeholder typed into the text."""
     if isinstance(exc, UnsupportedImage):
-        return invalid(str(exc), chat.images[exc.index].param, "unsupported_image")
+        return invalid(str(exc), chat.media[exc.index].param, "unsupported_image")
     return invalid(f"could not build the prompt: {exc}", "messages")
 
 

@@ -32,6 +32,13 @@ from gateway.engine.kv import RowKVCache
 from gateway.engine.output import IncrementalDetokenizer
 from gateway.engine.positions import ImageLayout, mrope_positions
 from gateway.engine.text_core import TextCore
+from gateway.engine.video_processor import (
+    VideoFrames,
+    group_times,
+    seconds_per_patch,
+    video_grid,
+    video_patches,
+)
 from gateway.engine.vision import EncodedImage, VisionEncoder
 
 log = logging.getLogger(__name__)
@@ -73,6 +80,17 @@ class VisionLanguageModel:
         self.image_processor = self.processor.image_processor
         self.merge_size: int = config.vision_config.spatial_merge_size
         self.image_token_id: int = int(config.image_token_id)
+        self.video_token_id: int = int(config.video_token_id)
+        self.vision_start_id: int = int(config.vision_start_token_id)
+        self.vision_end_id: int = int(getattr(config, "vision_end_token_id", 0) or 0) or int(
+            self.tokenizer.convert_tokens_to_ids("<|vision_end|>")
+        )
+        # Qwen2.5-VL: time-axis positions per second of video (None: time axis = patch index).
+        self.tokens_per_second: float | None = (
+            float(getattr(config.vision_config, "tokens_per_second", 2))
+            if self.arch == "qwen2_5_vl"
+            else None
+        )
         self.vocab_size: int = int(config.text_config.vocab_size)
         self.eos_token_ids: tuple[int, ...] = self._eos_ids()
         self.text_core = TextCore(self.model.language_model)
@@ -130,6 +148,8 @@ class VisionLanguageModel:
         other than RGB PIL images.
         """
         fast = fast_image_processor(self.image_processor)
+        if isinstance(image, VideoFrames):
+            return video_patches(self._video_processor(), image)
         if fast is not None and isinstance(image, Image.Image) and image.mode == "RGB":
             return fast(image)
         out = self.image_processor(images=[image], return_tensors="np")
@@ -151,26 +171,105 @@ class VisionLanguageModel:
         h, w = smart_resize(height, width, patch * int(ip.merge_size), min_px, max_px)
         return (1, h // patch, w // patch)
 
+    def _video_processor(self):  # noqa: ANN202 - QwenImageProcessor
+        fast = fast_image_processor(self.image_processor)
+        if fast is None:
+            raise ValueError("this model's image processor is not one the video path supports")
+        return fast
+
+    def video_grid(self, frames: int, width: int, height: int) -> tuple[int, int, int]:
+        """The (t, h, w) patch grid of a clip (see `gateway.engine.video_processor`)."""
+        return video_grid(self._video_processor(), frames, width, height)
+
+    def video_layout(self, grid: tuple[int, int, int], times: Sequence[float]) -> VideoLayout:
+        """How a clip with this grid and these frame times sits in this model's prompt."""
+        tps = self._video_processor().spec.temporal_patch_size
+        scale = 1.0
+        if self.tokens_per_second is not None:
+            scale = seconds_per_patch(tuple(times), tps) * self.tokens_per_second
+        stamps = group_times(tuple(times), tps) if self.arch == "qwen3_vl" else None
+        return VideoLayout(grid, scale, None if stamps is None else tuple(stamps))
+
+    def video_clip(
+        self,
+        frames: np.ndarray,
+        times: Sequence[float],
+        grid: tuple[int, int, int],
+        block: int | None = None,
+    ) -> VideoFrames:
+        """The frames the engine preprocesses for a clip of this grid: all of them, or those
+        of temporal patch `block` (Qwen3-VL's per-patch inputs), resized as in the whole clip."""
+        spec = self._video_processor().spec
+        size = (grid[1] * spec.patch_size, grid[2] * spec.patch_size)
+        if block is None:
+            return VideoFrames(frames, tuple(times), size)
+        n = spec.temporal_patch_size
+        lo, hi = block * n, min((block + 1) * n, len(frames))
+        return VideoFrames(frames[lo:hi], tuple(times[lo:hi]), size)
+
+    def video_blocks(self, grid: tuple[int, int, int]) -> int:
+        """Placeholder runs one clip takes: Qwen3-VL one per temporal patch, else one."""
+        return grid[0] if self.arch == "qwen3_vl" else 1
+
     def layout_prompt(
-        self, ids: Sequence[int], grids: Sequence[tuple[int, int, int]]
+        self, ids: Sequence[int], grids: Sequence[tuple[int, int, int] | VideoLayout]
     ) -> tuple[list[int], list[ImageLayout]]:
-        """Expand each single image placeholder into its run of `num_tokens` placeholders."""
-        expected = sum(1 for i in ids if i == self.image_token_id)
-        if expected != len(grids):
-            raise ValueError(f"prompt has {expected} image placeholders for {len(grids)} images")
+        """Expand each image placeholder into its run of `num_tokens` placeholders and each
+        video placeholder into its block(s); `grids` holds one entry per image (a grid) or
+        video (a `VideoLayout`), in prompt order. A video gives `video_blocks` layouts."""
+        videos = sum(isinstance(g, VideoLayout) for g in grids)
+        expected = (
+            sum(1 for i in ids if i == self.image_token_id),
+            sum(1 for i in ids if i == self.video_token_id),
+        )
+        if expected != (len(grids) - videos, videos):
+            raise ValueError(
+                f"prompt has {expected[0]} image and {expected[1]} video placeholders for "
+                f"{len(grids) - videos} images and {videos} videos"
+            )
         out: list[int] = []
         layouts: list[ImageLayout] = []
-        images = iter(grids)
+        items = iter(grids)
         m = self.merge_size
         for token in ids:
-            if token != self.image_token_id:
+            if token not in (self.image_token_id, self.video_token_id):
                 out.append(token)
                 continue
-            t, h, w = next(images)
+            item = next(items)
+            if isinstance(item, VideoLayout):
+                if token != self.video_token_id:
+                    raise ValueError("images and videos are not in prompt order")
+                self._expand_video(out, layouts, item)
+                continue
+            if token != self.image_token_id:
+                raise ValueError("images and videos are not in prompt order")
+            t, h, w = item
             layout = ImageLayout(start=len(out), t=t, h=h // m, w=w // m)
             layouts.append(layout)
             out.extend([self.image_token_id] * layout.num_tokens)
         return out, layouts
+
+    def _expand_video(self, out: list[int], layouts: list[ImageLayout], video: VideoLayout) -> None:
+        t, h, w = video.grid
+        m = self.merge_size
+        if video.stamps is None:  # Qwen2/2.5-VL: one block of t temporal patches
+            layout = ImageLayout(len(out), t, h // m, w // m, video.time_scale)
+            layouts.append(layout)
+            out.extend([self.video_token_id] * layout.num_tokens)
+            return
+        # Qwen3-VL: "<t.t seconds><|vision_start|>pads<|vision_end|>" per temporal patch,
+        # replacing the template's own <|vision_start|><|video_pad|><|vision_end|>.
+        wrapped = len(out) and out[-1] == self.vision_start_id
+        if wrapped:
+            out.pop()
+        for k, seconds in enumerate(video.stamps):
+            out.extend(self.tokenize(f"<{seconds:.1f} seconds>"))
+            out.append(self.vision_start_id)
+            layout = ImageLayout(len(out), 1, h // m, w // m)
+            layouts.append(layout)
+            out.extend([self.video_token_id] * layout.num_tokens)
+            if k < len(video.stamps) - 1 or not wrapped:
+                out.append(self.vision_end_id)
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 
@@ -233,7 +332,9 @@ class VisionLanguageModel:
             pieces.append(embed(ids[cursor - start :]))
         embeds = mx.concatenate(pieces, axis=0)[None]
         positions = mx.array(mrope_positions(end, layouts)[:, start:])[:, None, :]
-        visual = np.asarray(prompt_ids[start:end]) == self.image_token_id
+        visual = np.isin(
+            np.asarray(prompt_ids[start:end]), (self.image_token_id, self.video_token_id)
+        )
         deepstack = None
         if deep:
             deepstack = [mx.concatenate(layer, axis=0) for layer in zip(*deep)]
@@ -306,6 +407,16 @@ class VisionLanguageModel:
         else:
             parts.append(self.path)
         return fingerprint(*parts)
+
+
+@dataclass(frozen=True)
+class VideoLayout:
+    """A clip's place in the prompt: its patch grid (t, h, w), the time-axis scale of its
+    positions (Qwen2.5-VL) and, for Qwen3-VL, each temporal patch's timestamp (seconds)."""
+
+    grid: tuple[int, int, int]
+    time_scale: float = 1.0
+    stamps: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)
