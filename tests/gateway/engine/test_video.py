@@ -152,10 +152,15 @@ def _questions(h: EngineHarness, clip: DecodedVideo, other: DecodedVideo) -> lis
 def test_video_cached_equals_uncached(arch: str) -> None:
     """Invariant: repeat questions about a clip hit both caches (no tower, most of the prompt
     from the prefix cache) and answer exactly what an engine without caches answers."""
-    cached = EngineHarness(arch, max_batch=4, prefill_chunk_tokens=16)
-    plain = EngineHarness(arch, max_batch=4, cache=CacheConfig(vision_enabled=False, prefix_enabled=False))
+    # 8-token exact-reuse blocks: these prompts are a few dozen tokens long.
+    cached = EngineHarness(arch, max_batch=4, cache=CacheConfig(kv_block_tokens=8))
+    plain = EngineHarness(
+        arch,
+        max_batch=4,
+        cache=CacheConfig(vision_enabled=False, prefix_enabled=False, kv_block_tokens=8),
+    )
     try:
-        clip, other = video(noise_frames(5, 64, 48, seed=7)), video(noise_frames(3, 64, 48, seed=8))
+        clip, other = video(noise_frames(6, 112, 112, seed=7)), video(noise_frames(3, 64, 48, seed=8))
         with_cache, without = _questions(cached, clip, other), _questions(plain, clip, other)
         for a, b in zip(with_cache, without, strict=True):
             assert a.token_ids == b.token_ids
