@@ -90,11 +90,24 @@ def decode_video(data: bytes, sampling: VideoSampling, source: str) -> DecodedVi
             code="invalid_video",
         ) from None
     with container:
+        kind = str(getattr(container.format, "name", ""))
+        if kind == "image2" or kind.endswith("_pipe"):  # FFmpeg reads stills as 1-frame clips
+            raise invalid(
+                f"the file is a still image ({kind.removesuffix('_pipe')}), not a video; send "
+                "it as an image_url part",
+                code="invalid_video",
+            )
         if not container.streams.video:
             raise invalid("the file has no video stream", code="invalid_video")
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         header = _header_seconds(container, stream)
+        claimed = int(getattr(stream, "frames", 0) or 0)
+        if claimed > sampling.max_seconds * MAX_SOURCE_FPS:
+            raise too_large(
+                f"the video declares {claimed} frames, more than a clip of --max-video-seconds "
+                f"{sampling.max_seconds:g} may hold at {MAX_SOURCE_FPS} fps"
+            )
         if header is not None and header > sampling.max_seconds:
             raise too_large(_too_long(header, sampling.max_seconds))
         try:
@@ -163,6 +176,11 @@ def _sample(
         first_time = raw if first_time is None else first_time
         now = raw - first_time
         last = now
+        if decoded > (now + 1.0) * MAX_SOURCE_FPS:  # frames packed denser than any camera's
+            raise too_large(
+                f"the video packs {decoded} frames into {now:.2f} s, over {MAX_SOURCE_FPS} "
+                "frames per second; re-encode it at a normal frame rate"
+            )
         if now > sampling.max_seconds:
             raise too_large(_too_long(now, sampling.max_seconds))
         if now + 1e-6 < target:

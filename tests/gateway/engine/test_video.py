@@ -132,7 +132,9 @@ def test_a_still_clip_answers_what_the_image_answers(arch: str) -> None:
     h = EngineHarness(arch, cache=CacheConfig(vision_enabled=False, prefix_enabled=False))
     try:
         frame = noise_frames(1, 64, 48, seed=4)[0]
-        as_image = h.run(chat_body("What happens?", images=1, max_tokens=6), [Image.fromarray(frame)])
+        as_image = h.run(
+            chat_body("What happens?", images=1, max_tokens=6), [Image.fromarray(frame)]
+        )
         as_video = submit(h, chat("What happens?"), [video(np.stack([frame, frame]))]).wait()
         assert as_video.token_ids == as_image.token_ids
         assert np.allclose(as_video.logprobs, as_image.logprobs, atol=1e-5)
@@ -160,7 +162,10 @@ def test_video_cached_equals_uncached(arch: str) -> None:
         cache=CacheConfig(vision_enabled=False, prefix_enabled=False, kv_block_tokens=8),
     )
     try:
-        clip, other = video(noise_frames(6, 112, 112, seed=7)), video(noise_frames(3, 64, 48, seed=8))
+        clip, other = (
+            video(noise_frames(6, 112, 112, seed=7)),
+            video(noise_frames(3, 64, 48, seed=8)),
+        )
         with_cache, without = _questions(cached, clip, other), _questions(plain, clip, other)
         for a, b in zip(with_cache, without, strict=True):
             assert a.token_ids == b.token_ids
@@ -181,7 +186,9 @@ def test_video_cached_equals_uncached(arch: str) -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_video_rows_batched_equal_alone(arch: str) -> None:
     """Invariant: video requests prefilled and decoded together answer what each does alone."""
-    h = EngineHarness(arch, max_batch=4, cache=CacheConfig(vision_enabled=False, prefix_enabled=False))
+    h = EngineHarness(
+        arch, max_batch=4, cache=CacheConfig(vision_enabled=False, prefix_enabled=False)
+    )
     try:
         clips = [video(noise_frames(n, 64, 48, seed=20 + n)) for n in (2, 4, 5)]
         alone = [submit(h, chat("Describe."), [c]).wait() for c in clips]
