@@ -204,3 +204,22 @@ def test_video_rows_batched_equal_alone(arch: str) -> None:
 def test_video_layout_is_frozen_data() -> None:
     """Invariant: a VideoLayout compares by value (it travels inside requests)."""
     assert VideoLayout((1, 2, 2), 2.0) == VideoLayout((1, 2, 2), 2.0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_prompt_and_patches_match_the_checkpoint_processor(arch: str) -> None:
+    """Invariant: for a small clip, our expanded prompt (Qwen3-VL: timestamps and one block
+    per temporal patch) and our video patches equal mlx-vlm's processor's, exactly."""
+    model = VisionLanguageModel(str(tiny_model(arch)), lazy=True)
+    frames = noise_frames(4, 64, 48, seed=1)
+    times = (0.0, 0.5, 1.0, 1.5)
+    text = model.render(
+        [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "hi"}]}]
+    )
+    out = model.processor(text=[text], videos=[frames], fps=[2.0], return_tensors="np")
+    grid = model.video_grid(len(frames), 64, 48)
+    assert tuple(int(x) for x in np.asarray(out["video_grid_thw"])[0]) == grid
+    mine, _ = model.layout_prompt(model.tokenize(text), [model.video_layout(grid, times)])
+    assert [int(i) for i in np.asarray(out["input_ids"])[0]] == mine
+    values, _ = model.preprocess(model.video_clip(frames, times, grid))
+    assert np.array_equal(np.asarray(out["pixel_values_videos"]), values)
