@@ -108,7 +108,10 @@ class VideoLoader:
         if scheme == "file" or (not scheme and ref.startswith("/")):
             path = file_url_path(ref) if scheme == "file" else ref
             roots = self._config.allowed_media_dirs
-            data = await asyncio.to_thread(read_media_file, path, roots, cap)
+            try:
+                data = await asyncio.to_thread(read_media_file, path, roots, cap)
+            except APIError as err:  # the file rules are shared; their words are the image's
+                raise _in_video_terms(err) from None
             return await self._decode(data, "path")
         what = f"scheme {scheme!r}" if scheme else f"reference {shorten(ref, 60)!r}"
         raise invalid(
@@ -133,3 +136,21 @@ class VideoLoader:
             return video
 
         return await self._decoding.run(key, begin)
+
+
+_VIDEO_WORDS = (
+    ("local image paths", "local video paths"),
+    ("image path", "video path"),
+    ("image file", "video file"),
+    ("per image", "per video"),
+    ("--max-image-bytes", "--max-video-bytes"),
+    ("serve images", "serve videos"),
+)
+
+
+def _in_video_terms(err: APIError) -> APIError:
+    """A local-file refusal from `read_media_file`, reworded for a video reference."""
+    message = err.message
+    for image_words, video_words in _VIDEO_WORDS:
+        message = message.replace(image_words, video_words)
+    return dataclasses.replace(err, message=message)

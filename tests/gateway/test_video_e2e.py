@@ -152,6 +152,15 @@ def test_long_and_dense_clips_are_413(
     assert r.json()["error"]["param"] == "messages[0].content[0].video_url.url"
 
 
+def test_refused_video_paths_speak_of_videos(server: ServerProcess, folder: Path) -> None:
+    """Invariant: the shared local-file rules answer a video reference in video terms."""
+    for path in ("/etc/passwd", str(folder / "missing.mp4")):
+        r = httpx.post(server.base_url + "/v1/chat/completions", json=_body(_video(path)))
+        assert r.status_code == 400
+        message = r.json()["error"]["message"]
+        assert "video path" in message and "image" not in message, message
+
+
 def test_server_still_serves_after_hostile_video(server: ServerProcess) -> None:
     """Invariant: nothing above broke the server."""
     _, answer = _ask(server, _uri(clip_bytes(FRAMES[:4], 4, "mov")))
