@@ -14,9 +14,9 @@ import contextlib
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
@@ -32,6 +32,9 @@ from gateway.engine.request import AdmittedEvent, EngineBusy, ErrorEvent, ErrorK
 from gateway.errors import APIError, invalid
 from gateway.media import MediaLoader
 from gateway.metrics import EdgeMetrics
+
+_A = TypeVar("_A")
+_B = TypeVar("_B")
 
 
 class ClientGone(Exception):
@@ -153,7 +156,7 @@ class ChatPipeline:
         if chat.model != self.served_model_name:
             raise model_not_found(chat.model, self.served_model_name)
         self.media.check_media_count(len(chat.images), len(chat.videos))
-        images, videos = await asyncio.gather(
+        images, videos = await _both(
             self.media.load_all([(p.url, p.param) for p in chat.images]),
             self.media.load_videos([(p.url, p.param) for p in chat.videos]),
         )
@@ -206,6 +209,21 @@ class ChatPipeline:
         timings = Timings(arrival, t_read, t_media, t_prompt, time.perf_counter())
         self._live[request_id] = stream
         return Admission(request_id, chat, first, stream, timings)
+
+
+async def _both(first: Awaitable[_A], second: Awaitable[_B]) -> tuple[_A, _B]:
+    """Await two loads concurrently; the first failure cancels the other and is raised (the
+    image loads' error first when both have failed)."""
+    tasks = [asyncio.ensure_future(first), asyncio.ensure_future(second)]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+    for task in tasks:
+        if task in done and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+    return tasks[0].result(), tasks[1].result()
 
 
 def prompt_error(exc: ValueError, chat: ChatRequest) -> APIError:

@@ -214,7 +214,7 @@ class MediaLoader:
     def check_media_count(self, images: int, videos: int) -> None:
         """400 when a request carries more images and videos than `max_images_per_request`."""
         limit = self._config.max_images_per_request
-        if images + videos > limit:
+        if videos and images + videos > limit:  # images alone: load_all's own check
             raise invalid(
                 f"the request has {images} images and {videos} videos, over the limit of "
                 f"{limit} per request (the limit is set by --max-images-per-request)",
