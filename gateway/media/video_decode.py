@@ -12,6 +12,9 @@ that decodes to the same pixels hash the same; one changed pixel in one sampled 
 not. The times are part of the key because they change the prompt (Qwen3-VL's timestamps)
 and the positions (Qwen2.5-VL's time axis).
 
+Frames larger than `HELD_PIXELS` are scaled down when sampled (the model's own budget is
+smaller still), so a clip costs at most 2 * max_frames * 3 MiB while it is decoded.
+
 Limits (every refusal an `APIError`, 4xx): the encoded size is checked by the caller; the
 length (`max_seconds`, from the container's header when it says, else while decoding), the
 frame size (`max_pixels` per frame) and the number of decoded frames (`max_seconds` times
@@ -31,6 +34,9 @@ import xxhash
 from gateway.errors import invalid, too_large
 
 MAX_SOURCE_FPS = 240  # decoded frames per second of clip we are willing to pay for
+# Sampled frames are held at most this large (1024 x 1024 worth of pixels); Qwen-VL video
+# budgets stop below it (768 merged tokens per frame pair: 602k / 786k pixels).
+HELD_PIXELS = 1024 * 1024
 VIDEO_MEDIA_TYPES = ("mp4", "webm", "x-matroska", "quicktime", "x-msvideo", "mpeg", "ogg")
 
 
@@ -185,7 +191,7 @@ def _sample(
             raise too_large(_too_long(now, sampling.max_seconds))
         if now + 1e-6 < target:
             continue
-        frames.append(frame.to_ndarray(format="rgb24"))
+        frames.append(_rgb(frame))
         times.append(round(now, 6))
         target += interval
         if len(frames) > 2 * sampling.max_frames:  # unknown length: thin out, slow down
@@ -193,6 +199,19 @@ def _sample(
             interval *= 2
             target = times[-1] + interval
     return frames, times, last
+
+
+def _rgb(frame: object) -> np.ndarray:
+    """The frame as (H, W, 3) uint8 RGB, scaled down (area filter, aspect kept) to at most
+    HELD_PIXELS pixels: more than any Qwen-VL video budget uses per frame, so the model sees
+    no less detail, while the frames held per clip stay bounded in memory."""
+    width, height = frame.width, frame.height  # type: ignore[attr-defined]
+    if width * height <= HELD_PIXELS:
+        return frame.to_ndarray(format="rgb24")  # type: ignore[attr-defined]
+    scale = (HELD_PIXELS / (width * height)) ** 0.5
+    size = {"width": max(2, int(width * scale)), "height": max(2, int(height * scale))}
+    small = frame.reformat(format="rgb24", interpolation="AREA", **size)  # type: ignore[attr-defined]
+    return small.to_ndarray()
 
 
 def _header_seconds(container: object, stream: object) -> float | None:

@@ -109,3 +109,13 @@ def test_frames_over_the_pixel_limit_are_413() -> None:
     with pytest.raises(APIError) as caught:
         _decode(clip_bytes(noise_frames(2)), small)
     assert caught.value.status == 413
+
+
+def test_large_frames_are_held_scaled_down_with_their_aspect() -> None:
+    """Invariant: a sampled frame is held at <= HELD_PIXELS pixels, aspect ratio kept, so
+    decoding memory is bounded whatever the clip's resolution."""
+    from gateway.media.video_decode import HELD_PIXELS
+
+    video = _decode(clip_bytes(noise_frames(2, 1600, 1200), fps=4))
+    assert video.width * video.height <= HELD_PIXELS
+    assert abs(video.width / video.height - 1600 / 1200) < 0.01
