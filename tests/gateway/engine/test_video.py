@@ -223,3 +223,22 @@ def test_prompt_and_patches_match_the_checkpoint_processor(arch: str) -> None:
     assert [int(i) for i in np.asarray(out["input_ids"])[0]] == mine
     values, _ = model.preprocess(model.video_clip(frames, times, grid))
     assert np.array_equal(np.asarray(out["pixel_values_videos"]), values)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_tower_sees_each_temporal_patch_on_its_own(arch: str) -> None:
+    """Invariant: a clip's features == each temporal patch encoded alone, concatenated (the
+    reference towers attend within a frame pair only), which is what lets Qwen3-VL's
+    per-patch blocks and a whole clip share one tower call."""
+    model = VisionLanguageModel(str(tiny_model(arch)))
+    frames = noise_frames(6, 64, 48, seed=9)
+    grid = model.video_grid(len(frames), 64, 48)
+    values, _ = model.preprocess(model.video_clip(frames, (0, 0.5, 1, 1.5, 2, 2.5), grid))
+    whole = model.encode_image(values, grid)
+    t, h, w = grid
+    parts = [model.encode_image(values[k * h * w : (k + 1) * h * w], (1, h, w)) for k in range(t)]
+    joined = mx.concatenate([p.features for p in parts])
+    assert np.allclose(np.array(whole.features), np.array(joined), atol=1e-5)
+    if whole.deepstack:
+        for layer, pieces in zip(whole.deepstack, zip(*[p.deepstack for p in parts]), strict=True):
+            assert np.allclose(np.array(layer), np.array(mx.concatenate(pieces)), atol=1e-5)
