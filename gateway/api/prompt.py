@@ -13,9 +13,10 @@ from typing import Any
 
 from caches.prefix import ImageSpan
 from gateway.api.chat import ChatRequest, ImagePart, TextPart, VideoPart
-from gateway.engine.model import VideoLayout, VisionLanguageModel
+from gateway.engine.model import VisionLanguageModel
 from gateway.engine.positions import ImageLayout
 from gateway.engine.request import EngineRequest, ImageInput, SamplingParams
+from gateway.engine.video_layout import VideoLayout
 from gateway.errors import invalid
 from gateway.media import DecodedImage, DecodedVideo
 
@@ -112,8 +113,8 @@ class PromptBuilder:
         # One entry per layout: (media index, temporal block of a Qwen3-VL video or None).
         owners: list[tuple[int, int | None]] = []
         for index, grid in enumerate(grids):
-            if isinstance(grid, VideoLayout) and self.model.video_blocks(grid.grid) > 1:
-                owners.extend((index, b) for b in range(self.model.video_blocks(grid.grid)))
+            if isinstance(grid, VideoLayout) and grid.stamps is not None:
+                owners.extend((index, b) for b in range(grid.blocks))
             else:
                 owners.append((index, None))
         hashes = [_block_hash(media[i], b) for i, b in owners]

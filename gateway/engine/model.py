@@ -32,6 +32,7 @@ from gateway.engine.kv import RowKVCache
 from gateway.engine.output import IncrementalDetokenizer
 from gateway.engine.positions import ImageLayout, mrope_positions
 from gateway.engine.text_core import TextCore
+from gateway.engine.video_layout import VideoLayout, VideoTokens, expand_video
 from gateway.engine.video_processor import (
     VideoFrames,
     group_times,
@@ -84,6 +85,9 @@ class VisionLanguageModel:
         self.vision_start_id: int = int(config.vision_start_token_id)
         self.vision_end_id: int = int(getattr(config, "vision_end_token_id", 0) or 0) or int(
             self.tokenizer.convert_tokens_to_ids("<|vision_end|>")
+        )
+        self._video_tokens = VideoTokens(
+            self.video_token_id, self.vision_start_id, self.vision_end_id, self.merge_size
         )
         # Qwen2.5-VL: time-axis positions per second of video (None: time axis = patch index).
         self.tokens_per_second: float | None = (
@@ -207,16 +211,13 @@ class VisionLanguageModel:
         lo, hi = block * n, min((block + 1) * n, len(frames))
         return VideoFrames(frames[lo:hi], tuple(times[lo:hi]), size)
 
-    def video_blocks(self, grid: tuple[int, int, int]) -> int:
-        """Placeholder runs one clip takes: Qwen3-VL one per temporal patch, else one."""
-        return grid[0] if self.arch == "qwen3_vl" else 1
-
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[tuple[int, int, int] | VideoLayout]
     ) -> tuple[list[int], list[ImageLayout]]:
         """Expand each image placeholder into its run of `num_tokens` placeholders and each
-        video placeholder into its block(s); `grids` holds one entry per image (a grid) or
-        video (a `VideoLayout`), in prompt order. A video gives `video_blocks` layouts."""
+        video placeholder into its block(s) (`gateway.engine.video_layout`); `grids` holds one
+        entry per image (a grid) or video (a `VideoLayout`), in prompt order. A video gives
+        `VideoLayout.blocks` layouts."""
         videos = sum(isinstance(g, VideoLayout) for g in grids)
         expected = (
             sum(1 for i in ids if i == self.image_token_id),
@@ -239,7 +240,7 @@ class VisionLanguageModel:
             if isinstance(item, VideoLayout):
                 if token != self.video_token_id:
                     raise ValueError("images and videos are not in prompt order")
-                self._expand_video(out, layouts, item)
+                expand_video(out, layouts, item, self._video_tokens, self.tokenize)
                 continue
             if token != self.image_token_id:
                 raise ValueError("images and videos are not in prompt order")
@@ -248,28 +249,6 @@ class VisionLanguageModel:
             layouts.append(layout)
             out.extend([self.image_token_id] * layout.num_tokens)
         return out, layouts
-
-    def _expand_video(self, out: list[int], layouts: list[ImageLayout], video: VideoLayout) -> None:
-        t, h, w = video.grid
-        m = self.merge_size
-        if video.stamps is None:  # Qwen2/2.5-VL: one block of t temporal patches
-            layout = ImageLayout(len(out), t, h // m, w // m, video.time_scale)
-            layouts.append(layout)
-            out.extend([self.video_token_id] * layout.num_tokens)
-            return
-        # Qwen3-VL: "<t.t seconds><|vision_start|>pads<|vision_end|>" per temporal patch,
-        # replacing the template's own <|vision_start|><|video_pad|><|vision_end|>.
-        wrapped = len(out) and out[-1] == self.vision_start_id
-        if wrapped:
-            out.pop()
-        for k, seconds in enumerate(video.stamps):
-            out.extend(self.tokenize(f"<{seconds:.1f} seconds>"))
-            out.append(self.vision_start_id)
-            layout = ImageLayout(len(out), 1, h // m, w // m)
-            layouts.append(layout)
-            out.extend([self.video_token_id] * layout.num_tokens)
-            if k < len(video.stamps) - 1 or not wrapped:
-                out.append(self.vision_end_id)
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 
@@ -407,16 +386,6 @@ class VisionLanguageModel:
         else:
             parts.append(self.path)
         return fingerprint(*parts)
-
-
-@dataclass(frozen=True)
-class VideoLayout:
-    """A clip's place in the prompt: its patch grid (t, h, w), the time-axis scale of its
-    positions (Qwen2.5-VL) and, for Qwen3-VL, each temporal patch's timestamp (seconds)."""
-
-    grid: tuple[int, int, int]
-    time_scale: float = 1.0
-    stamps: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

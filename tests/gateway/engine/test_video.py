@@ -20,8 +20,9 @@ from video_clips import noise_frames
 
 from gateway.api.chat import ChatMessage, ChatRequest, TextPart, VideoPart
 from gateway.config import CacheConfig
-from gateway.engine.model import VideoLayout, VisionLanguageModel
+from gateway.engine.model import VisionLanguageModel
 from gateway.engine.positions import ImageLayout, mrope_positions, rope_delta_at
+from gateway.engine.video_layout import VideoLayout
 from gateway.media.video_decode import DecodedVideo, VideoSampling, video_hash
 
 ARCHS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
@@ -70,7 +71,7 @@ def test_video_positions_match_mlx_vlm(arch: str) -> None:
         content = [{"type": "image"}, {"type": "video"}, {"type": "text", "text": "hi"}]
         ids = model.tokenize(model.render([{"role": "user", "content": content}]))
         prompt, layouts = model.layout_prompt(ids, [image, layout])
-        assert len(layouts) == 1 + model.video_blocks(grid)
+        assert len(layouts) == 1 + layout.blocks
         ref, ref_delta = model.model.language_model.get_rope_index(
             mx.array([prompt]), mx.array([image]), mx.array([grid])
         )
