@@ -2,8 +2,8 @@
 
 Pinned: a `video_url` part (data URI, allowed local path, or URL through the SSRF-safe
 fetcher) is answered; a repeat question about the same clip, even re-encoded in another
-container with the same frames, skips decoding's consequences below the memo (vision-cache
-hit, most of the prompt cached); a clip with one changed sampled frame misses; every hostile
+container with the same frames, runs no tower and takes most of its prompt from the cache; a
+clip with one changed sampled frame misses; every hostile
 video (bad containers, zero length, huge frame counts, wrong media types, SSRF URLs, the
 size, length and per-request limits) is a 4xx OpenAI error object, never a 5xx, and the
 server keeps serving.
