@@ -194,8 +194,9 @@ class MediaLoader:
         return [t.result() for t in tasks]
 
     async def load_videos(self, urls: Sequence[tuple[str, str]]) -> list[DecodedVideo]:
-        """Load (url, param) video pairs concurrently, in input order; the first failure (in
-        input order) is raised and the other loads are cancelled. Videos count against
+        """Load (url, param) video pairs concurrently, in input order. On the first failure
+        the other loads are cancelled and, of the pairs that have failed by then, the error
+        of the first in input order is raised (as `load_all`). Videos count against
         `max_images_per_request` together with the request's images (checked by the caller
         through `check_media_count`)."""
         tasks = [asyncio.ensure_future(self.videos.load(u, p)) for u, p in urls]

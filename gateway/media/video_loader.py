@@ -135,7 +135,9 @@ class VideoLoader:
             self._memo.put(key, video, video.nbytes)
             return video
 
-        return await self._decoding.run(key, begin)
+        video = await self._decoding.run(key, begin)
+        # A load that joined another's decode of the same bytes keeps its own source.
+        return video if video.source == source else dataclasses.replace(video, source=source)
 
 
 _VIDEO_WORDS = (
