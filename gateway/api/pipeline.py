@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from gateway.api.body_budget import BodyBudget
-from gateway.api.chat import ChatRequest, ImagePart, VideoPart
+from gateway.api.chat import ChatRequest, VideoPart
 from gateway.api.http import authorize, read_json, unless_disconnected
 from gateway.api.prompt import Media, PromptBuilder, UnsupportedImage
 from gateway.api.streams import EventStream, LoopDelivery
@@ -164,8 +164,11 @@ class ChatPipeline:
             self._metrics.image_decode_seconds.observe(image.decode_seconds)
             self._metrics.image_hash_seconds.observe(image.hash_seconds)
         # Back into prompt order: the placeholders of images and videos interleave.
-        queues = {ImagePart: iter(images), VideoPart: iter(videos)}
-        media: list[Media] = [next(queues[type(p)]) for p in chat.media]  # type: ignore[call-overload]
+        # (isinstance, not type(): other APIs carry ImagePart subclasses, e.g. stored images)
+        image_iter, video_iter = iter(images), iter(videos)
+        media: list[Media] = [
+            next(video_iter) if isinstance(p, VideoPart) else next(image_iter) for p in chat.media
+        ]
         return prompts, delivery, chat, media, t_read
 
     async def count_tokens(self, request: Request, parse: Callable[[Any], ChatRequest]) -> int:
