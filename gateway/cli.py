@@ -216,6 +216,30 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="images in one request (more: 400)",
     )
     a(
+        "--max-video-bytes",
+        type=int,
+        default=_d(MediaConfig, "max_video_bytes"),
+        help="per video (the encoded clip), bytes (more: 413)",
+    )
+    a(
+        "--max-video-seconds",
+        type=float,
+        default=_d(MediaConfig, "max_video_seconds"),
+        help="per video, its length in seconds (longer: 413)",
+    )
+    a(
+        "--max-video-frames",
+        type=int,
+        default=_d(MediaConfig, "max_video_frames"),
+        help="frames sampled per video at most (a longer clip is sampled more sparsely)",
+    )
+    a(
+        "--video-fps",
+        type=float,
+        default=_d(MediaConfig, "video_fps"),
+        help="frames sampled per second of video (up to --max-video-frames)",
+    )
+    a(
         "--max-redirects",
         type=int,
         default=_d(MediaConfig, "max_redirects"),
@@ -367,6 +391,10 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         max_request_pixels=args.max_request_pixels,
         max_images_per_request=args.max_images_per_request,
         max_redirects=args.max_redirects,
+        max_video_bytes=args.max_video_bytes,
+        max_video_seconds=args.max_video_seconds,
+        max_video_frames=args.max_video_frames,
+        video_fps=args.video_fps,
     )
     return server, engine, media
 

@@ -35,10 +35,21 @@ class MediaConfig:
     read_timeout_s: float = 15.0
     max_redirects: int = 3
     decode_memo_mb: int = 64  # encoded-bytes hash -> decoded image memo
+    # Video (the `video_url` part): the encoded clip's size, its length, and how many frames
+    # are sampled from it (at `video_fps` frames per second, spread evenly when the clip is
+    # longer than max_video_frames / video_fps seconds).
+    max_video_bytes: int = 64 * MIB
+    max_video_seconds: float = 120.0
+    max_video_frames: int = 32
+    video_fps: float = 2.0
 
     def __post_init__(self) -> None:
         _require(self.max_image_bytes > 0, "--max-image-bytes must be > 0")
         _require(self.max_image_pixels > 0, "--max-image-pixels must be > 0")
+        _require(self.max_video_bytes > 0, "--max-video-bytes must be > 0")
+        _require(self.max_video_seconds > 0, "--max-video-seconds must be > 0")
+        _require(1 <= self.max_video_frames <= 1024, "--max-video-frames must be in 1..1024")
+        _require(0 < self.video_fps <= 60, "--video-fps must be in (0, 60]")
         _require(
             self.max_request_pixels >= self.max_image_pixels or self.max_request_pixels > 0,
             "--max-request-pixels must be > 0",

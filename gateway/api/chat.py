@@ -22,7 +22,15 @@ class ImagePart:
     param: str  # dotted path of the field it came from, for error messages
 
 
-Part = TextPart | ImagePart
+@dataclass(frozen=True)
+class VideoPart:
+    """A video reference (OpenAI-style `video_url` part): http(s) URL, data URI or path."""
+
+    url: str
+    param: str
+
+
+Part = TextPart | ImagePart | VideoPart
 
 
 @dataclass(frozen=True)
@@ -61,3 +69,12 @@ class ChatRequest:
     @property
     def images(self) -> list[ImagePart]:
         return [p for m in self.messages for p in m.parts if isinstance(p, ImagePart)]
+
+    @property
+    def videos(self) -> list[VideoPart]:
+        return [p for m in self.messages for p in m.parts if isinstance(p, VideoPart)]
+
+    @property
+    def media(self) -> list[ImagePart | VideoPart]:
+        """Images and videos in prompt order (the order of their placeholders)."""
+        return [p for m in self.messages for p in m.parts if not isinstance(p, TextPart)]

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.api import fields
-from gateway.api.chat import ChatMessage, ChatRequest, ImagePart, TextPart
+from gateway.api.chat import ChatMessage, ChatRequest, ImagePart, Part, TextPart, VideoPart
 from gateway.api.http import unless_disconnected, with_errors
 from gateway.api.openai_responses import collect, render_error, sse_stream
 from gateway.api.pipeline import ChatPipeline, ClientGone
@@ -97,12 +97,12 @@ def _messages(raw: Any) -> tuple[ChatMessage, ...]:
     return tuple(out)
 
 
-def _content(raw: Any, where: str, allow_images: bool) -> tuple[TextPart | ImagePart, ...]:
+def _content(raw: Any, where: str, allow_images: bool) -> tuple[Part, ...]:
     if isinstance(raw, str):
         return (TextPart(fields.text(raw, where)),)
     if not isinstance(raw, list):
         raise invalid(f"`{where}` must be a string or an array of content parts", where)
-    parts: list[TextPart | ImagePart] = []
+    parts: list[Part] = []
     for j, part in enumerate(raw):
         at = f"{where}[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
@@ -122,8 +122,20 @@ def _content(raw: Any, where: str, allow_images: bool) -> tuple[TextPart | Image
                     f"{at}.image_url.url",
                 )
             parts.append(ImagePart(url, f"{at}.image_url.url"))
+        elif kind == "video_url":  # vLLM's convention for video input
+            if not allow_images:
+                raise invalid(f"`{at}`: videos are only accepted in user messages", at)
+            video = part.get("video_url")
+            url = video.get("url") if isinstance(video, dict) else video
+            if not isinstance(url, str) or not url:
+                raise invalid(
+                    f"`{at}.video_url.url` must be a string: an http(s) URL, a data:video/... "
+                    "URI or a file path",
+                    f"{at}.video_url.url",
+                )
+            parts.append(VideoPart(url, f"{at}.video_url.url"))
         else:
-            raise invalid(f"`{at}.type` must be 'text' or 'image_url'", f"{at}.type")
+            raise invalid(f"`{at}.type` must be 'text', 'image_url' or 'video_url'", f"{at}.type")
     return tuple(parts)
 
 

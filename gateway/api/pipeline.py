@@ -16,14 +16,14 @@ import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
 from gateway.api.body_budget import BodyBudget
-from gateway.api.chat import ChatRequest, ImagePart
+from gateway.api.chat import ChatRequest, ImagePart, VideoPart
 from gateway.api.http import authorize, read_json, unless_disconnected
-from gateway.api.prompt import PromptBuilder, UnsupportedImage
+from gateway.api.prompt import Media, PromptBuilder, UnsupportedImage
 from gateway.api.streams import EventStream, LoopDelivery
 from gateway.config import MIB, ServerConfig
 from gateway.engine.core import Engine
@@ -37,6 +37,9 @@ from gateway.metrics import EdgeMetrics
 # part through the media loader; the Responses API passes its own, which takes the images of
 # a stored conversation from its store (no fetch, no decode, no hash) and loads only new ones.
 ImageResolver = Callable[[ChatRequest], Awaitable[list[DecodedImage]]]
+
+_A = TypeVar("_A")
+_B = TypeVar("_B")
 
 
 class ClientGone(Exception):
@@ -157,7 +160,7 @@ class ChatPipeline:
         request: Request,
         parse: Callable[[Any], ChatRequest],
         resolve: ImageResolver | None = None,
-    ) -> tuple[PromptBuilder, LoopDelivery, ChatRequest, list[DecodedImage], float]:
+    ) -> tuple[PromptBuilder, LoopDelivery, ChatRequest, list[Media], float]:
         """Authorize, read and parse the body, check the model, load the media."""
         authorize(request, self._server.api_key)
         prompts, delivery = self.prompts, self._delivery
@@ -168,8 +171,17 @@ class ChatPipeline:
         chat = parse(body)
         if chat.model != self.served_model_name:
             raise model_not_found(chat.model, self.served_model_name)
-        images = await (resolve(chat) if resolve else self.load_images(chat.images))
-        return prompts, delivery, chat, images, t_read
+        self.media.check_media_count(len(chat.images), len(chat.videos))
+        images, videos = await _both(
+            resolve(chat) if resolve else self.load_images(chat.images),
+            self.media.load_videos([(p.url, p.param) for p in chat.videos]),
+        )
+        # Back into prompt order: the placeholders of images and videos interleave.
+        image_iter, video_iter = iter(images), iter(videos)
+        media: list[Media] = [
+            next(video_iter) if isinstance(p, VideoPart) else next(image_iter) for p in chat.media
+        ]
+        return prompts, delivery, chat, media, t_read
 
     async def count_tokens(self, request: Request, parse: Callable[[Any], ChatRequest]) -> int:
         """The prompt length (tokens, images included) the request would have; nothing runs
@@ -219,11 +231,26 @@ class ChatPipeline:
         return Admission(request_id, chat, first, stream, timings)
 
 
+async def _both(first: Awaitable[_A], second: Awaitable[_B]) -> tuple[_A, _B]:
+    """Await two loads concurrently; the first failure cancels the other and is raised (the
+    image loads' error first when both have failed)."""
+    tasks = [asyncio.ensure_future(first), asyncio.ensure_future(second)]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+    for task in tasks:
+        if task in done and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+    return tasks[0].result(), tasks[1].result()
+
+
 def prompt_error(exc: ValueError, chat: ChatRequest) -> APIError:
     """400 for a prompt that cannot be built: an image the processor refuses (named by its
     field), else e.g. an image placeholder typed into the text."""
     if isinstance(exc, UnsupportedImage):
-        return invalid(str(exc), chat.images[exc.index].param, "unsupported_image")
+        return invalid(str(exc), chat.media[exc.index].param, "unsupported_image")
     return invalid(f"could not build the prompt: {exc}", "messages")
 
 

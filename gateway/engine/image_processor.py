@@ -183,6 +183,11 @@ class QwenImageProcessor:
         self._table = value_table(spec)
         self._table.flags.writeable = False
 
+    @property
+    def table(self) -> np.ndarray:
+        """(3, 256) float32, read-only: the processed value of each uint8 value per channel."""
+        return self._table
+
     def grid(self, width: int, height: int) -> tuple[int, int, int]:
         """The (t, h, w) patch grid of an image of this size, without touching pixels."""
         s = self.spec

@@ -33,7 +33,8 @@ class ImageStore:
         self._bytes = 0
 
     def _size(self, image: Any) -> int:
-        return int(image.width) * int(image.height) * 3
+        nbytes = getattr(image, "nbytes", None)  # a video's frames (VideoFrames)
+        return int(nbytes) if nbytes is not None else int(image.width) * int(image.height) * 3
 
     def _record(self, content_hash: str, image: Any) -> bool:
         """Touch or insert; returns True if the hash was already held."""

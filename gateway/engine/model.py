@@ -32,6 +32,14 @@ from gateway.engine.kv import RowKVCache
 from gateway.engine.output import IncrementalDetokenizer
 from gateway.engine.positions import ImageLayout, mrope_positions
 from gateway.engine.text_core import TextCore
+from gateway.engine.video_layout import VideoLayout, VideoTokens, expand_video
+from gateway.engine.video_processor import (
+    VideoFrames,
+    group_times,
+    seconds_per_patch,
+    video_grid,
+    video_patches,
+)
 from gateway.engine.vision import EncodedImage, VisionEncoder
 
 log = logging.getLogger(__name__)
@@ -73,6 +81,20 @@ class VisionLanguageModel:
         self.image_processor = self.processor.image_processor
         self.merge_size: int = config.vision_config.spatial_merge_size
         self.image_token_id: int = int(config.image_token_id)
+        self.video_token_id: int = int(config.video_token_id)
+        self.vision_start_id: int = int(config.vision_start_token_id)
+        self.vision_end_id: int = int(getattr(config, "vision_end_token_id", 0) or 0) or int(
+            self.tokenizer.convert_tokens_to_ids("<|vision_end|>")
+        )
+        self._video_tokens = VideoTokens(
+            self.video_token_id, self.vision_start_id, self.vision_end_id, self.merge_size
+        )
+        # Qwen2.5-VL: time-axis positions per second of video (None: time axis = patch index).
+        self.tokens_per_second: float | None = (
+            float(getattr(config.vision_config, "tokens_per_second", 2))
+            if self.arch == "qwen2_5_vl"
+            else None
+        )
         self.vocab_size: int = int(config.text_config.vocab_size)
         self.eos_token_ids: tuple[int, ...] = self._eos_ids()
         self.text_core = TextCore(self.model.language_model)
@@ -130,6 +152,8 @@ class VisionLanguageModel:
         other than RGB PIL images.
         """
         fast = fast_image_processor(self.image_processor)
+        if isinstance(image, VideoFrames):
+            return video_patches(self._video_processor(), image)
         if fast is not None and isinstance(image, Image.Image) and image.mode == "RGB":
             return fast(image)
         out = self.image_processor(images=[image], return_tensors="np")
@@ -151,22 +175,76 @@ class VisionLanguageModel:
         h, w = smart_resize(height, width, patch * int(ip.merge_size), min_px, max_px)
         return (1, h // patch, w // patch)
 
+    def _video_processor(self):  # noqa: ANN202 - QwenImageProcessor
+        fast = fast_image_processor(self.image_processor)
+        if fast is None:
+            raise ValueError("this model's image processor is not one the video path supports")
+        return fast
+
+    def video_grid(self, frames: int, width: int, height: int) -> tuple[int, int, int]:
+        """The (t, h, w) patch grid of a clip (see `gateway.engine.video_processor`)."""
+        return video_grid(self._video_processor(), frames, width, height)
+
+    def video_layout(self, grid: tuple[int, int, int], times: Sequence[float]) -> VideoLayout:
+        """How a clip with this grid and these frame times sits in this model's prompt."""
+        tps = self._video_processor().spec.temporal_patch_size
+        scale = 1.0
+        if self.tokens_per_second is not None:
+            scale = seconds_per_patch(tuple(times), tps) * self.tokens_per_second
+        stamps = group_times(tuple(times), tps) if self.arch == "qwen3_vl" else None
+        return VideoLayout(grid, scale, None if stamps is None else tuple(stamps))
+
+    def video_clip(
+        self,
+        frames: np.ndarray,
+        times: Sequence[float],
+        grid: tuple[int, int, int],
+        block: int | None = None,
+    ) -> VideoFrames:
+        """The frames the engine preprocesses for a clip of this grid: all of them, or those
+        of temporal patch `block` (Qwen3-VL's per-patch inputs), resized as in the whole clip."""
+        spec = self._video_processor().spec
+        size = (grid[1] * spec.patch_size, grid[2] * spec.patch_size)
+        if block is None:
+            return VideoFrames(frames, tuple(times), size)
+        n = spec.temporal_patch_size
+        lo, hi = block * n, min((block + 1) * n, len(frames))
+        return VideoFrames(frames[lo:hi], tuple(times[lo:hi]), size)
+
     def layout_prompt(
-        self, ids: Sequence[int], grids: Sequence[tuple[int, int, int]]
+        self, ids: Sequence[int], grids: Sequence[tuple[int, int, int] | VideoLayout]
     ) -> tuple[list[int], list[ImageLayout]]:
-        """Expand each single image placeholder into its run of `num_tokens` placeholders."""
-        expected = sum(1 for i in ids if i == self.image_token_id)
-        if expected != len(grids):
-            raise ValueError(f"prompt has {expected} image placeholders for {len(grids)} images")
+        """Expand each image placeholder into its run of `num_tokens` placeholders and each
+        video placeholder into its block(s) (`gateway.engine.video_layout`); `grids` holds one
+        entry per image (a grid) or video (a `VideoLayout`), in prompt order. A video gives
+        `VideoLayout.blocks` layouts."""
+        videos = sum(isinstance(g, VideoLayout) for g in grids)
+        expected = (
+            sum(1 for i in ids if i == self.image_token_id),
+            sum(1 for i in ids if i == self.video_token_id),
+        )
+        if expected != (len(grids) - videos, videos):
+            raise ValueError(
+                f"prompt has {expected[0]} image and {expected[1]} video placeholders for "
+                f"{len(grids) - videos} images and {videos} videos"
+            )
         out: list[int] = []
         layouts: list[ImageLayout] = []
-        images = iter(grids)
+        items = iter(grids)
         m = self.merge_size
         for token in ids:
-            if token != self.image_token_id:
+            if token not in (self.image_token_id, self.video_token_id):
                 out.append(token)
                 continue
-            t, h, w = next(images)
+            item = next(items)
+            if isinstance(item, VideoLayout):
+                if token != self.video_token_id:
+                    raise ValueError("images and videos are not in prompt order")
+                expand_video(out, layouts, item, self._video_tokens, self.tokenize)
+                continue
+            if token != self.image_token_id:
+                raise ValueError("images and videos are not in prompt order")
+            t, h, w = item
             layout = ImageLayout(start=len(out), t=t, h=h // m, w=w // m)
             layouts.append(layout)
             out.extend([self.image_token_id] * layout.num_tokens)
@@ -233,7 +311,9 @@ class VisionLanguageModel:
             pieces.append(embed(ids[cursor - start :]))
         embeds = mx.concatenate(pieces, axis=0)[None]
         positions = mx.array(mrope_positions(end, layouts)[:, start:])[:, None, :]
-        visual = np.asarray(prompt_ids[start:end]) == self.image_token_id
+        visual = np.isin(
+            np.asarray(prompt_ids[start:end]), (self.image_token_id, self.video_token_id)
+        )
         deepstack = None
         if deep:
             deepstack = [mx.concatenate(layer, axis=0) for layer in zip(*deep)]

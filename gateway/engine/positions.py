@@ -5,8 +5,16 @@ Text tokens advance all three position axes by one. An image whose merged grid i
 `start + (ti, hi, wi)`, and the text after it resumes at `start + max(t, h, w)`. So every image
 shifts the text after it by `max(t, h, w) - t*h*w` (the rope delta, <= 0).
 
-This mirrors mlx-vlm's `get_rope_index` for images (checked by tests against it) without its
-per-token Python loops and without touching the model's shared `_rope_deltas` state.
+A video (Qwen2/2.5-VL: one block of t temporal patches) is laid out the same way, except that
+Qwen2.5-VL advances the time axis by `second_per_grid_t * tokens_per_second` per temporal patch
+(truncated to an integer, in float32 as the reference computes it): `time_scale`. Its tokens
+then sit at `start + (int(ti * time_scale), hi, wi)` and the text after it resumes one past the
+largest of those. Qwen2-VL (and mlx-vlm 0.7.10's port of Qwen2.5-VL) use time_scale 1; Qwen3-VL
+splits a video into one t=1 block per temporal patch with timestamp text between them, so each
+block is an ordinary (1, h, w) layout.
+
+This mirrors mlx-vlm's `get_rope_index` (checked by tests against it) without its per-token
+Python loops and without touching the model's shared `_rope_deltas` state.
 """
 
 from __future__ import annotations
@@ -25,6 +33,20 @@ class ImageLayout:
     t: int
     h: int  # merged rows (patch rows // spatial_merge_size)
     w: int
+    time_scale: float = 1.0  # time-axis positions per temporal patch (Qwen2.5-VL video)
+
+    @property
+    def t_positions(self) -> np.ndarray:
+        """Time-axis offset of each temporal patch (int32, length t)."""
+        if self.time_scale == 1.0:
+            return np.arange(self.t, dtype=np.int32)
+        scaled = np.arange(self.t, dtype=np.float32) * np.float32(self.time_scale)
+        return scaled.astype(np.int32)  # truncation toward zero, as torch's .long()
+
+    @property
+    def span(self) -> int:
+        """Positions the block occupies: one past its largest offset on any axis."""
+        return max(int(self.t_positions[-1]) + 1, self.h, self.w)
 
     @property
     def num_tokens(self) -> int:
@@ -37,7 +59,7 @@ class ImageLayout:
     @property
     def rope_shift(self) -> int:
         """How much this image moves the positions of the text after it (<= 0)."""
-        return max(self.t, self.h, self.w) - self.num_tokens
+        return self.span - self.num_tokens
 
 
 def rope_delta_at(images: Sequence[ImageLayout], cut: int) -> int:
@@ -67,7 +89,7 @@ def mrope_positions(length: int, images: Sequence[ImageLayout], start: int = 0) 
         out[:, cursor : image.start] = text
         base = image.start + delta
         ti, hi, wi = np.meshgrid(
-            np.arange(image.t), np.arange(image.h), np.arange(image.w), indexing="ij"
+            image.t_positions, np.arange(image.h), np.arange(image.w), indexing="ij"
         )
         out[0, image.start : image.end] = base + ti.ravel()
         out[1, image.start : image.end] = base + hi.ravel()

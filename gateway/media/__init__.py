@@ -4,9 +4,11 @@ pixels under the limits of a `MediaConfig`.
 Outside this package only `MediaLoader` and `DecodedImage` are used (import them from here);
 `loader` is the one module that uses the others: `sources` (data URIs, local files),
 `url_fetch` + `url_policy` (SSRF-safe fetching), `image_decode` (Pillow, pixel hashing) and
-`single_flight` (one fetch per URL, one decode per byte hash).
+`single_flight` (one fetch per URL, one decode per byte hash); videos go through
+`video_loader` (the same sources and fetcher rules) and `video_decode` (PyAV, frame sampling).
 """
 
 from gateway.media.loader import DecodedImage, MediaLoader
+from gateway.media.video_decode import DecodedVideo
 
-__all__ = ["DecodedImage", "MediaLoader"]
+__all__ = ["DecodedImage", "DecodedVideo", "MediaLoader"]

@@ -33,6 +33,8 @@ from gateway.media.single_flight import SingleFlight
 from gateway.media.sources import file_url_path, parse_data_uri, read_media_file
 from gateway.media.url_fetch import TransportFactory, UrlFetcher
 from gateway.media.url_policy import AddressPolicy, Resolver, shorten
+from gateway.media.video_decode import DecodedVideo
+from gateway.media.video_loader import VideoLoader
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,12 @@ class MediaLoader:
         index_bytes = _URI_INDEX_ENTRIES * _URI_INDEX_ENTRY_BYTES if config.decode_memo_mb else 0
         self._data_uris: ByteLRU[str, str] = ByteLRU(index_bytes)
         self._decoding: SingleFlight[str, DecodedImage] = SingleFlight()
+        self.videos = VideoLoader(
+            config,
+            resolver=resolver,
+            transport_factory=transport_factory,
+            address_policy=address_policy,
+        )
         self._counts = dict(decodes=0, unexpected_errors=0, data_uri_memo_hits=0)
         self._sources = dict(url=0, data=0, path=0)
         raise_pillow_pixel_limit(config.max_image_pixels)
@@ -118,11 +126,13 @@ class MediaLoader:
             "decode_joined": self._decoding.joined,
             "loads_by_source": dict(self._sources),
             "fetch": self._fetcher.stats(),
+            "videos": dict(self.videos.counts),
         }
 
     async def aclose(self) -> None:
         """Cancel in-flight fetches and drop the memo. The loader stays usable afterwards."""
         await self._fetcher.aclose()
+        await self.videos.aclose()
         await self._decoding.cancel_all()
         self._memo.clear()
         self._data_uris.clear()
@@ -182,6 +192,35 @@ class MediaLoader:
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
         return [t.result() for t in tasks]
+
+    async def load_videos(self, urls: Sequence[tuple[str, str]]) -> list[DecodedVideo]:
+        """Load (url, param) video pairs concurrently, in input order. On the first failure
+        the other loads are cancelled and, of the pairs that have failed by then, the error
+        of the first in input order is raised (as `load_all`). Videos count against
+        `max_images_per_request` together with the request's images (checked by the caller
+        through `check_media_count`)."""
+        tasks = [asyncio.ensure_future(self.videos.load(u, p)) for u, p in urls]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            failed = [t for t in tasks if not t.cancelled() and t.exception() is not None]
+            if failed:
+                raise failed[0].exception() from None  # type: ignore[misc]
+            raise
+        return [t.result() for t in tasks]
+
+    def check_media_count(self, images: int, videos: int) -> None:
+        """400 when a request carries more images and videos than `max_images_per_request`."""
+        limit = self._config.max_images_per_request
+        if videos and images + videos > limit:  # images alone: load_all's own check
+            raise invalid(
+                f"the request has {images} images and {videos} videos, over the limit of "
+                f"{limit} per request (the limit is set by --max-images-per-request)",
+                code="too_many_images",
+            )
 
     async def _load(self, url: str) -> DecodedImage:
         if not isinstance(url, str):

@@ -24,14 +24,15 @@ from pathlib import Path
 from gateway.errors import APIError, invalid, too_large
 from gateway.media.url_policy import shorten
 
+_ARTICLE = {"image": "an image", "video": "a video"}
 _BASE64_BODY = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 # b64decode(validate=True) is a strict a2b_base64 from Python 3.11 on; 3.10 has no strict mode
 # (it validates with a regex instead), so there every payload takes the checked path.
 _STRICT_A2B = sys.version_info >= (3, 11)
 
 
-def parse_data_uri(uri: str, max_bytes: int) -> bytes:
-    """The bytes of a `data:image/<type>;base64,<data>` URI.
+def parse_data_uri(uri: str, max_bytes: int, kind: str = "image") -> bytes:
+    """The bytes of a `data:<kind>/<type>;base64,<data>` URI (`kind`: "image" or "video").
 
     Tolerates ASCII whitespace inside the base64 and missing `=` padding; anything else that is
     not standard base64 is a 400. A decoded size over `max_bytes` is a 413 (checked before
@@ -42,35 +43,35 @@ def parse_data_uri(uri: str, max_bytes: int) -> bytes:
     if not comma:
         raise invalid(
             "invalid data URI: no ',' separates the header from the data; expected "
-            "data:image/<type>;base64,<data>",
+            f"data:{kind}/<type>;base64,<data>",
             code="invalid_data_uri",
         )
     parts = [p.strip().lower() for p in header[len("data:") :].split(";")]
     mime = parts[0]
-    if not mime.startswith("image/"):
+    if not mime.startswith(f"{kind}/"):
         raise invalid(
-            f"data URI has media type {shorten(mime or '(none)', 60)!r}, not an image; "
-            "expected data:image/<type>;base64,<data>",
+            f"data URI has media type {shorten(mime or '(none)', 60)!r}, not {_ARTICLE[kind]}; "
+            f"expected data:{kind}/<type>;base64,<data>",
             code="invalid_data_uri",
         )
     if "base64" not in parts[1:]:
         raise invalid(
-            "data URI is not base64-encoded; expected data:image/<type>;base64,<data>",
+            f"data URI is not base64-encoded; expected data:{kind}/<type>;base64,<data>",
             code="invalid_data_uri",
         )
     body = _strip_base64_space(payload)
     if len(body) // 4 * 3 > max_bytes + 3:
         raise too_large(
-            f"data URI image is about {len(body) // 4 * 3} bytes, over the limit of {max_bytes} "
-            "bytes per image (the limit is set by --max-image-bytes)"
+            f"data URI {kind} is about {len(body) // 4 * 3} bytes, over the limit of {max_bytes} "
+            f"bytes per {kind} (the limit is set by --max-{kind}-bytes)"
         )
     data = _decode_fast(body)
     if data is None:
         data = _decode_checked(body)
     if len(data) > max_bytes:
         raise too_large(
-            f"data URI image is {len(data)} bytes, over the limit of {max_bytes} bytes per "
-            "image (the limit is set by --max-image-bytes)"
+            f"data URI {kind} is {len(data)} bytes, over the limit of {max_bytes} bytes per "
+            f"{kind} (the limit is set by --max-{kind}-bytes)"
         )
     return data
 

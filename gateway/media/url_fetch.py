@@ -73,8 +73,12 @@ class UrlFetcher:
         transport_factory: TransportFactory | None = None,
         address_policy: AddressPolicy | None = None,
         total_timeout_s: float | None = None,
+        kind: str = "image",
     ) -> None:
+        """`kind` "video": the cap is `max_video_bytes` and messages say "video URL"."""
         self._config = config
+        self._kind = kind
+        self._cap = config.max_video_bytes if kind == "video" else config.max_image_bytes
         self._resolver = resolver or system_resolver
         self._transport_factory = transport_factory
         self._policy = address_policy or forbidden_address_reason
@@ -113,7 +117,8 @@ class UrlFetcher:
         except asyncio.TimeoutError:
             self._counts["failed"] += 1
             raise invalid(
-                f"image URL {shorten(url)} did not finish within {self._total_timeout_s:g} s",
+                f"{self._kind} URL {shorten(url)} did not finish within "
+                f"{self._total_timeout_s:g} s",
                 code=TIMEOUT_CODE,
             ) from None
 
@@ -123,7 +128,7 @@ class UrlFetcher:
             transport = self._transport_factory(backend)
         else:
             transport = PinnedTransport(backend, await self._get_ssl_context())
-        headers = {"Accept": "image/*", "Accept-Encoding": "identity"}
+        headers = {"Accept": f"{self._kind}/*", "Accept-Encoding": "identity"}
         async with httpx.AsyncClient(
             transport=transport,
             trust_env=False,
@@ -143,7 +148,7 @@ class UrlFetcher:
                             continue
                         if not 200 <= response.status_code < 300:
                             raise invalid(
-                                f"image URL {shorten(url)} returned HTTP status "
+                                f"{self._kind} URL {shorten(url)} returned HTTP status "
                                 f"{response.status_code}",
                                 code=FAILED_CODE,
                             )
@@ -157,7 +162,8 @@ class UrlFetcher:
                         code=FAILED_CODE,
                     ) from exc
         raise invalid(
-            f"image URL {shorten(url)} redirected more than {self._config.max_redirects} times "
+            f"{self._kind} URL {shorten(url)} redirected more than "
+            f"{self._config.max_redirects} times "
             "(the limit is set by --max-redirects)",
             code=FAILED_CODE,
         )
@@ -167,14 +173,14 @@ class UrlFetcher:
             what = f"did not accept a connection within {self._config.connect_timeout_s:g} s"
         else:
             what = f"did not answer within {self._config.read_timeout_s:g} s"
-        return invalid(f"image URL {shorten(url)} {what}", code=TIMEOUT_CODE)
+        return invalid(f"{self._kind} URL {shorten(url)} {what}", code=TIMEOUT_CODE)
 
     def _check_url(self, current: str, original: str, hop: int) -> tuple[httpx.URL, str, int, str]:
         """Parse and check scheme and host.
 
         Returns (url, host as httpcore will see it, port, subject for error messages).
         """
-        where = f"image URL {shorten(original)}"
+        where = f"{self._kind} URL {shorten(original)}"
         if hop:
             where = f"the redirect from {where} to {shorten(current)}"
         try:
@@ -222,17 +228,17 @@ class UrlFetcher:
                 if reason:
                     what = f"host {host} is" if literal is not None else f"host {host} resolves to"
                     raise invalid(
-                        f"{subject} was refused: {what} a {reason} address; image "
+                        f"{subject} was refused: {what} a {reason} address; {self._kind} "
                         f"URLs must point to public hosts ({_PRIVATE_HINT})",
                         code=FORBIDDEN_CODE,
                     )
         return str(addresses[0])
 
     async def _read_capped(self, response: httpx.Response, url: str) -> bytes:
-        cap = self._config.max_image_bytes
+        cap = self._cap
         over = (
-            f"image URL {shorten(url)} sent more than {cap} bytes, over the per-image limit "
-            "(--max-image-bytes)"
+            f"{self._kind} URL {shorten(url)} sent more than {cap} bytes, over the per-"
+            f"{self._kind} limit (--max-{self._kind}-bytes)"
         )
         length = response.headers.get("content-length", "")
         if length.strip().isdigit() and int(length) > cap:
@@ -241,8 +247,8 @@ class UrlFetcher:
         if encoding not in ("", "identity"):
             # We asked for identity; decompressing would let a tiny body expand past the cap.
             raise invalid(
-                f"image URL {shorten(url)} sent a compressed body ({encoding}); "
-                "image URLs must be served without Content-Encoding",
+                f"{self._kind} URL {shorten(url)} sent a compressed body ({encoding}); "
+                f"{self._kind} URLs must be served without Content-Encoding",
                 code=FAILED_CODE,
             )
         body = bytearray()

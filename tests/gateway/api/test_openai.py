@@ -103,3 +103,32 @@ def test_invalid_fields_name_the_field(body: object, param: str | None) -> None:
     assert info.value.status == 400
     assert info.value.param == param
     assert info.value.message
+
+
+def test_video_url_parts_keep_their_place_among_images() -> None:
+    """Invariant: `video_url` parts become VideoParts in content order (prompt order), with the
+    field path for errors; only user messages may carry them."""
+    from gateway.api.chat import VideoPart
+
+    content = [
+        {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AA=="}},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
+        {"type": "text", "text": "q"},
+        {"type": "video_url", "video_url": {"url": "https://example.com/b.mp4"}},
+    ]
+    r = parse_chat_request(_with(messages=[{"role": "user", "content": content}]))
+    assert [type(p) for p in r.media] == [VideoPart, ImagePart, VideoPart]
+    assert r.videos[1] == VideoPart(
+        "https://example.com/b.mp4", "messages[0].content[3].video_url.url"
+    )
+    assert len(r.images) == 1
+    for message, param in [
+        ({"role": "assistant", "content": content[:1]}, "messages[0].content[0]"),
+        ({"role": "user", "content": [{"type": "video_url", "video_url": {"url": 3}}]},
+         "messages[0].content[0].video_url.url"),
+        ({"role": "user", "content": [{"type": "video_url"}]},
+         "messages[0].content[0].video_url.url"),
+    ]:  # fmt: skip
+        with pytest.raises(APIError) as caught:
+            parse_chat_request(_with(messages=[message]))
+        assert caught.value.status == 400 and caught.value.param == param
