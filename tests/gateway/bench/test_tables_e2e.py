@@ -45,7 +45,8 @@ def _remote(server) -> list[str]:
 def test_resolution_through_base_url(server, tmp_path) -> None:
     png = tmp_path / "r.png"
     args = ["resolution", *_remote(server)[:4], "--sizes", "56", "112", "--reps", "2"]
-    data = _run(tmp_path, [*args, "--max-tokens", "4", "--plot", str(png)])
+    plot = ["--plot", str(png)] if HAS_PLOT else []  # without matplotlib --plot is refused
+    data = _run(tmp_path, [*args, "--max-tokens", "4", *plot])
     assert data["backend"]["name"] == "vision-gateway" and data["backend"]["ours"] is True
     assert data["cache_state"]["cleared_at_start"] is True
     assert data["cache_state"]["stats_after"]["vision"]["misses"] > 0
