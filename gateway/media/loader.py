@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -27,7 +26,8 @@ from PIL import Image
 from caches.hashing import bytes_hash
 from caches.lru import ByteLRU
 from gateway.config import MIB, MediaConfig
-from gateway.errors import APIError, invalid, too_large
+from gateway.errors import invalid, too_large
+from gateway.media.failures import as_client_error
 from gateway.media.image_decode import decode_and_hash, raise_pillow_pixel_limit
 from gateway.media.single_flight import SingleFlight
 from gateway.media.sources import file_url_path, parse_data_uri, read_media_file
@@ -35,8 +35,6 @@ from gateway.media.url_fetch import TransportFactory, UrlFetcher
 from gateway.media.url_policy import AddressPolicy, Resolver, shorten
 from gateway.media.video_decode import DecodedVideo
 from gateway.media.video_loader import VideoLoader
-
-log = logging.getLogger(__name__)
 
 SUPPORTED_FORMS = (
     "supported image references are http:// and https:// URLs, "
@@ -139,22 +137,7 @@ class MediaLoader:
 
     async def load(self, url: str, param: str = "image_url.url") -> DecodedImage:
         """Load one image reference; APIError (4xx, `param` set) for every failure."""
-        try:
-            return await self._load(url)
-        except APIError as err:
-            if err.param is None:
-                err.param = param
-            raise
-        except Exception as exc:
-            # A bug, not bad input. The client still gets a 4xx (the contract), the log gets
-            # the traceback and the counter makes it visible in stats.
-            self._counts["unexpected_errors"] += 1
-            log.exception("unexpected error loading image %s", param)
-            raise invalid(
-                f"could not load image: unexpected {type(exc).__name__} (logged by the server)",
-                param,
-                code="image_load_failed",
-            ) from None
+        return await as_client_error(self._load(url), "image", param, self._counts)
 
     async def load_all(self, urls: Sequence[tuple[str, str]]) -> list[DecodedImage]:
         """Load (url, param) pairs concurrently; results in input order.

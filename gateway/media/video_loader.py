@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import re
 import time
 
@@ -23,13 +22,12 @@ from caches.hashing import bytes_hash
 from caches.lru import ByteLRU
 from gateway.config import MIB, MediaConfig
 from gateway.errors import APIError, invalid
+from gateway.media.failures import as_client_error
 from gateway.media.single_flight import SingleFlight
 from gateway.media.sources import file_url_path, parse_data_uri, read_media_file
 from gateway.media.url_fetch import TransportFactory, UrlFetcher
 from gateway.media.url_policy import AddressPolicy, Resolver, shorten
 from gateway.media.video_decode import DecodedVideo, VideoSampling, decode_video
-
-log = logging.getLogger(__name__)
 
 SUPPORTED_VIDEO_FORMS = (
     "supported video references are http:// and https:// URLs, "
@@ -78,20 +76,7 @@ class VideoLoader:
 
     async def load(self, url: str, param: str) -> DecodedVideo:
         """One video reference; APIError (4xx, `param` set) for every failure."""
-        try:
-            return await self._load(url)
-        except APIError as err:
-            if err.param is None:
-                err.param = param
-            raise
-        except Exception as exc:
-            self.counts["unexpected_errors"] += 1
-            log.exception("unexpected error loading video %s", param)
-            raise invalid(
-                f"could not load video: unexpected {type(exc).__name__} (logged by the server)",
-                param,
-                code="video_load_failed",
-            ) from None
+        return await as_client_error(self._load(url), "video", param, self.counts)
 
     async def _load(self, url: str) -> DecodedVideo:
         if not isinstance(url, str):
