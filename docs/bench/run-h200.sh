@@ -50,6 +50,20 @@ for step in $STEPS; do
           --configs none,both --server-arg=--no-warmup --server-arg=$flags \
           --out "$OUT/repeat${flags//-/_}.json" 2>&1 | tail -25
       done 2>&1 | tee -a "$OUT/exact.log" ;;
+    invariance)  # batched == single: a shared final-block forward and whole requests
+      timeout 240 python3 -m gateway.bench.invariance --model /tmp/m7b --requests 16 --tokens 64 \
+        --lengths 20 120 --out "$OUT/invariance.json" 2>&1 | tail -30 | tee "$OUT/invariance.log" ;;
+    structured)  # issue 13: what a grammar costs per decode step (engine alone)
+      timeout 300 python3 -m gateway.bench.structured --model /tmp/m7b --batch 1 16 --tokens 256 \
+        --repeat 3 --json "$OUT/structured-h200.json" 2>&1 | tee "$OUT/structured.log" ;;
+    soak_start)  # the engine process under load for SOAK_S s, detached: collect with soak_collect
+      mkdir -p /tmp/soak
+      setsid nohup python3 -m gateway bench load --model /tmp/m7b --clients 32 \
+        --seconds "${SOAK_S:-630}" --out /tmp/soak/load.json >/tmp/soak/load.log 2>&1 < /dev/null &
+      sleep 2; echo "soak started" ;;
+    soak_collect)
+      while pgrep -f "bench load" >/dev/null; do sleep 5; done
+      cp /tmp/soak/* "$OUT/"; tail -15 "$OUT/load.log" ;;
     engine)
       timeout "${ENGINE_S:-150}" python3 -m gateway bench engine --raw --model /tmp/m7b --image-size 1024 \
         --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" ;;

@@ -329,17 +329,8 @@ class VisionLanguageModel:
         block is computed in one shape). Padding rows come after the real ones, so causal
         attention keeps them out of every real row; their KV is trimmed from `cache` again.
         """
-        pad = max(rows - (hi - lo), 0)
-        ids, embeds = plan.ids[:, lo:hi], plan.embeds[:, lo:hi]
-        positions = plan.positions[:, :, lo:hi]
-        visual = plan.visual[lo:hi]
-        if pad:
-            ids = mx.concatenate([ids, mx.broadcast_to(ids[:, -1:], (1, pad))], axis=1)
-            embeds = mx.concatenate([embeds, mx.zeros((1, pad, embeds.shape[2]), embeds.dtype)], 1)
-            steps = mx.arange(1, pad + 1, dtype=positions.dtype)
-            tail = positions.max(axis=0, keepdims=True)[..., -1:] + steps  # text after the end
-            positions = mx.concatenate([positions, mx.broadcast_to(tail, (3, 1, pad))], axis=2)
-            visual = np.concatenate([visual, np.zeros(pad, dtype=bool)])
+        ids, embeds, positions, visual = _padded_inputs(plan, lo, hi, rows)
+        pad = ids.shape[1] - (hi - lo)
         kwargs: dict[str, Any] = {}
         if plan.deepstack is not None:
             before = int(plan.visual[:lo].sum())
@@ -355,6 +346,46 @@ class VisionLanguageModel:
             for layer in cache:
                 layer.trim(pad)
         mx.eval([c.state for c in cache])
+        return hidden
+
+    def prefill_group(self, parts: Sequence[GroupPart], rows: int) -> mx.array:
+        """Several requests' next blocks in one forward: each part's plan tokens [lo, hi),
+        padded to `rows` query rows exactly as `prefill` pads one, fed into its own `cache`.
+        Every cache must hold the same number of tokens (the blocks sit at the same absolute
+        positions) and no part may carry deepstack features. Returns the hidden states
+        (len(parts), rows, hidden), lazily; each cache ends holding its real rows only.
+
+        Each row's inputs, positions and keys are those of `prefill` for that request alone;
+        whether its results are bit-identical to that is up to the backend's kernels (a
+        batch dimension in every matmul and attention call), which is why only blocks that
+        are never stored are computed here (gateway.engine.prefill)."""
+        offset = parts[0].cache[0].offset
+        assert all(p.cache[0].offset == offset for p in parts), "blocks at different positions"
+        assert all(p.plan.deepstack is None for p in parts), "deepstack blocks are fed alone"
+        inputs = [_padded_inputs(p.plan, p.lo, p.hi, rows) for p in parts]
+        ids = mx.concatenate([i[0] for i in inputs], axis=0)
+        embeds = mx.concatenate([i[1] for i in inputs], axis=0)
+        positions = mx.concatenate([i[2] for i in inputs], axis=1)
+        batch_cache = []
+        for layer in range(len(parts[0].cache)):
+            joint = RowKVCache()
+            if offset:
+                joint.keys = mx.concatenate([p.cache[layer].keys[..., :offset, :] for p in parts])
+                joint.values = mx.concatenate(
+                    [p.cache[layer].values[..., :offset, :] for p in parts]
+                )
+                joint.offset = offset
+            batch_cache.append(joint)
+        hidden = self.model.language_model.model(
+            ids, inputs_embeds=embeds, cache=batch_cache, position_ids=positions
+        )
+        mx.eval([c.state for c in batch_cache])
+        for i, part in enumerate(parts):
+            end = offset + part.hi - part.lo
+            for layer, joint in zip(part.cache, batch_cache):
+                layer.keys = joint.keys[i : i + 1, :, :end, :]
+                layer.values = joint.values[i : i + 1, :, :end, :]
+                layer.offset = end
         return hidden
 
     # ----- helpers ----------------------------------------------------------------------------
@@ -401,6 +432,36 @@ class PrefillPlan:
     @property
     def length(self) -> int:
         return int(self.ids.shape[1])
+
+
+@dataclass(frozen=True)
+class GroupPart:
+    """One request's share of `prefill_group`: plan tokens [lo, hi) into `cache`."""
+
+    plan: PrefillPlan
+    cache: list[RowKVCache]
+    lo: int
+    hi: int
+
+
+def _padded_inputs(
+    plan: PrefillPlan, lo: int, hi: int, rows: int
+) -> tuple[mx.array, mx.array, mx.array, np.ndarray]:
+    """Plan tokens [lo, hi) as (ids, embeds, positions, visual), padded after the real rows to
+    `rows` query rows when `rows` > hi - lo: zero embeddings at the text positions that would
+    follow the last real token (causal attention keeps them out of every real row)."""
+    pad = max(rows - (hi - lo), 0)
+    ids, embeds = plan.ids[:, lo:hi], plan.embeds[:, lo:hi]
+    positions = plan.positions[:, :, lo:hi]
+    visual = plan.visual[lo:hi]
+    if pad:
+        ids = mx.concatenate([ids, mx.broadcast_to(ids[:, -1:], (1, pad))], axis=1)
+        embeds = mx.concatenate([embeds, mx.zeros((1, pad, embeds.shape[2]), embeds.dtype)], 1)
+        steps = mx.arange(1, pad + 1, dtype=positions.dtype)
+        tail = positions.max(axis=0, keepdims=True)[..., -1:] + steps  # text after the end
+        positions = mx.concatenate([positions, mx.broadcast_to(tail, (3, 1, pad))], axis=2)
+        visual = np.concatenate([visual, np.zeros(pad, dtype=bool)])
+    return ids, embeds, positions, visual
 
 
 def _plain(value: Any) -> Any:

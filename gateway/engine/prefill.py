@@ -18,19 +18,32 @@ block padded), image and text alike through the embeddings path, and the first t
 from the last real row alone. The cached path starts at a block boundary (cache_ops aligns
 hits), so each reused or recomputed position is produced by the same forward, in the same
 shape, from the same inputs, as in the uncached path.
+
+The final block of a prompt, when partial, is never stored (hits are whole blocks), so its
+shape only has to be the same for the same prompt: it is padded to `final_rows` (the next
+power of two from 32, at most `block`) rather than to a whole block, which spares a short
+prompt on a GPU a 256-row forward. And requests whose next forward is such a final partial
+block at the same absolute position (a burst of new short prompts, or of repeat questions)
+share one forward (`feed_final_blocks`): each row gets the inputs it would get alone, so on
+backends whose kernels do not depend on the batch size (CPU: measured, and pinned by tests at
+tolerance zero) the answers are those of each request alone; elsewhere they may differ in the
+last bits the way rows decoded in a batch do, but no stored KV ever comes from such a forward.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 
 from gateway.engine.cache_ops import CacheOps
 from gateway.engine.job import Job
-from gateway.engine.model import VisionLanguageModel
+from gateway.engine.model import GroupPart, PrefillPlan, VisionLanguageModel
 from gateway.engine.positions import rope_delta_at
 from gateway.engine.text_core import logits_from_hidden
+
+MIN_FINAL_ROWS = 32  # the smallest forward a final partial block is padded to
 
 
 @dataclass(frozen=True)
@@ -106,16 +119,14 @@ class Prefiller:
         """Feed whole blocks until `budget` rows are spent (at least one block)."""
         prompt = job.request.prompt_ids
         n, block = len(prompt), self.block
-        layouts = [i.layout for i in job.request.images]
-        if job.plan is None:
-            assert job.fed % block == 0, "an exact prefill must start at a block boundary"
-            job.plan = self.model.prefill_plan(prompt, layouts, list(job.encoded), job.fed, n)
+        self._plan(job)
         base, rows = job.cached_tokens, 0
         while True:
             lo = job.fed
             hi = min(lo + block, n)
-            hidden = self.model.prefill(job.plan, job.cache, lo - base, hi - base, rows=block)
-            job.fed, rows = hi, rows + block
+            shape = self.final_rows(hi - lo)
+            hidden = self.model.prefill(job.plan, job.cache, lo - base, hi - base, rows=shape)
+            job.fed, rows = hi, rows + shape
             if lo < job.split <= hi:
                 self.cache_ops.store_image_part(job)
             if hi == n:
@@ -123,6 +134,62 @@ class Prefiller:
                 return rows, self._first_token(job, hidden[:, hi - 1 - lo : hi - lo, :])
             if rows >= budget:
                 return rows, None
+
+    def final_rows(self, real: int) -> int:
+        """Query rows of a block forward holding `real` (1..block) prompt tokens: a whole
+        block is `block` rows; a final partial block the next power of two from
+        MIN_FINAL_ROWS, at most `block` (module doc)."""
+        if real >= self.block:
+            return self.block
+        rows = MIN_FINAL_ROWS
+        while rows < real:
+            rows *= 2
+        return min(rows, self.block)
+
+    def final_block_groups(self, jobs: Sequence[Job]) -> list[list[Job]]:
+        """Jobs (in the given order) whose next forward is their final, partial block, grouped
+        by (absolute position, query rows), groups of two or more only, ordered by their
+        first job. Such jobs may share one forward (`feed_final_blocks`)."""
+        groups: dict[tuple[int, int], list[Job]] = {}
+        for job in jobs:
+            left = job.prompt_len - job.fed
+            if not self.exact or not 0 < left < self.block or job.fed % self.block:
+                continue
+            if job.cache is None:
+                job.cache = self.model.new_cache()
+            plan = self._plan(job)
+            if plan.deepstack is not None:  # Qwen3-VL image rows: fed alone (prefill_group)
+                continue
+            groups.setdefault((job.fed, self.final_rows(left)), []).append(job)
+        return [g for g in groups.values() if len(g) > 1]
+
+    def feed_final_blocks(self, jobs: Sequence[Job]) -> list[FirstToken]:
+        """Feed each job's final partial block in one forward (jobs from one group of
+        `final_block_groups`); returns each job's first token."""
+        rows = self.final_rows(jobs[0].prompt_len - jobs[0].fed)
+        parts = []
+        for job in jobs:
+            lo, base = job.fed, job.cached_tokens
+            parts.append(GroupPart(self._plan(job), job.cache, lo - base, job.prompt_len - base))
+        hidden = self.model.prefill_group(parts, rows)
+        firsts = []
+        for i, job in enumerate(jobs):
+            lo, hi = job.fed, job.prompt_len
+            job.fed, job.plan = hi, None
+            if lo < job.split <= hi:
+                self.cache_ops.store_image_part(job)
+            firsts.append(self._first_token(job, hidden[i : i + 1, hi - 1 - lo : hi - lo, :]))
+        return firsts
+
+    def _plan(self, job: Job) -> PrefillPlan:
+        """The job's inputs from where its prefill started (its cached tokens) to its end."""
+        if job.plan is None:
+            assert job.fed % self.block == 0, "an exact prefill must start at a block boundary"
+            layouts = [i.layout for i in job.request.images]
+            job.plan = self.model.prefill_plan(
+                job.request.prompt_ids, layouts, list(job.encoded), job.fed, job.prompt_len
+            )
+        return job.plan
 
     def _first_token(self, job: Job, last_hidden: mx.array) -> FirstToken:
         """Sample from the prompt's last row (1, 1, hidden) and give the cache the prompt's

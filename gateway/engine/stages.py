@@ -151,9 +151,15 @@ class Stages(JobEndings):
                 except Exception as exc:
                     log.exception("inserting %s failed", job.request_id)
                     self._fail(job, ErrorKind.INTERNAL, f"internal error admitting it: {exc}")
+        shared = {id(j): g for g in self._prefiller.final_block_groups(self._prefilling) for j in g}
         for job in list(self._prefilling):
             if budget <= 0:
                 return
+            if job.stage is not Stage.PREFILL or job not in self._prefilling:
+                continue  # fed with its group, or failed
+            if id(job) in shared:
+                budget = self._feed_group(shared[id(job)], budget)
+                continue
             try:
                 fed, first = self._prefiller.feed(job, budget)
                 budget -= fed
@@ -164,6 +170,31 @@ class Stages(JobEndings):
             except Exception as exc:
                 log.exception("prefill of %s failed", job.request_id)
                 self._fail(job, ErrorKind.INTERNAL, f"internal error in the prefill: {exc}")
+
+    def _feed_group(self, group: list[Job], budget: int) -> int:
+        """Exact reuse: the final partial blocks of as many of `group` (from
+        `final_block_groups`; members already fed are skipped) as the budget allows, at least
+        one, in one forward; returns the budget left. A request alone takes the usual path."""
+        pending = [job for job in group if job in self._prefilling]
+        rows = self._prefiller.final_rows(pending[0].prompt_len - pending[0].fed)
+        jobs = pending[: max(budget // rows, 1)]
+        try:
+            if len(jobs) == 1:
+                fed, first = self._prefiller.feed(jobs[0], budget)
+                firsts = [first]
+            else:
+                firsts, fed = self._prefiller.feed_final_blocks(jobs), rows * len(jobs)
+        except Exception as exc:
+            log.exception("the prefill of %s failed", ", ".join(j.request_id for j in jobs))
+            for job in jobs:
+                self._fail(job, ErrorKind.INTERNAL, f"internal error in the prefill: {exc}")
+            return budget - rows * len(jobs)
+        self.metrics.prefill_chunks.inc()
+        for job, first in zip(jobs, firsts, strict=True):
+            assert first is not None, "a final block ends the prompt"
+            self._prefilling.remove(job)
+            self._first_token(job, first)
+        return budget - fed
 
     def _first_token(self, job: Job, first: FirstToken) -> None:
         """Emit the token sampled at the end of the prefill; finish, or join the batch."""
