@@ -70,3 +70,5 @@ for step in $STEPS; do
   esac
 done
 stamp "done"
+# A device call returns at most 8 files: everything else travels in one bundle.
+tar -C "$OUT" -czf /tmp/bundle.tgz . && find "$OUT" -mindepth 1 -delete && mv /tmp/bundle.tgz "$OUT/bundle.tgz"

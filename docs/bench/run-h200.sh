@@ -69,3 +69,6 @@ for step in $STEPS; do
         --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" ;;
   esac
 done
+# A device call returns at most 8 files: BUNDLE=1 packs everything into one.
+[ "${BUNDLE:-0}" = 1 ] && tar -C "$OUT" -czf /tmp/bundle.tgz . && find "$OUT" -mindepth 1 -delete && mv /tmp/bundle.tgz "$OUT/bundle.tgz"
+true
