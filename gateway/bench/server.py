@@ -26,6 +26,9 @@ class LocalServer:
     """Starts the server with `args`, waits for /health, stops it with SIGTERM.
 
     The log goes to a file (`log()` returns its tail) so a failing start explains itself.
+    Benchmarks and tests measure the memory caches from a cold start: unless `args` name a
+    `--cache-dir`, the disk tier is off (`--no-disk-cache`), so files left by an earlier run
+    never turn a cold request into a disk hit.
     """
 
     def __init__(self, args: Sequence[str], ready_timeout_s: float = 300.0) -> None:
@@ -35,6 +38,8 @@ class LocalServer:
         os.close(fd)
         self.log_path = Path(log_name)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        if "--cache-dir" not in args and "--no-disk-cache" not in args:
+            args = [*args, "--no-disk-cache"]
         cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(self.port), *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)

@@ -15,10 +15,11 @@ from typing import Any
 
 import mlx.core as mx
 
-from caches.prefix import ImageSpan, PrefixCache, PrefixHit
+from caches.prefix import ImageSpan, PrefixCache, PrefixHit, block_keys, key_items
 from caches.radix import Block
 from caches.vision import VisionCache, VisionEntry, VisionKey
-from gateway.config import CPU_KV_BLOCK_TOKENS, GPU_KV_BLOCK_TOKENS
+from gateway.config import CPU_KV_BLOCK_TOKENS, GPU_KV_BLOCK_TOKENS, CacheConfig
+from gateway.engine.disk_tier import DiskTier, open_disk_tier
 from gateway.engine.job import Job
 from gateway.engine.kv import RowKVCache
 from gateway.engine.model import VisionLanguageModel
@@ -32,7 +33,10 @@ class CacheOps:
     prompt, not its answer, whose KV decode steps computed in other shapes).
 
     The prefix cache stores blocks of `exact_block` tokens (with the rule off: the device's
-    default block, hits then any whole-block prefix that does not end inside an image)."""
+    default block, hits then any whole-block prefix that does not end inside an image).
+
+    `disk` (optional) is the tier under both caches: looked up on a memory miss (a hit is
+    promoted to memory), written in the background when an entry is first computed."""
 
     def __init__(
         self,
@@ -40,9 +44,11 @@ class CacheOps:
         vision: VisionCache,
         prefix: PrefixCache,
         exact_block: int = 0,
+        disk: DiskTier | None = None,
     ) -> None:
         self.model = model
         self.vision = vision
+        self.disk = disk
         self.exact_block = exact_block
         on_gpu = mx.default_device().type == mx.DeviceType.gpu
         self.block = exact_block or (GPU_KV_BLOCK_TOKENS if on_gpu else CPU_KV_BLOCK_TOKENS)
@@ -74,9 +80,12 @@ class CacheOps:
         evicted before admission, the engine preprocesses the image itself."""
         covered = self.prefix.peek(prompt_ids, images, self._align)
         return [
-            span.end > covered and self.vision_key(span.content_hash) not in self.vision
+            span.end > covered and not self._vision_held(self.vision_key(span.content_hash))
             for span in images
         ]
+
+    def _vision_held(self, key: VisionKey) -> bool:
+        return key in self.vision or (self.disk is not None and self.disk.has_vision(key))
 
     def vision_key(self, content_hash: str) -> VisionKey:
         return VisionKey(
@@ -95,6 +104,8 @@ class CacheOps:
         try:
             if request.use_caches:
                 hit = self.prefix.lookup(request.prompt_ids, self.spans(job), self._align)
+            if request.use_caches and self.disk is not None and self.disk.active:
+                hit = self._disk_extend(job, hit)
         except Exception:
             log.exception("prefix cache lookup failed; treating as a miss")
         if hit is not None:
@@ -112,6 +123,9 @@ class CacheOps:
             entry = None
             if request.use_caches:
                 entry = self._vision_lookup(request.images[i].content_hash, layouts[i].num_tokens)
+            if entry is None and request.use_caches:
+                entry = self._vision_from_disk(request.images[i])
+                job.vision_disk_hits += entry is not None
             if entry is not None:
                 job.encoded[i] = entry.features
                 job.vision_hits += 1
@@ -125,6 +139,62 @@ class CacheOps:
         except Exception:
             log.exception("vision cache lookup failed; treating as a miss")
             return None
+
+    def _vision_from_disk(self, image: Any) -> VisionEntry | None:
+        """The image's features from the disk tier, promoted to the memory cache, or None."""
+        if self.disk is None or not self.disk.active:
+            return None
+        key = self.vision_key(image.content_hash)
+        try:
+            entry = self.disk.load_vision(
+                key, image.layout.num_tokens, image.grid_thw, self.model.embed_dtype
+            )
+        except Exception:
+            log.exception("disk cache vision lookup failed; treating as a miss")
+            return None
+        if entry is not None:
+            self.vision.store(key, entry)
+        return entry
+
+    def store_vision(self, key: VisionKey, entry: VisionEntry) -> None:
+        """A freshly encoded image: into the memory cache, and queued for the disk tier."""
+        self.vision.store(key, entry)
+        if self.disk is not None:
+            try:
+                self.disk.save_vision(key, entry)
+            except Exception:
+                log.exception("queueing vision features for the disk cache failed")
+
+    def _disk_extend(self, job: Job, hit: PrefixHit | None) -> PrefixHit | None:
+        """Extend a memory lookup with whole blocks from the disk tier: blocks past those
+        stored in memory are read while they are there and fit the request, put into the
+        memory tree, and the lookup is repeated (uncounted). Counts the tokens gained."""
+        request = job.request
+        prompt, spans, block = request.prompt_ids, self.spans(job), self.prefix.block_tokens
+        usable = (len(prompt) - 1) // block  # a hit leaves at least one token to feed
+        stored = self.prefix.stored_blocks(prompt, spans)
+        if stored >= usable:
+            return hit
+        items = key_items(prompt, spans)
+        keys = block_keys(items, block, usable)
+        layouts = [i.layout for i in request.images]
+        deltas = [delta_before(layouts, (k + 1) * block) for k in range(usable)]
+        # (the KV's dtype is fixed by the namespace: the model and its embeddings' dtype)
+        layers = len(self.model.new_cache())
+        loaded = self.disk.load_blocks(  # type: ignore[union-attr]
+            keys, items, block, stored, deltas, layers
+        )
+        if not loaded:
+            return hit
+        self.prefix.store(
+            prompt, spans, lambda k: loaded[k - stored], (stored + len(loaded)) * block
+        )
+        extended = self.prefix.find(prompt, spans, self._align)
+        before = hit.tokens if hit is not None else 0
+        if extended is None or extended.tokens <= before:
+            return hit
+        job.disk_cached_tokens = extended.tokens - before
+        return extended
 
     def store_image_part(self, job: Job) -> None:
         """Store the job's KV blocks prefilled so far (called once the image-bearing part
@@ -150,6 +220,7 @@ class CacheOps:
                 return
             layouts = [i.layout for i in job.request.images]
             block, new = self.prefix.block_tokens, []
+            made: list[tuple[int, Block]] = []
 
             def make(k: int) -> Block:
                 lo, hi = k * block, (k + 1) * block
@@ -161,12 +232,53 @@ class CacheOps:
                 )
                 new.append(arrays)
                 nbytes = sum(k_.nbytes + v_.nbytes for k_, v_ in arrays)
-                return Block(arrays, nbytes, delta_before(layouts, hi))
+                made.append((k, Block(arrays, nbytes, delta_before(layouts, hi))))
+                return made[-1][1]
 
-            self.prefix.store(list(tokens), self.spans(job), make, length)
+            spans = self.spans(job)
+            self.prefix.store(list(tokens), spans, make, length)
             mx.eval(new)
         except Exception:
             log.exception("prefix cache store failed for %s; continuing", job.request_id)
+            return
+        if self.disk is not None and self.disk.active and made:
+            self._save_blocks(list(tokens), spans, block, made)
+
+    def _save_blocks(
+        self, tokens: list[int], spans: list[ImageSpan], block: int, made: list[tuple[int, Block]]
+    ) -> None:
+        """Queue newly computed blocks for the disk tier, each with the images starting in it."""
+        try:
+            items = key_items(tokens, spans)
+            keys = block_keys(items, block, max(k for k, _ in made) + 1)
+            with_images = [
+                (k, dataclasses.replace(b, images=tuple(
+                    s.content_hash for s in spans if k * block <= s.start < (k + 1) * block
+                )))
+                for k, b in made
+            ]
+            self.disk.save_blocks(keys, items, block, with_images)  # type: ignore[union-attr]
+        except Exception:
+            log.exception("queueing KV blocks for the disk cache failed")
+
+    def open_disk(self, config: CacheConfig, active: bool) -> None:
+        """Open the disk tier `config` asks for (none if off or unusable), for this engine's
+        model and blocks. `active` False: unused until `activate_disk`."""
+        self.disk = open_disk_tier(config, self.model, self.block, bool(self.exact_block), active)
+
+    def activate_disk(self) -> None:
+        """Start reading and writing the disk tier (after the start-up warm-up)."""
+        if self.disk is not None:
+            self.disk.activate()
+
+    def close(self) -> None:
+        """Write what the disk tier has queued (bounded), then stop its writer."""
+        if self.disk is not None:
+            self.disk.close()
+
+    def disk_stats(self) -> dict[str, object]:
+        """The disk tier's counters ({"enabled": False} when there is none). Thread-safe."""
+        return {"enabled": False} if self.disk is None else self.disk.stats()
 
 
 def delta_before(layouts: Sequence[Any], cut: int) -> int:
