@@ -240,8 +240,9 @@ class DiskStore:
             log.warning("disk cache: budget scan of %s failed: %s", self.base, exc)
             return
         if evicted:
-            log.info("disk cache: evicted %d files to stay within %d bytes", evicted,
-                     self.capacity_bytes)
+            log.info(
+                "disk cache: evicted %d files to stay within %d bytes", evicted, self.capacity_bytes
+            )
         with self._lock:
             self._bytes, self._entries = total, len(files) - evicted
             self._evictions += evicted

@@ -176,11 +176,13 @@ def _disk_families(p: str, disk: dict[str, Any]) -> Iterator[Any]:
     (as the memory caches do); file counters are per file (a KV block is one file)."""
     vision, prefix = disk["vision"], disk["prefix"]
     yield CounterMetricFamily(
-        p + "disk_cache_vision_hits", "Images whose features were read from disk",
+        p + "disk_cache_vision_hits",
+        "Images whose features were read from disk",
         vision["images_hit"],
     )
     yield CounterMetricFamily(
-        p + "disk_cache_prefix_hits", "Prompt tokens whose KV was read from disk",
+        p + "disk_cache_prefix_hits",
+        "Prompt tokens whose KV was read from disk",
         prefix["tokens_hit"],
     )
     for name, doc, key in (
@@ -195,7 +197,8 @@ def _disk_families(p: str, disk: dict[str, Any]) -> Iterator[Any]:
             metric.add_metric([cache], value)
         yield metric
     seconds = CounterMetricFamily(
-        p + "disk_cache_load_seconds", "Time reading and checking disk hits (engine thread)",
+        p + "disk_cache_load_seconds",
+        "Time reading and checking disk hits (engine thread)",
         labels=["cache"],
     )
     for cache, counts in (("vision", vision), ("prefix", prefix)):
@@ -205,7 +208,8 @@ def _disk_families(p: str, disk: dict[str, Any]) -> Iterator[Any]:
         p + "disk_cache_evictions", "Files this process removed for the budget", disk["evictions"]
     )
     yield CounterMetricFamily(
-        p + "disk_cache_dropped_writes", "Entries not written: the write queue was full",
+        p + "disk_cache_dropped_writes",
+        "Entries not written: the write queue was full",
         disk["dropped_writes"],
     )
     yield GaugeMetricFamily(p + "disk_cache_bytes", "Bytes of the cache folder", disk["bytes"])

@@ -252,9 +252,15 @@ class CacheOps:
             items = key_items(tokens, spans)
             keys = block_keys(items, block, max(k for k, _ in made) + 1)
             with_images = [
-                (k, dataclasses.replace(b, images=tuple(
-                    s.content_hash for s in spans if k * block <= s.start < (k + 1) * block
-                )))
+                (
+                    k,
+                    dataclasses.replace(
+                        b,
+                        images=tuple(
+                            s.content_hash for s in spans if k * block <= s.start < (k + 1) * block
+                        ),
+                    ),
+                )
                 for k, b in made
             ]
             self.disk.save_blocks(keys, items, block, with_images)  # type: ignore[union-attr]

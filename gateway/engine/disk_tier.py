@@ -72,11 +72,16 @@ def open_disk_tier(
     try:
         store = DiskStore(Path(config.cache_dir), space, config.disk_capacity_bytes)
     except (OSError, ValueError) as exc:
-        log.error("disk cache at %s is unusable (%s): serving from memory only",
-                  config.cache_dir, exc)
+        log.error(
+            "disk cache at %s is unusable (%s): serving from memory only", config.cache_dir, exc
+        )
         return None
-    log.info("disk cache: %s (namespace %s, %.1f GB budget)", store.base / space, space,
-             config.disk_capacity_bytes / 1e9)
+    log.info(
+        "disk cache: %s (namespace %s, %.1f GB budget)",
+        store.base / space,
+        space,
+        config.disk_capacity_bytes / 1e9,
+    )
     return DiskTier(store, active)
 
 
@@ -101,8 +106,9 @@ class DiskTier:
 
     @staticmethod
     def vision_file_key(key: VisionKey) -> str:
-        return fingerprint(key.model_fingerprint, key.processor_fingerprint, key.dtype,
-                           key.pixel_hash)
+        return fingerprint(
+            key.model_fingerprint, key.processor_fingerprint, key.dtype, key.pixel_hash
+        )
 
     def has_vision(self, key: VisionKey) -> bool:
         """Is the image's file there now? (Any thread; advisory.)"""
@@ -164,7 +170,10 @@ class DiskTier:
     # ----- KV blocks ----------------------------------------------------------------------
 
     def save_blocks(
-        self, keys: Sequence[str], items: Sequence[int | str], block_tokens: int,
+        self,
+        keys: Sequence[str],
+        items: Sequence[int | str],
+        block_tokens: int,
         blocks: Sequence[tuple[int, Block]],
     ) -> None:
         """Queue new KV blocks (index k, its Block whose value is ((keys, values) per layer,
@@ -186,8 +195,14 @@ class DiskTier:
             self.writer.submit("prefix", keys[k], tensors, meta)
 
     def load_blocks(
-        self, keys: Sequence[str], items: Sequence[int | str], block_tokens: int, first: int,
-        deltas: Sequence[int], layers: int, dtype: mx.Dtype | None = None,
+        self,
+        keys: Sequence[str],
+        items: Sequence[int | str],
+        block_tokens: int,
+        first: int,
+        deltas: Sequence[int],
+        layers: int,
+        dtype: mx.Dtype | None = None,
     ) -> list[Block]:
         """Blocks first, first+1, ... read from disk until the first missing or unusable one.
         `deltas[k]` is the rope delta the prompt has after block k; `layers` the model's."""
@@ -200,8 +215,9 @@ class DiskTier:
             if found is None:
                 break
             try:
-                block = _block(found.metadata, found.tensors, k, items, block_tokens,
-                               deltas[k], layers, dtype)
+                block = _block(
+                    found.metadata, found.tensors, k, items, block_tokens, deltas[k], layers, dtype
+                )
             except (ValueError, KeyError) as exc:
                 self.store.discard("prefix", keys[k], f"does not fit the request: {exc}")
                 break
@@ -217,10 +233,14 @@ class DiskTier:
         """JSON-able counters (any thread)."""
         s = self.store.stats()
         kinds = {name: dataclasses.asdict(k) for name, k in s.kinds.items()}
-        kinds["vision"].update(images_hit=self.vision_hits,
-                               load_seconds=self.load_seconds["vision"])
-        kinds["prefix"].update(lookups_hit=self.prefix_hits, tokens_hit=self.prefix_tokens,
-                               load_seconds=self.load_seconds["prefix"])
+        kinds["vision"].update(
+            images_hit=self.vision_hits, load_seconds=self.load_seconds["vision"]
+        )
+        kinds["prefix"].update(
+            lookups_hit=self.prefix_hits,
+            tokens_hit=self.prefix_tokens,
+            load_seconds=self.load_seconds["prefix"],
+        )
         return {
             "enabled": True,
             "active": self.active,
@@ -235,8 +255,14 @@ class DiskTier:
 
 
 def _block(
-    meta: dict[str, str], tensors: dict[str, RawTensor], k: int, items: Sequence[int | str],
-    block_tokens: int, delta: int, layers: int, dtype: mx.Dtype | None,
+    meta: dict[str, str],
+    tensors: dict[str, RawTensor],
+    k: int,
+    items: Sequence[int | str],
+    block_tokens: int,
+    delta: int,
+    layers: int,
+    dtype: mx.Dtype | None,
 ) -> Block:
     want_items = list(items[k * block_tokens : (k + 1) * block_tokens])
     if int(meta["block_index"]) != k or int(meta["block_tokens"]) != block_tokens:

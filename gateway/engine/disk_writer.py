@@ -95,8 +95,10 @@ class DiskWriter:
         self._queue.put(None)
         self._thread.join(timeout)
         if self._thread.is_alive():
-            log.warning("disk cache: %d bytes still queued at shutdown were not written",
-                        self._pending_bytes)
+            log.warning(
+                "disk cache: %d bytes still queued at shutdown were not written",
+                self._pending_bytes,
+            )
 
     def stats(self) -> dict[str, int]:
         with self._lock:
