@@ -15,10 +15,11 @@ from typing import Any
 
 import mlx.core as mx
 
-from caches.prefix import ImageSpan, PrefixCache, PrefixHit, block_keys, key_items
+from caches.prefix import ImageSpan, PrefixCache, PrefixHit
 from caches.radix import Block
 from caches.vision import VisionCache, VisionEntry, VisionKey
 from gateway.config import CPU_KV_BLOCK_TOKENS, GPU_KV_BLOCK_TOKENS, CacheConfig
+from gateway.engine.disk_kv import extend_hit, queue_blocks
 from gateway.engine.disk_tier import DiskTier, open_disk_tier
 from gateway.engine.job import Job
 from gateway.engine.kv import RowKVCache
@@ -85,7 +86,14 @@ class CacheOps:
         ]
 
     def _vision_held(self, key: VisionKey) -> bool:
-        return key in self.vision or (self.disk is not None and self.disk.has_vision(key))
+        if key in self.vision:
+            return True
+        return self._disk_for(self.vision) and self.disk.has_vision(key)  # type: ignore[union-attr]
+
+    def _disk_for(self, cache: VisionCache | PrefixCache) -> bool:
+        """Is there an active disk tier under `cache`? A cache turned off has none (so
+        --no-vision-cache / --no-prefix-cache still mean what they say)."""
+        return self.disk is not None and self.disk.active and cache.capacity_bytes > 0
 
     def vision_key(self, content_hash: str) -> VisionKey:
         return VisionKey(
@@ -104,7 +112,7 @@ class CacheOps:
         try:
             if request.use_caches:
                 hit = self.prefix.lookup(request.prompt_ids, self.spans(job), self._align)
-            if request.use_caches and self.disk is not None and self.disk.active:
+            if request.use_caches and self._disk_for(self.prefix):
                 hit = self._disk_extend(job, hit)
         except Exception:
             log.exception("prefix cache lookup failed; treating as a miss")
@@ -142,7 +150,7 @@ class CacheOps:
 
     def _vision_from_disk(self, image: Any) -> VisionEntry | None:
         """The image's features from the disk tier, promoted to the memory cache, or None."""
-        if self.disk is None or not self.disk.active:
+        if not self._disk_for(self.vision):
             return None
         key = self.vision_key(image.content_hash)
         try:
@@ -159,41 +167,27 @@ class CacheOps:
     def store_vision(self, key: VisionKey, entry: VisionEntry) -> None:
         """A freshly encoded image: into the memory cache, and queued for the disk tier."""
         self.vision.store(key, entry)
-        if self.disk is not None:
+        if self._disk_for(self.vision):
             try:
                 self.disk.save_vision(key, entry)
             except Exception:
                 log.exception("queueing vision features for the disk cache failed")
 
     def _disk_extend(self, job: Job, hit: PrefixHit | None) -> PrefixHit | None:
-        """Extend a memory lookup with whole blocks from the disk tier: blocks past those
-        stored in memory are read while they are there and fit the request, put into the
-        memory tree, and the lookup is repeated (uncounted). Counts the tokens gained."""
+        """A memory lookup extended with whole blocks from the disk tier (see disk_kv)."""
         request = job.request
-        prompt, spans, block = request.prompt_ids, self.spans(job), self.prefix.block_tokens
-        usable = (len(prompt) - 1) // block  # a hit leaves at least one token to feed
-        stored = self.prefix.stored_blocks(prompt, spans)
-        if stored >= usable:
-            return hit
-        items = key_items(prompt, spans)
-        keys = block_keys(items, block, usable)
         layouts = [i.layout for i in request.images]
-        deltas = [delta_before(layouts, (k + 1) * block) for k in range(usable)]
-        # (the KV's dtype is fixed by the namespace: the model and its embeddings' dtype)
-        layers = len(self.model.new_cache())
-        loaded = self.disk.load_blocks(  # type: ignore[union-attr]
-            keys, items, block, stored, deltas, layers
+        extended, gained = extend_hit(
+            self.disk,  # type: ignore[arg-type]
+            self.prefix,
+            request.prompt_ids,
+            self.spans(job),
+            lambda cut: delta_before(layouts, cut),
+            self._align,
+            len(self.model.new_cache()),
+            hit,
         )
-        if not loaded:
-            return hit
-        self.prefix.store(
-            prompt, spans, lambda k: loaded[k - stored], (stored + len(loaded)) * block
-        )
-        extended = self.prefix.find(prompt, spans, self._align)
-        before = hit.tokens if hit is not None else 0
-        if extended is None or extended.tokens <= before:
-            return hit
-        job.disk_cached_tokens = extended.tokens - before
+        job.disk_cached_tokens = gained
         return extended
 
     def store_image_part(self, job: Job) -> None:
@@ -241,31 +235,8 @@ class CacheOps:
         except Exception:
             log.exception("prefix cache store failed for %s; continuing", job.request_id)
             return
-        if self.disk is not None and self.disk.active and made:
-            self._save_blocks(list(tokens), spans, block, made)
-
-    def _save_blocks(
-        self, tokens: list[int], spans: list[ImageSpan], block: int, made: list[tuple[int, Block]]
-    ) -> None:
-        """Queue newly computed blocks for the disk tier, each with the images starting in it."""
-        try:
-            items = key_items(tokens, spans)
-            keys = block_keys(items, block, max(k for k, _ in made) + 1)
-            with_images = [
-                (
-                    k,
-                    dataclasses.replace(
-                        b,
-                        images=tuple(
-                            s.content_hash for s in spans if k * block <= s.start < (k + 1) * block
-                        ),
-                    ),
-                )
-                for k, b in made
-            ]
-            self.disk.save_blocks(keys, items, block, with_images)  # type: ignore[union-attr]
-        except Exception:
-            log.exception("queueing KV blocks for the disk cache failed")
+        if made and self._disk_for(self.prefix):
+            queue_blocks(self.disk, list(tokens), spans, block, made)  # type: ignore[arg-type]
 
     def open_disk(self, config: CacheConfig, active: bool) -> None:
         """Open the disk tier `config` asks for (none if off or unusable), for this engine's

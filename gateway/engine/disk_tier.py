@@ -1,5 +1,6 @@
 """The disk tier as the engine sees it: vision features and KV blocks to and from files of
-caches/disk.py, written by a background thread (gateway/engine/disk_writer.py).
+caches/disk.py, written by a background thread (gateway/engine/disk_writer.py). This module
+opens the tier and moves features; gateway/engine/disk_kv.py moves KV blocks.
 
 What makes a file usable is fixed by its namespace (`namespace`): the model's fingerprint
 (config.json and the weight files' names, sizes and mtimes), the processor's, the dtypes of
@@ -34,7 +35,6 @@ import numpy as np
 from caches.disk import DiskStore
 from caches.disk_format import RawTensor
 from caches.hashing import fingerprint
-from caches.radix import Block
 from caches.vision import VisionEntry, VisionKey
 from gateway.config import CacheConfig
 from gateway.engine.disk_writer import DiskWriter
@@ -93,6 +93,7 @@ class DiskTier:
         self.store = store
         self.writer = DiskWriter(store)
         self.active = active
+        # Counted by this module (vision) and gateway.engine.disk_kv (KV blocks).
         self.vision_hits = self.prefix_hits = self.prefix_tokens = 0
         self.load_seconds = {"vision": 0.0, "prefix": 0.0}
 
@@ -119,9 +120,9 @@ class DiskTier:
         if not self.active:
             return
         encoded: EncodedImage = entry.features
-        tensors = {"features": _raw(encoded.features)}
+        tensors = {"features": raw_tensor(encoded.features)}
         for i, layer in enumerate(encoded.deepstack or ()):
-            tensors[f"deepstack.{i}"] = _raw(layer)
+            tensors[f"deepstack.{i}"] = raw_tensor(layer)
         meta = {
             "pixel_hash": key.pixel_hash,
             "num_tokens": str(entry.num_tokens),
@@ -154,9 +155,9 @@ class DiskTier:
             layers = int(meta["deepstack"])
             if set(tensors) != {"features", *(f"deepstack.{i}" for i in range(layers))}:
                 raise ValueError(f"unexpected tensors {sorted(tensors)}")
-            features = _array(tensors["features"], dtype, rows=num_tokens)
+            features = to_array(tensors["features"], dtype, rows=num_tokens)
             stack = tuple(
-                _array(tensors[f"deepstack.{i}"], dtype, rows=num_tokens) for i in range(layers)
+                to_array(tensors[f"deepstack.{i}"], dtype, rows=num_tokens) for i in range(layers)
             )
         except (ValueError, KeyError) as exc:
             self.store.discard("vision", file_key, f"does not fit the request: {exc}")
@@ -166,68 +167,6 @@ class DiskTier:
         self.vision_hits += 1
         self.load_seconds["vision"] += time.perf_counter() - started
         return VisionEntry(encoded, num_tokens, tuple(grid_thw), encoded.nbytes)  # type: ignore[arg-type]
-
-    # ----- KV blocks ----------------------------------------------------------------------
-
-    def save_blocks(
-        self,
-        keys: Sequence[str],
-        items: Sequence[int | str],
-        block_tokens: int,
-        blocks: Sequence[tuple[int, Block]],
-    ) -> None:
-        """Queue new KV blocks (index k, its Block whose value is ((keys, values) per layer,
-        evaluated)) for writing under `keys[k]` (caches.prefix.block_keys)."""
-        if not self.active:
-            return
-        for k, block in blocks:
-            tensors: dict[str, RawTensor] = {}
-            for layer, (kk, vv) in enumerate(block.value):
-                tensors[f"k.{layer}"] = _raw(kk)
-                tensors[f"v.{layer}"] = _raw(vv)
-            meta = {
-                "block_index": str(k),
-                "block_tokens": str(block_tokens),
-                "rope_delta": str(block.rope_delta),
-                "images": json.dumps(list(block.images)),
-                "token_key": json.dumps(list(items[k * block_tokens : (k + 1) * block_tokens])),
-            }
-            self.writer.submit("prefix", keys[k], tensors, meta)
-
-    def load_blocks(
-        self,
-        keys: Sequence[str],
-        items: Sequence[int | str],
-        block_tokens: int,
-        first: int,
-        deltas: Sequence[int],
-        layers: int,
-        dtype: mx.Dtype | None = None,
-    ) -> list[Block]:
-        """Blocks first, first+1, ... read from disk until the first missing or unusable one.
-        `deltas[k]` is the rope delta the prompt has after block k; `layers` the model's."""
-        if not self.active:
-            return []
-        started = time.perf_counter()
-        out: list[Block] = []
-        for k in range(first, len(keys)):
-            found = self.store.get("prefix", keys[k])
-            if found is None:
-                break
-            try:
-                block = _block(
-                    found.metadata, found.tensors, k, items, block_tokens, deltas[k], layers, dtype
-                )
-            except (ValueError, KeyError) as exc:
-                self.store.discard("prefix", keys[k], f"does not fit the request: {exc}")
-                break
-            out.append(block)
-        if out:
-            mx.eval([b.value for b in out])
-            self.prefix_hits += 1
-            self.prefix_tokens += len(out) * block_tokens
-            self.load_seconds["prefix"] += time.perf_counter() - started
-        return out
 
     def stats(self) -> dict[str, Any]:
         """JSON-able counters (any thread)."""
@@ -254,44 +193,12 @@ class DiskTier:
         }
 
 
-def _block(
-    meta: dict[str, str],
-    tensors: dict[str, RawTensor],
-    k: int,
-    items: Sequence[int | str],
-    block_tokens: int,
-    delta: int,
-    layers: int,
-    dtype: mx.Dtype | None,
-) -> Block:
-    want_items = list(items[k * block_tokens : (k + 1) * block_tokens])
-    if int(meta["block_index"]) != k or int(meta["block_tokens"]) != block_tokens:
-        raise ValueError(f"block {meta['block_index']} of {meta['block_tokens']}, expected {k}")
-    if json.loads(meta["token_key"]) != want_items:
-        raise ValueError("token key differs from the prompt's")
-    if int(meta["rope_delta"]) != delta:
-        raise ValueError(f"rope delta {meta['rope_delta']}, expected {delta}")
-    if set(tensors) != {f"{kv}.{i}" for kv in "kv" for i in range(layers)}:
-        raise ValueError(f"{len(tensors)} tensors for {layers} layers")
-    value = []
-    nbytes = 0
-    for i in range(layers):
-        kk, vv = tensors[f"k.{i}"], tensors[f"v.{i}"]
-        if len(kk.shape) != 4 or kk.shape[2] != block_tokens or vv.shape[2] != block_tokens:
-            raise ValueError(f"layer {i}: shapes {kk.shape} {vv.shape}")
-        pair = (_array(kk, dtype), _array(vv, dtype))
-        nbytes += kk.nbytes + vv.nbytes
-        value.append(pair)
-    images = tuple(json.loads(meta["images"]))
-    return Block(tuple(value), nbytes, delta, images)
-
-
-def _raw(array: mx.array) -> RawTensor:
+def raw_tensor(array: mx.array) -> RawTensor:
     """A zero-copy view of an evaluated, contiguous array (see the module docstring)."""
     return RawTensor(_TO_FILE[array.dtype], tuple(array.shape), memoryview(array))
 
 
-def _array(tensor: RawTensor, dtype: mx.Dtype | None, rows: int | None = None) -> mx.array:
+def to_array(tensor: RawTensor, dtype: mx.Dtype | None, rows: int | None = None) -> mx.array:
     """A new MLX array from a file's tensor; ValueError unless it has `dtype` (None: any) and
     `rows`."""
     if dtype is not None and tensor.dtype != _TO_FILE.get(dtype):

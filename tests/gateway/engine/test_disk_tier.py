@@ -173,3 +173,22 @@ def test_the_warm_up_neither_reads_nor_writes_the_disk(tmp_path: Path) -> None:
         assert _files(tmp_path, "vision") and _files(tmp_path, "prefix")
     finally:
         h.close()
+
+
+@pytest.mark.parametrize("off", ["vision", "prefix"])
+def test_a_cache_turned_off_has_no_disk_tier(off: str, tmp_path: Path) -> None:
+    """Invariant: --no-vision-cache / --no-prefix-cache also keep that cache's entries off
+    the disk (an A/B comparison stays one), while the other cache still uses it."""
+    enabled = {"vision_enabled": off != "vision", "prefix_enabled": off != "prefix"}
+    for _ in range(2):  # the second engine would read what the first wrote
+        h = EngineHarness("qwen2_vl", cache=_disk(tmp_path, **enabled), warmup=False)
+        try:
+            _, admitted = _ask(h)
+        finally:
+            h.close()
+    on = "prefix" if off == "vision" else "vision"
+    assert _files(tmp_path, off) == [] and _files(tmp_path, on)
+    if off == "vision":
+        assert admitted.vision_disk_hits == 0 and admitted.disk_cached_tokens > 0
+    else:
+        assert admitted.vision_disk_hits == 1 and admitted.disk_cached_tokens == 0
