@@ -251,7 +251,7 @@ class CacheOps:
     def close(self) -> None:
         """Write what the disk tier has queued (bounded), then stop its writer."""
         if self.disk is not None:
-            self.disk.close()
+            self.disk.close(timeout=8.0)  # within Engine.stop's 10 s
 
     def disk_stats(self) -> dict[str, object]:
         """The disk tier's counters ({"enabled": False} when there is none). Thread-safe."""

@@ -11,10 +11,12 @@ that disagrees is removed and the lookup is a miss.
 
 Getting bytes off the engine thread: the arrays handed to `save_*` are already evaluated
 (the caches store evaluated arrays) and never mutated afterwards, so the engine thread only
-takes a `memoryview` of each (zero-copy, O(1): measured ~1 us per array) and the writer
-thread reads those views while the engine computes. The view keeps its array alive until
-written. No MLX function is called off the engine thread. Loading (`load_*`) runs on the
-engine thread at admission: read, checksum, one copy into a new MLX array.
+takes a `memoryview` of each (zero-copy: 0.35 us per array, measured on this CPU) and the
+writer thread reads those views while the engine computes. Copying instead would cost the
+engine thread the bytes: 32 ms for one Qwen2.5-VL-7B-shaped 256-token block (56 bf16 arrays
+of (1, 4, 256, 128), 14 MiB) here. The view keeps its array alive until written. No MLX
+function is called off the engine thread. Loading (`load_*`) runs on the engine thread at
+admission: read, checksum, one copy into a new MLX array.
 
 Engine thread only, except `has_vision` and `stats` (any thread).
 """
@@ -100,8 +102,9 @@ class DiskTier:
     def activate(self) -> None:
         self.active = True
 
-    def close(self) -> None:
-        self.writer.close()
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued (up to `timeout` s; the rest is lost, never half-written)."""
+        self.writer.close(timeout)
 
     # ----- vision features ----------------------------------------------------------------
 
