@@ -155,6 +155,12 @@ class DiskStore:
         self._count(kind, hit=True)
         return DiskEntry(tensors, meta, len(blob))
 
+    def touch(self, kind: str, key: str) -> None:
+        """Mark an entry used now (its mtime), e.g. when the memory tier served it; nothing if
+        it is not on disk."""
+        with contextlib.suppress(OSError):
+            os.utime(self.path(kind, key))
+
     def discard(self, kind: str, key: str, reason: str) -> None:
         """Remove an entry found unusable (also by the caller's own checks), log and count
         it; the lookup that found it should count as a miss."""

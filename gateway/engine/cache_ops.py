@@ -19,7 +19,7 @@ from caches.prefix import ImageSpan, PrefixCache, PrefixHit
 from caches.radix import Block
 from caches.vision import VisionCache, VisionEntry, VisionKey
 from gateway.config import CPU_KV_BLOCK_TOKENS, GPU_KV_BLOCK_TOKENS, CacheConfig
-from gateway.engine.disk_kv import extend_hit, queue_blocks
+from gateway.engine.disk_kv import BlockLayers, extend_hit, queue_blocks, touch_blocks
 from gateway.engine.disk_tier import DiskTier, open_disk_tier
 from gateway.engine.job import Job
 from gateway.engine.kv import RowKVCache
@@ -113,6 +113,7 @@ class CacheOps:
             if request.use_caches:
                 hit = self.prefix.lookup(request.prompt_ids, self.spans(job), self._align)
             if request.use_caches and self._disk_for(self.prefix):
+                touch_blocks(self.disk, hit)  # type: ignore[arg-type]
                 hit = self._disk_extend(job, hit)
         except Exception:
             log.exception("prefix cache lookup failed; treating as a miss")
@@ -143,7 +144,11 @@ class CacheOps:
 
     def _vision_lookup(self, content_hash: str, tokens: int) -> VisionEntry | None:
         try:
-            return self.vision.lookup(self.vision_key(content_hash), tokens)
+            key = self.vision_key(content_hash)
+            entry = self.vision.lookup(key, tokens)
+            if entry is not None and self._disk_for(self.vision):
+                self.disk.touch("vision", self.disk.vision_file_key(key))  # type: ignore[union-attr]
+            return entry
         except Exception:
             log.exception("vision cache lookup failed; treating as a miss")
             return None
@@ -220,7 +225,7 @@ class CacheOps:
                 lo, hi = k * block, (k + 1) * block
                 # A contiguous copy: a lazy slice would keep its whole source buffer (a
                 # batch's KV, every row) alive for as long as the block lives, unaccounted.
-                arrays = tuple(
+                arrays = BlockLayers(
                     (mx.contiguous(c.keys[..., lo:hi, :]), mx.contiguous(c.values[..., lo:hi, :]))
                     for c in kv
                 )

@@ -29,6 +29,23 @@ from gateway.engine.disk_tier import DiskTier, raw_tensor, to_array
 log = logging.getLogger(__name__)
 
 
+class BlockLayers(tuple):
+    """A KV block's value as the prefix cache holds it: ((keys, values) per layer), plus the
+    key of its file (`disk_key`, None until known), so a memory hit can mark the file used
+    without hashing the prompt again."""
+
+    disk_key: str | None = None
+
+
+def touch_blocks(disk: DiskTier, hit: PrefixHit | None) -> None:
+    """Mark the files of a memory hit's blocks used (last use is the disk tier's LRU order;
+    throttled, written in the background)."""
+    for value in hit.blocks if hit is not None else ():
+        key = getattr(value, "disk_key", None)
+        if key is not None:
+            disk.touch("prefix", key)
+
+
 def queue_blocks(
     disk: DiskTier, tokens: list[int], spans: list[ImageSpan], block: int,
     made: Sequence[tuple[int, Block]],
@@ -52,6 +69,8 @@ def queue_blocks(
                 "token_key": json.dumps(list(items[k * block : (k + 1) * block])),
             }
             disk.writer.submit("prefix", keys[k], tensors, meta)
+            if isinstance(b.value, BlockLayers):
+                b.value.disk_key = keys[k]
     except Exception:
         log.exception("queueing KV blocks for the disk cache failed")
 
@@ -100,7 +119,9 @@ def _load(
             break
         try:
             want = list(items[k * block : (k + 1) * block])
-            out.append(_block(found.metadata, found.tensors, k, want, block, delta_at, layers))
+            read = _block(found.metadata, found.tensors, k, want, block, delta_at, layers)
+            read.value.disk_key = keys[k]
+            out.append(read)
         except (ValueError, KeyError) as exc:
             disk.store.discard("prefix", keys[k], f"does not fit the request: {exc}")
             break
@@ -127,11 +148,12 @@ def _block(
         raise ValueError(f"rope delta {meta['rope_delta']}, expected {delta}")
     if set(tensors) != {f"{kv}.{i}" for kv in "kv" for i in range(layers)}:
         raise ValueError(f"{len(tensors)} tensors for {layers} layers")
-    value, nbytes = [], 0
+    pairs, nbytes = [], 0
     for i in range(layers):
         kk, vv = tensors[f"k.{i}"], tensors[f"v.{i}"]
         if len(kk.shape) != 4 or kk.shape[2] != block or vv.shape[2] != block:
             raise ValueError(f"layer {i}: shapes {kk.shape} {vv.shape}")
-        value.append((to_array(kk, None), to_array(vv, None)))
+        pairs.append((to_array(kk, None), to_array(vv, None)))
         nbytes += kk.nbytes + vv.nbytes
-    return Block(tuple(value), nbytes, delta, tuple(json.loads(meta["images"])))
+    value = BlockLayers(pairs)
+    return Block(value, nbytes, delta, tuple(json.loads(meta["images"])))

@@ -44,6 +44,7 @@ from gateway.engine.vision import EncodedImage
 
 log = logging.getLogger(__name__)
 
+TOUCH_EVERY_S = 60.0
 _TO_FILE = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32"}
 _NUMPY = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}
 
@@ -98,6 +99,18 @@ class DiskTier:
         # Counted by this module (vision) and gateway.engine.disk_kv (KV blocks).
         self.vision_hits = self.prefix_hits = self.prefix_tokens = 0
         self.load_seconds = {"vision": 0.0, "prefix": 0.0}
+        self._touched: dict[str, float] = {}  # file key -> when last touched (monotonic s)
+
+    def touch(self, kind: str, key: str) -> None:
+        """Mark an entry's file used now (a memory hit on it): queued, at most once a minute
+        per entry, so a hot entry served from memory does not age out of the disk."""
+        now = time.monotonic()
+        if now - self._touched.get(key, -TOUCH_EVERY_S) < TOUCH_EVERY_S:
+            return
+        if len(self._touched) > 100_000:  # bounded: forgetting only costs a repeated touch
+            self._touched.clear()
+        self._touched[key] = now
+        self.writer.touch(kind, key)
 
     def activate(self) -> None:
         self.active = True

@@ -33,6 +33,7 @@ class _Write:
     tensors: Mapping[str, RawTensor]
     metadata: Mapping[str, str]
     nbytes: int
+    touch: bool = False  # only mark the file used
 
 
 class DiskWriter:
@@ -63,13 +64,23 @@ class DiskWriter:
         self._queue.put(_Write(kind, key, tensors, metadata, nbytes))
         return True
 
+    def touch(self, kind: str, key: str) -> None:
+        """Queue marking an entry's file used now (no-op if absent). Never blocks."""
+        with self._lock:
+            if self._closed:
+                return
+        self._queue.put(_Write(kind, key, {}, {}, 0, touch=True))
+
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             try:
                 if item is None:
                     return
-                self.store.put(item.kind, item.key, item.tensors, item.metadata)
+                if item.touch:
+                    self.store.touch(item.kind, item.key)
+                else:
+                    self.store.put(item.kind, item.key, item.tensors, item.metadata)
             except Exception:  # noqa: BLE001 - the writer must outlive any one entry
                 log.exception("disk cache: writing an entry failed")
             finally:

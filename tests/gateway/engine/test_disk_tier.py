@@ -10,6 +10,7 @@ the warm-up neither reads nor writes the disk.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,30 @@ def test_a_cache_turned_off_has_no_disk_tier(off: str, tmp_path: Path) -> None:
         assert admitted.vision_disk_hits == 0 and admitted.disk_cached_tokens > 0
     else:
         assert admitted.vision_disk_hits == 1 and admitted.disk_cached_tokens == 0
+
+
+def test_memory_hits_keep_their_files_young(tmp_path: Path) -> None:
+    """Invariant: last use on disk includes hits the memory tier served (throttled, in the
+    background), so an entry that stays hot in memory does not age out of the disk."""
+    h = EngineHarness("qwen2_vl", cache=_disk(tmp_path), warmup=False)
+    try:
+        _ask(h)
+        disk = h.engine._cache_ops.disk
+        disk.writer.flush()
+        blocks = set(_files(tmp_path, "prefix"))  # the question's blocks
+        _ask(h, first=True)
+        disk.writer.flush()
+        files = _files(tmp_path)
+        for path in files:
+            os.utime(path, (1000, 1000))
+        disk._touched.clear()  # (the throttle: one touch a minute per file)
+        _, admitted = _ask(h)  # memory hits: KV blocks (the image's features: not needed)
+        assert admitted.cached_tokens > 0 and admitted.disk_cached_tokens == 0
+        _, admitted = _ask(h, "Other text?", first=True)  # a memory vision hit
+        assert admitted.vision_hits == 1 and admitted.vision_disk_hits == 0
+        disk.writer.flush()
+    finally:
+        h.close()
+    young = {p for p in files if p.stat().st_mtime > 1000}
+    assert set(_files(tmp_path, "vision")) <= young
+    assert len(blocks) == 2 and blocks <= young
