@@ -220,3 +220,27 @@ def test_memory_hits_keep_their_files_young(tmp_path: Path) -> None:
     young = {p for p in files if p.stat().st_mtime > 1000}
     assert set(_files(tmp_path, "vision")) <= young
     assert len(blocks) == 2 and blocks <= young
+
+
+def test_an_unusable_folder_means_memory_only(tmp_path: Path, caplog) -> None:  # noqa: ANN001
+    """Invariant: a --cache-dir that cannot be a folder (here: a file) is logged and the
+    server runs on memory alone; the namespace separates block sizes and the exact rule."""
+    from types import SimpleNamespace
+
+    import mlx.core as mx
+
+    from gateway.engine.disk_tier import namespace, open_disk_tier
+
+    model = SimpleNamespace(
+        fingerprint="m", processor_fingerprint="p", embed_dtype=mx.bfloat16,
+        vision_dtype=mx.bfloat16,
+    )  # fmt: skip
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert open_disk_tier(_disk(blocker), model, 8, True, active=True) is None
+    assert "unusable" in caplog.text
+    tier = open_disk_tier(_disk(tmp_path / "ok"), model, 8, True, active=True)
+    assert tier is not None
+    tier.close()
+    spaces = {namespace(model, "bfloat16", b, e) for b in (8, 16) for e in (True, False)}
+    assert len(spaces) == 4
