@@ -68,3 +68,13 @@ def test_shape_and_bytes_must_agree() -> None:
         layout({"a": RawTensor("F32", (5,), np.zeros(4, dtype=np.float32))}, {})
     with pytest.raises(ValueError):
         RawTensor("Q4", (1,), b"\0")
+
+
+def test_checksum_of_large_tensors_is_chunked_consistently() -> None:
+    """Invariant: a tensor larger than the hashing chunk round-trips (the writer hashes it
+    piecewise, the reader at once: the same digest)."""
+    from caches.disk_format import CHUNK_BYTES
+
+    big = np.arange(CHUNK_BYTES // 2 + 3, dtype=np.float32)  # ~2 MiB + 12 bytes
+    back, _ = decode(encode({"big": RawTensor("F32", big.shape, big)}, {}))
+    assert bytes(back["big"].data) == big.tobytes()
