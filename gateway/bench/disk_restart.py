@@ -44,10 +44,12 @@ def _disk(server: LocalServer) -> dict[str, Any]:
     return httpx.get(server.base_url + "/v1/cache/stats", timeout=10).json()["disk"]
 
 
-def _warm(server: LocalServer) -> None:
-    """One text question first: the first request through a fresh server's HTTP path costs
-    tens of ms more than later ones, which is not the disk's doing."""
+def _warm(server: LocalServer, size: int) -> None:
+    """A text question and a question about an image not measured, first: a fresh server's
+    first request, and its first image (the decoder's own start), cost tens of ms more than
+    later ones, which is not the disk's doing."""
     timed_stream(server.client(), "bench", [{"role": "user", "content": "Hello"}], 2)
+    _ask(server, image_uri(size, seed=7))
 
 
 def measure(model: list[str], size: int, folder: Path, images: int = 3) -> dict[str, float]:
@@ -58,7 +60,7 @@ def measure(model: list[str], size: int, folder: Path, images: int = 3) -> dict[
     asked, before = uris[:images], uris[images:]
     first = LocalServer(flags)
     try:
-        _warm(first)
+        _warm(first, size)
         cold = [_ask(first, uri) for uri in asked]
         cold_before = [_ask(first, uri, "Look:") for uri in before]
         encode = first.metrics()
@@ -66,7 +68,7 @@ def measure(model: list[str], size: int, folder: Path, images: int = 3) -> dict[
         first.stop()
     second = LocalServer(flags)
     try:
-        _warm(second)
+        _warm(second, size)
         from_disk = [_ask(second, uri) for uri in asked]
         from_features = [_ask(second, uri, "Look:") for uri in before]
         from_memory = [_ask(second, uri) for uri in asked]
