@@ -244,3 +244,24 @@ def test_an_unusable_folder_means_memory_only(tmp_path: Path, caplog) -> None:  
     tier.close()
     spaces = {namespace(model, "bfloat16", b, e) for b in (8, 16) for e in (True, False)}
     assert len(spaces) == 4
+
+
+def test_the_budget_holds_with_a_real_engine(tmp_path: Path) -> None:
+    """Invariant: with a budget of a few entries, distinct images streaming through keep the
+    folder within it (least recently used files evicted and counted), and recent images'
+    files are kept."""
+    budget_gb = 40_000 / 2**30  # ~40 kB: about three images' features and blocks
+    h = EngineHarness("qwen2_vl", cache=_disk(tmp_path, disk_cache_gb=budget_gb), warmup=False)
+    try:
+        for seed in range(6):
+            body = chat_body("What is it?", images=1, max_tokens=2)
+            h.run(body, [noise_image(100 + seed, 84, 56)])
+            h.engine._cache_ops.disk.writer.flush()
+            total = sum(p.stat().st_size for p in _files(tmp_path))
+            assert total <= 40_000, f"after image {seed}: {total} bytes"
+        stats = h.engine.cache_stats()["disk"]
+    finally:
+        h.close()
+    assert stats["evictions"] > 0 and stats["bytes"] <= 40_000
+    assert stats["vision"]["corrupt"] == stats["vision"]["write_errors"] == 0
+    assert 1 <= len(_files(tmp_path, "vision")) < 6
