@@ -67,14 +67,18 @@ def test_writes_are_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert sorted(names) == [".lock", _key(1) + ".safetensors"]
 
 
-@pytest.mark.parametrize("how", ["truncated", "garbage", "empty", "other-key", "other-kind"])
+@pytest.mark.parametrize(
+    "how", ["truncated", "garbage", "empty", "other-key", "other-kind", "other-namespace"]
+)
 def test_damaged_or_foreign_files_are_removed_misses(tmp_path: Path, how: str) -> None:
-    """Invariant: a damaged file, or an intact one naming another key or kind, is a miss that
-    is counted and removed, never returned."""
+    """Invariant: a damaged file, or an intact one naming another key, kind or namespace
+    (model), is a miss that is counted and removed, never returned."""
     store = _store(tmp_path)
     store.put("vision", _key(1), _entry(1), {})
     store.put("vision", _key(2), _entry(2), {})
     store.put("prefix", _key(3), _entry(3), {})
+    other = _store(tmp_path, namespace="othermodel")
+    other.put("vision", _key(1), _entry(1), {})
     path = store.path("vision", _key(1))
     blob = path.read_bytes()
     path.write_bytes(
@@ -84,6 +88,7 @@ def test_damaged_or_foreign_files_are_removed_misses(tmp_path: Path, how: str) -
             "empty": b"",
             "other-key": store.path("vision", _key(2)).read_bytes(),
             "other-kind": store.path("prefix", _key(3)).read_bytes(),
+            "other-namespace": other.path("vision", _key(1)).read_bytes(),
         }[how]
     )
     assert store.get("vision", _key(1)) is None
