@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import xxhash
+
 from caches.entries import CacheEntryInfo
 from caches.lru import LRUStats
 from caches.radix import Block, BlockTree, Edge, Node
@@ -90,6 +92,21 @@ def key_items(token_ids: Sequence[int], spans: Sequence[ImageSpan]) -> list[int 
     for sp in spans:
         items[sp.start : sp.end] = [f"{sp.content_hash}:{sp.end - sp.start}"] * (sp.end - sp.start)
     return items
+
+
+def block_keys(items: Sequence[int | str], block_tokens: int, count: int) -> list[str]:
+    """A content key (32 hex chars) for each of the first `count` whole blocks of `items`
+    (from `key_items`): block k's key hashes block k-1's key and block k's items, so it names
+    the whole prefix up to the block's end, as the block's path in the tree does. Used to
+    name blocks outside the tree (the disk tier). ValueError if there are fewer blocks."""
+    if count * block_tokens > len(items):
+        raise ValueError(f"{count} blocks of {block_tokens} exceed {len(items)} items")
+    keys, previous = [], ""
+    for k in range(count):
+        edge = tuple(items[k * block_tokens : (k + 1) * block_tokens])
+        previous = xxhash.xxh3_128_hexdigest(f"{previous}|{edge!r}".encode())
+        keys.append(previous)
+    return keys
 
 
 def _leave_one(tokens: int, n: int, spans: Sequence[ImageSpan]) -> int:
@@ -184,6 +201,31 @@ class PrefixCache:
                 logger.exception("prefix cache peek failed; treating as a miss")
                 return 0
             return hit.tokens if hit is not None else 0
+
+    def find(
+        self, token_ids: Sequence[int], spans: Sequence[ImageSpan], align: int = 1
+    ) -> PrefixHit | None:
+        """What `lookup` would return, marking the blocks used but counting no query: for a
+        second look after the caller added blocks (e.g. promoted from disk) to a lookup that
+        was already counted."""
+        with self._lock:
+            try:
+                return self._find(token_ids, spans, align, touch=True)
+            except Exception:
+                logger.exception("prefix cache find failed; treating as a miss")
+                return None
+
+    def stored_blocks(self, token_ids: Sequence[int], spans: Sequence[ImageSpan]) -> int:
+        """How many of the prompt's leading whole blocks are stored (0 when disabled)."""
+        with self._lock:
+            try:
+                if self._capacity == 0:
+                    return 0
+                items = key_items(token_ids, spans)
+                return len(self._tree.match(self._edges(items, len(items) // self._block)))
+            except Exception:
+                logger.exception("prefix cache match failed; treating as none stored")
+                return 0
 
     def _find(
         self, token_ids: Sequence[int], spans: Sequence[ImageSpan], align: int, touch: bool

@@ -27,6 +27,14 @@ EMBEDDED_NOTICE = (
 )
 
 
+def default_disk_cache_dir() -> Path:
+    """The disk tier's default folder: disk-cache/ in the user cache dir (where the embedded
+    model is built too)."""
+    from gateway.offline_model import cache_root
+
+    return cache_root() / "disk-cache"
+
+
 def _d(config: type, name: str) -> Any:
     """The default of a config dataclass field: the one source of defaults for the flags."""
     for f in dataclasses.fields(config):
@@ -158,6 +166,22 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     )
     a("--no-vision-cache", action="store_true", help="disable the vision-feature cache")
     a("--no-prefix-cache", action="store_true", help="disable the KV prefix cache")
+    a(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="folder of the disk tier under both caches (vision features and KV blocks "
+        "survive restarts; several servers may share it); default: disk-cache/ in the user "
+        "cache dir ($VISION_GATEWAY_CACHE, else $XDG_CACHE_HOME/vision-gateway, else "
+        "~/.cache/vision-gateway)",
+    )
+    a("--no-disk-cache", action="store_true", help="no disk tier: the caches live in memory only")
+    a(
+        "--disk-cache-gb",
+        type=float,
+        default=_d(CacheConfig, "disk_cache_gb"),
+        help="disk tier budget for the whole --cache-dir, GiB; least recently used files go",
+    )
     a(
         "--exact-cache",
         action=argparse.BooleanOptionalAction,
@@ -365,6 +389,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         prefix_enabled=not args.no_prefix_cache,
         exact_reuse=args.exact_cache,
         kv_block_tokens=args.kv_block_tokens,
+        cache_dir=None if args.no_disk_cache else (args.cache_dir or default_disk_cache_dir()),
+        disk_cache_gb=args.disk_cache_gb,
     )
     model = args.model
     name = args.served_model_name or (Path(model).name if model else "vision-gateway-tiny")

@@ -92,12 +92,19 @@ class CacheConfig:
     # padded row costs its own compute.
     kv_block_tokens: int = 0
     grammar_cache_mb: float = 64  # compiled structured-output grammars (estimated bytes)
+    # The disk tier under both caches (docs/caching.md): None is off. The CLI defaults it to a
+    # folder of the user cache dir; several servers may share one folder.
+    cache_dir: Path | None = None
+    disk_cache_gb: float = 10  # GiB for the whole folder (all models), files' sizes
 
     def __post_init__(self) -> None:
         _require(self.vision_cache_mb >= 0, "--vision-cache-mb must be >= 0")
         _require(self.kv_cache_mb >= 0, "--kv-cache-mb must be >= 0")
         _require(0 <= self.kv_block_tokens <= 4096, "--kv-block-tokens must be in 0..4096")
         _require(self.grammar_cache_mb >= 0, "--grammar-cache-mb must be >= 0")
+        _require(self.disk_cache_gb >= 0, "--disk-cache-gb must be >= 0")
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
 
     def exact_block_tokens(self, on_gpu: bool) -> int:
         """The block size of the exact-reuse rule on this device, 0 when the rule is off."""
@@ -112,6 +119,11 @@ class CacheConfig:
     @property
     def kv_capacity_bytes(self) -> int:
         return int(self.kv_cache_mb * MIB) if self.prefix_enabled else 0
+
+    @property
+    def disk_capacity_bytes(self) -> int:
+        """0 when the disk tier is off (no folder or no budget)."""
+        return int(self.disk_cache_gb * 2**30) if self.cache_dir is not None else 0
 
     @property
     def grammar_capacity_bytes(self) -> int:

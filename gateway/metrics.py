@@ -160,9 +160,60 @@ class CacheCollector:
                 if cache in stats:  # grammar: once the engine has loaded the model
                     metric.add_metric([cache], stats[cache][key])
             yield metric
+        if stats.get("disk", {}).get("enabled"):
+            yield from _disk_families(p, stats["disk"])
         if "grammar" in stats:  # structured output: compiled grammars, counted per request
             grammar = stats["grammar"]
             yield CounterMetricFamily(
                 p + "grammar_cache_queries", "Grammars looked up", grammar["queries"]
             )
             yield CounterMetricFamily(p + "grammar_cache_hits", "Grammars found", grammar["hits"])
+
+
+def _disk_families(p: str, disk: dict[str, Any]) -> Iterator[Any]:
+    """The disk tier (docs/caching.md): hits reported apart from the memory caches' (a disk
+    hit is a memory miss that the disk served). Vision counts images, prefix counts tokens
+    (as the memory caches do); file counters are per file (a KV block is one file)."""
+    vision, prefix = disk["vision"], disk["prefix"]
+    yield CounterMetricFamily(
+        p + "disk_cache_vision_hits",
+        "Images whose features were read from disk",
+        vision["images_hit"],
+    )
+    yield CounterMetricFamily(
+        p + "disk_cache_prefix_hits",
+        "Prompt tokens whose KV was read from disk",
+        prefix["tokens_hit"],
+    )
+    for name, doc, key in (
+        ("disk_cache_file_reads", "Files looked up (hits and misses)", None),
+        ("disk_cache_file_writes", "Files written", "writes"),
+        ("disk_cache_write_errors", "Files that failed to write", "write_errors"),
+        ("disk_cache_corrupt_files", "Damaged or foreign files removed", "corrupt"),
+    ):
+        metric = CounterMetricFamily(p + name, doc, labels=["cache"])
+        for cache, counts in (("vision", vision), ("prefix", prefix)):
+            value = counts["hits"] + counts["misses"] if key is None else counts[key]
+            metric.add_metric([cache], value)
+        yield metric
+    seconds = CounterMetricFamily(
+        p + "disk_cache_load_seconds",
+        "Time reading and checking disk hits (engine thread)",
+        labels=["cache"],
+    )
+    for cache, counts in (("vision", vision), ("prefix", prefix)):
+        seconds.add_metric([cache], counts["load_seconds"])
+    yield seconds
+    yield CounterMetricFamily(
+        p + "disk_cache_evictions", "Files this process removed for the budget", disk["evictions"]
+    )
+    yield CounterMetricFamily(
+        p + "disk_cache_dropped_writes",
+        "Entries not written: the write queue was full",
+        disk["dropped_writes"],
+    )
+    yield GaugeMetricFamily(p + "disk_cache_bytes", "Bytes of the cache folder", disk["bytes"])
+    yield GaugeMetricFamily(p + "disk_cache_files", "Files in the cache folder", disk["entries"])
+    yield GaugeMetricFamily(
+        p + "disk_cache_capacity_bytes", "Disk budget (--disk-cache-gb)", disk["capacity_bytes"]
+    )

@@ -88,7 +88,9 @@ class Admission:
             "x-request-id": self.request_id,
             "x-cache": (
                 f"vision-hits={e.vision_hits}; vision-misses={e.vision_misses}; "
-                f"cached-tokens={e.cached_tokens}; prompt-tokens={e.prompt_tokens}"
+                f"cached-tokens={e.cached_tokens}; prompt-tokens={e.prompt_tokens}; "
+                f"vision-disk-hits={e.vision_disk_hits}; "
+                f"disk-cached-tokens={e.disk_cached_tokens}"
             ),
             "server-timing": self.timings.server_timing(),
         }

@@ -192,10 +192,13 @@ def _load(args: argparse.Namespace) -> None:
 
 def _engine_cache_config(model: str, serve_flags: list[str]) -> Any:
     """The cache settings (exact reuse, block size, budgets) that `serve` would build from
-    these flags: `bench engine --server-arg` measures the engine under them."""
+    these flags: `bench engine --server-arg` measures the engine under them (the disk tier
+    only if they name a --cache-dir, as gateway.bench.server.LocalServer does)."""
+    from gateway.bench.server import memory_only_unless_asked
     from gateway.cli import build_parser, configs_from_args
 
-    args = build_parser().parse_args(["serve", "--model", model, *serve_flags])
+    flags = memory_only_unless_asked(serve_flags)
+    args = build_parser().parse_args(["serve", "--model", model, *flags])
     return configs_from_args(args)[1].cache
 
 

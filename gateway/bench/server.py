@@ -22,10 +22,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def memory_only_unless_asked(args: Sequence[str]) -> list[str]:
+    """`serve` flags with the disk tier off (`--no-disk-cache`) unless they name a
+    `--cache-dir` (or already turn it off)."""
+    if "--cache-dir" in args or "--no-disk-cache" in args:
+        return list(args)
+    return [*args, "--no-disk-cache"]
+
+
 class LocalServer:
     """Starts the server with `args`, waits for /health, stops it with SIGTERM.
 
     The log goes to a file (`log()` returns its tail) so a failing start explains itself.
+    Benchmarks and tests measure the memory caches from a cold start: unless `args` name a
+    `--cache-dir`, the disk tier is off (`--no-disk-cache`), so files left by an earlier run
+    never turn a cold request into a disk hit.
     """
 
     def __init__(self, args: Sequence[str], ready_timeout_s: float = 300.0) -> None:
@@ -35,6 +46,7 @@ class LocalServer:
         os.close(fd)
         self.log_path = Path(log_name)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        args = memory_only_unless_asked(args)
         cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(self.port), *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)

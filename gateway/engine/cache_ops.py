@@ -18,7 +18,9 @@ import mlx.core as mx
 from caches.prefix import ImageSpan, PrefixCache, PrefixHit
 from caches.radix import Block
 from caches.vision import VisionCache, VisionEntry, VisionKey
-from gateway.config import CPU_KV_BLOCK_TOKENS, GPU_KV_BLOCK_TOKENS
+from gateway.config import CPU_KV_BLOCK_TOKENS, GPU_KV_BLOCK_TOKENS, CacheConfig
+from gateway.engine.disk_kv import BlockLayers, extend_hit, queue_blocks, touch_blocks
+from gateway.engine.disk_tier import DiskTier, open_disk_tier
 from gateway.engine.job import Job
 from gateway.engine.kv import RowKVCache
 from gateway.engine.model import VisionLanguageModel
@@ -32,7 +34,10 @@ class CacheOps:
     prompt, not its answer, whose KV decode steps computed in other shapes).
 
     The prefix cache stores blocks of `exact_block` tokens (with the rule off: the device's
-    default block, hits then any whole-block prefix that does not end inside an image)."""
+    default block, hits then any whole-block prefix that does not end inside an image).
+
+    `disk` (optional) is the tier under both caches: looked up on a memory miss (a hit is
+    promoted to memory), written in the background when an entry is first computed."""
 
     def __init__(
         self,
@@ -40,9 +45,11 @@ class CacheOps:
         vision: VisionCache,
         prefix: PrefixCache,
         exact_block: int = 0,
+        disk: DiskTier | None = None,
     ) -> None:
         self.model = model
         self.vision = vision
+        self.disk = disk
         self.exact_block = exact_block
         on_gpu = mx.default_device().type == mx.DeviceType.gpu
         self.block = exact_block or (GPU_KV_BLOCK_TOKENS if on_gpu else CPU_KV_BLOCK_TOKENS)
@@ -74,9 +81,19 @@ class CacheOps:
         evicted before admission, the engine preprocesses the image itself."""
         covered = self.prefix.peek(prompt_ids, images, self._align)
         return [
-            span.end > covered and self.vision_key(span.content_hash) not in self.vision
+            span.end > covered and not self._vision_held(self.vision_key(span.content_hash))
             for span in images
         ]
+
+    def _vision_held(self, key: VisionKey) -> bool:
+        if key in self.vision:
+            return True
+        return self._disk_for(self.vision) and self.disk.has_vision(key)  # type: ignore[union-attr]
+
+    def _disk_for(self, cache: VisionCache | PrefixCache) -> bool:
+        """Is there an active disk tier under `cache`? A cache turned off has none (so
+        --no-vision-cache / --no-prefix-cache still mean what they say)."""
+        return self.disk is not None and self.disk.active and cache.capacity_bytes > 0
 
     def vision_key(self, content_hash: str) -> VisionKey:
         return VisionKey(
@@ -95,6 +112,9 @@ class CacheOps:
         try:
             if request.use_caches:
                 hit = self.prefix.lookup(request.prompt_ids, self.spans(job), self._align)
+            if request.use_caches and self._disk_for(self.prefix):
+                touch_blocks(self.disk, hit)  # type: ignore[arg-type]
+                hit = self._disk_extend(job, hit)
         except Exception:
             log.exception("prefix cache lookup failed; treating as a miss")
         if hit is not None:
@@ -112,6 +132,9 @@ class CacheOps:
             entry = None
             if request.use_caches:
                 entry = self._vision_lookup(request.images[i].content_hash, layouts[i].num_tokens)
+            if entry is None and request.use_caches:
+                entry = self._vision_from_disk(request.images[i])
+                job.vision_disk_hits += entry is not None
             if entry is not None:
                 job.encoded[i] = entry.features
                 job.vision_hits += 1
@@ -121,10 +144,56 @@ class CacheOps:
 
     def _vision_lookup(self, content_hash: str, tokens: int) -> VisionEntry | None:
         try:
-            return self.vision.lookup(self.vision_key(content_hash), tokens)
+            key = self.vision_key(content_hash)
+            entry = self.vision.lookup(key, tokens)
+            if entry is not None and self._disk_for(self.vision):
+                self.disk.touch("vision", self.disk.vision_file_key(key))  # type: ignore[union-attr]
+            return entry
         except Exception:
             log.exception("vision cache lookup failed; treating as a miss")
             return None
+
+    def _vision_from_disk(self, image: Any) -> VisionEntry | None:
+        """The image's features from the disk tier, promoted to the memory cache, or None."""
+        if not self._disk_for(self.vision):
+            return None
+        key = self.vision_key(image.content_hash)
+        try:
+            entry = self.disk.load_vision(
+                key, image.layout.num_tokens, image.grid_thw, self.model.embed_dtype
+            )
+        except Exception:
+            log.exception("disk cache vision lookup failed; treating as a miss")
+            return None
+        if entry is not None:
+            self.vision.store(key, entry)
+        return entry
+
+    def store_vision(self, key: VisionKey, entry: VisionEntry) -> None:
+        """A freshly encoded image: into the memory cache, and queued for the disk tier."""
+        self.vision.store(key, entry)
+        if self._disk_for(self.vision):
+            try:
+                self.disk.save_vision(key, entry)
+            except Exception:
+                log.exception("queueing vision features for the disk cache failed")
+
+    def _disk_extend(self, job: Job, hit: PrefixHit | None) -> PrefixHit | None:
+        """A memory lookup extended with whole blocks from the disk tier (see disk_kv)."""
+        request = job.request
+        layouts = [i.layout for i in request.images]
+        extended, gained = extend_hit(
+            self.disk,  # type: ignore[arg-type]
+            self.prefix,
+            request.prompt_ids,
+            self.spans(job),
+            lambda cut: delta_before(layouts, cut),
+            self._align,
+            len(self.model.new_cache()),
+            hit,
+        )
+        job.disk_cached_tokens = gained
+        return extended
 
     def store_image_part(self, job: Job) -> None:
         """Store the job's KV blocks prefilled so far (called once the image-bearing part
@@ -150,23 +219,48 @@ class CacheOps:
                 return
             layouts = [i.layout for i in job.request.images]
             block, new = self.prefix.block_tokens, []
+            made: list[tuple[int, Block]] = []
 
             def make(k: int) -> Block:
                 lo, hi = k * block, (k + 1) * block
                 # A contiguous copy: a lazy slice would keep its whole source buffer (a
                 # batch's KV, every row) alive for as long as the block lives, unaccounted.
-                arrays = tuple(
+                arrays = BlockLayers(
                     (mx.contiguous(c.keys[..., lo:hi, :]), mx.contiguous(c.values[..., lo:hi, :]))
                     for c in kv
                 )
                 new.append(arrays)
                 nbytes = sum(k_.nbytes + v_.nbytes for k_, v_ in arrays)
-                return Block(arrays, nbytes, delta_before(layouts, hi))
+                made.append((k, Block(arrays, nbytes, delta_before(layouts, hi))))
+                return made[-1][1]
 
-            self.prefix.store(list(tokens), self.spans(job), make, length)
+            spans = self.spans(job)
+            self.prefix.store(list(tokens), spans, make, length)
             mx.eval(new)
         except Exception:
             log.exception("prefix cache store failed for %s; continuing", job.request_id)
+            return
+        if made and self._disk_for(self.prefix):
+            queue_blocks(self.disk, list(tokens), spans, block, made)  # type: ignore[arg-type]
+
+    def open_disk(self, config: CacheConfig, active: bool) -> None:
+        """Open the disk tier `config` asks for (none if off or unusable), for this engine's
+        model and blocks. `active` False: unused until `activate_disk`."""
+        self.disk = open_disk_tier(config, self.model, self.block, bool(self.exact_block), active)
+
+    def activate_disk(self) -> None:
+        """Start reading and writing the disk tier (after the start-up warm-up)."""
+        if self.disk is not None:
+            self.disk.activate()
+
+    def close(self) -> None:
+        """Write what the disk tier has queued (bounded), then stop its writer."""
+        if self.disk is not None:
+            self.disk.close(timeout=8.0)  # within Engine.stop's 10 s
+
+    def disk_stats(self) -> dict[str, object]:
+        """The disk tier's counters ({"enabled": False} when there is none). Thread-safe."""
+        return {"enabled": False} if self.disk is None else self.disk.stats()
 
 
 def delta_before(layouts: Sequence[Any], cut: int) -> int:

@@ -152,6 +152,7 @@ class Engine(Stages):
         stats = cache_stats(self.vision_cache, self.prefix_cache)
         if self._grammars is not None:
             stats["grammar"] = self._grammars.stats()
+            stats["disk"] = self._cache_ops.disk_stats()
         return stats
 
     def needs_pixels(self, prompt_ids: Sequence[int], images: Sequence[ImageSpan]) -> list[bool]:
@@ -191,6 +192,8 @@ class Engine(Stages):
             on_gpu = mx.default_device().type == mx.DeviceType.gpu
             block = self.config.cache.exact_block_tokens(on_gpu)  # 0: exact reuse off
             self._cache_ops = CacheOps(self.model, self.vision_cache, self.prefix_cache, block)
+            # The disk tier stays off through the warm-up (activated by its reset_caches).
+            self._cache_ops.open_disk(self.config.cache, active=not self.config.warmup)
             self._prefiller = Prefiller(self.model, self._cache_ops, block)
             self._grammars = Grammars(
                 self.model.tokenizer,
@@ -231,6 +234,7 @@ class Engine(Stages):
         except Exception:
             log.exception("the last batch step failed while shutting down")
         self._batch = None
+        self._cache_ops.close()  # entries answered so far reach the disk tier
         self._ship()  # the shutdown errors above
         self._stopped.set()
 
@@ -238,6 +242,7 @@ class Engine(Stages):
         self.vision_cache = VisionCache(self.config.cache.vision_capacity_bytes)
         self.prefix_cache = PrefixCache(self.config.cache.kv_capacity_bytes)
         self._cache_ops.vision, self._cache_ops.prefix = self.vision_cache, self.prefix_cache
+        self._cache_ops.activate_disk()
         if self._grammars is not None:
             self._grammars.reset()
 

@@ -122,7 +122,7 @@ def step_group(ops: CacheOps, group: EncodeGroup) -> bool:
         features = by_hash[image.content_hash]
         entry = VisionEntry(features, image.layout.num_tokens, image.grid_thw, features.nbytes)
         try:
-            ops.vision.store(ops.vision_key(image.content_hash), entry)
+            ops.store_vision(ops.vision_key(image.content_hash), entry)
         except Exception:
             log.exception("vision cache store failed; continuing without caching")
     for job, i in group.members:

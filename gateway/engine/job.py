@@ -37,6 +37,8 @@ class Job:
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     vision_hits: int = 0
     vision_misses: int = 0
+    vision_disk_hits: int = 0  # of vision_hits, those read from the disk tier
+    disk_cached_tokens: int = 0  # of cached_tokens, those whose KV was read from disk
     encoded: list[EncodedImage | None] = field(default_factory=list)
     to_encode: list[int] = field(default_factory=list)  # image indices still to encode
     cache: list[Any] | None = None  # this request's KV while it is prefilled by the engine

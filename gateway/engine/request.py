@@ -128,6 +128,8 @@ class AdmittedEvent:
     cached_tokens: int
     vision_hits: int
     vision_misses: int
+    vision_disk_hits: int = 0  # of vision_hits: features read from the disk tier
+    disk_cached_tokens: int = 0  # of cached_tokens: KV read from the disk tier
 
 
 Event = AdmittedEvent | TokenEvent | FinishEvent | ErrorEvent

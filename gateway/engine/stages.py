@@ -84,7 +84,14 @@ class Stages(JobEndings):
         job.sampler = make_sampler(job.request.sampling, grammar, masker)
         self._cache_ops.admit(job)
         job.sink(
-            AdmittedEvent(job.prompt_len, job.cached_tokens, job.vision_hits, job.vision_misses)
+            AdmittedEvent(
+                job.prompt_len,
+                job.cached_tokens,
+                job.vision_hits,
+                job.vision_misses,
+                job.vision_disk_hits,
+                job.disk_cached_tokens,
+            )
         )
         if job.to_encode:
             job.stage = Stage.ENCODE

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from caches.prefix import ImageSpan, PrefixCache, key_items
+from caches.prefix import ImageSpan, PrefixCache, block_keys, key_items
 from caches.radix import Block
 
 PAD = 151655  # every image's placeholder token is the same id
@@ -264,3 +264,33 @@ def test_lookup_matches_brute_force(stored: list[list[Seg]], data: st.DataObject
     assert hit_tokens(cache, query, align=B) == _brute(prompts, query, B)
     distinct = {tuple(key_items(*p)[: (k + 1) * B]) for p in prompts for k in range(len(p[0]) // B)}
     assert cache.stats().blocks == len(distinct)
+
+
+def test_block_keys_name_the_whole_prefix() -> None:
+    """Invariant (the disk tier's file names): block k's key is equal for two prompts exactly
+    when their first k+1 blocks are equal (text and images, in order), as tree paths are."""
+    a = key_items(*P(1, 2, 3, 4, ("img-a", 4), 9, 9, 9, 9))
+    b = key_items(*P(1, 2, 3, 4, ("img-b", 4), 9, 9, 9, 9))
+    c = key_items(*P(1, 2, 3, 5, ("img-a", 4), 9, 9, 9, 9))
+    ka, kb, kc = (block_keys(x, B, 3) for x in (a, b, c))
+    assert ka[0] == kb[0] and ka[1] != kb[1] and ka[2] != kb[2]  # differ from the image on
+    assert all(x != y for x, y in zip(ka, kc))  # an early difference changes every key
+    assert block_keys(a, B, 2) == ka[:2] and len(set(ka)) == 3
+    assert all(len(k) == 32 and k.isalnum() for k in ka)
+    with pytest.raises(ValueError):
+        block_keys(a, B, 4)  # only 3 whole blocks
+
+
+def test_find_counts_nothing_and_stored_blocks_counts_whole_blocks() -> None:
+    """Invariant: `find` returns what `lookup` would without counting a query; and
+    `stored_blocks` is the number of the prompt's leading whole blocks in the tree."""
+    cache = PrefixCache(1000, block_tokens=B)
+    stored = P(*range(1, 11))  # 10 tokens: 2 whole blocks stored
+    put(cache, stored)
+    longer = P(*range(1, 15))
+    assert cache.stored_blocks(*longer) == 2 and cache.stored_blocks(*P(7, 7, 7, 7, 7)) == 0
+    hit = cache.find(*longer, align=B)
+    assert hit is not None and hit.tokens == 8
+    s = cache.stats()
+    assert (s.hits, s.misses, s.tokens_queried) == (0, 0, 0)
+    assert PrefixCache(0, block_tokens=B).stored_blocks(*longer) == 0

@@ -7,17 +7,38 @@ import re
 
 import pytest
 
-from gateway.cli import build_parser, configs_from_args, main
+from gateway.cli import build_parser, configs_from_args, default_disk_cache_dir, main
 from gateway.config import CacheConfig, EngineConfig, MediaConfig, ServerConfig
 
 
 def test_no_flags_give_the_config_dataclasses_defaults() -> None:
-    """Invariant: `serve` with no flags builds exactly the dataclasses' default configs."""
+    """Invariant: `serve` with no flags builds exactly the dataclasses' default configs, but
+    for the disk tier's folder: the dataclass has none (off: what tests and library callers
+    build), the command line puts it in the user cache dir."""
     server, engine, media = configs_from_args(build_parser().parse_args(["serve"]))
     assert server == ServerConfig()
     assert media == MediaConfig()
-    assert engine == EngineConfig(model="", served_model_name="vision-gateway-tiny")
-    assert engine.cache == CacheConfig()
+    cache = CacheConfig(cache_dir=default_disk_cache_dir())
+    assert engine == EngineConfig(model="", served_model_name="vision-gateway-tiny", cache=cache)
+
+
+def test_disk_cache_flags(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # noqa: ANN001
+    """Invariant: the disk tier defaults to disk-cache/ under $VISION_GATEWAY_CACHE (the user
+    cache dir), --cache-dir moves it, --no-disk-cache turns it off, --disk-cache-gb sizes it
+    (GiB), and a negative budget is refused naming the flag."""
+    monkeypatch.setenv("VISION_GATEWAY_CACHE", str(tmp_path))
+
+    def cache(*argv: str) -> CacheConfig:
+        return configs_from_args(build_parser().parse_args(["serve", *argv]))[1].cache
+
+    assert cache().cache_dir == tmp_path / "disk-cache"
+    assert cache().disk_capacity_bytes == 10 * 2**30
+    assert cache("--cache-dir", str(tmp_path / "x")).cache_dir == tmp_path / "x"
+    assert cache("--no-disk-cache").cache_dir is None
+    assert cache("--no-disk-cache").disk_capacity_bytes == 0
+    assert cache("--disk-cache-gb", "0.5").disk_capacity_bytes == 2**29
+    with pytest.raises(ValueError, match="--disk-cache-gb"):
+        cache("--disk-cache-gb", "-1")
 
 
 def _serve_help(capsys: pytest.CaptureFixture[str]) -> str:
