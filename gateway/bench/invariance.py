@@ -31,8 +31,9 @@ import numpy as np
 
 from gateway.config import CacheConfig, EngineConfig
 from gateway.engine.core import Engine
-from gateway.engine.model import GroupPart, VisionLanguageModel
+from gateway.engine.model import VisionLanguageModel
 from gateway.engine.prefill import Prefiller
+from gateway.engine.prompt_forward import GroupPart
 from gateway.engine.request import (
     EngineRequest,
     ErrorEvent,

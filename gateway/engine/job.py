@@ -10,8 +10,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.engine.model import PrefillPlan
 from gateway.engine.output import OutputState
+from gateway.engine.prompt_forward import PrefillPlan
 from gateway.engine.request import EngineRequest, Sink
 from gateway.engine.vision import EncodedImage
 

@@ -39,8 +39,9 @@ import mlx.core as mx
 
 from gateway.engine.cache_ops import CacheOps
 from gateway.engine.job import Job
-from gateway.engine.model import GroupPart, PrefillPlan, VisionLanguageModel
+from gateway.engine.model import VisionLanguageModel
 from gateway.engine.positions import rope_delta_at
+from gateway.engine.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.text_core import logits_from_hidden
 
 MIN_FINAL_ROWS = 32  # the smallest forward a final partial block is padded to
