@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.bench.raw_measure import steady_window
 from gateway.bench.timing import image_data_uri, server_timing
 
 
@@ -38,6 +39,7 @@ class Stream:
     finish_reason: str | None = None
     server_timing: dict[str, float] = field(default_factory=dict)  # ms, from the header
     error: str | None = None
+    times: Sequence[float] = ()  # arrival of each output chunk (one per token on our server)
 
     @property
     def ttft_ms(self) -> float | None:
@@ -100,6 +102,7 @@ async def stream(
                 if choice.delta.content or (choice.logprobs and choice.logprobs.content):
                     got.setdefault("first", now)
                     got["last"] = now
+                    got.setdefault("times", []).append(now)
                     text.append(choice.delta.content or "")
                 got["finish_reason"] = choice.finish_reason or got.get("finish_reason")
         got["text"] = "".join(text)
@@ -128,6 +131,7 @@ async def plain_stream(
                 if '"content":"' in line and '"content":""' not in line:
                     got.setdefault("first", now)
                     got["last"] = now
+                    got.setdefault("times", []).append(now)
                 elif '"usage":{' in line:
                     usage = json.loads(line.removeprefix("data:"))["usage"]
                     got["completion_tokens"] = usage["completion_tokens"]
@@ -149,6 +153,18 @@ def aggregate_tok_s(streams: Sequence[Stream]) -> float | None:
         return None
     wall = max(s.last for s in streams) - min(s.first for s in streams)  # type: ignore[type-var]
     return sum(s.completion_tokens for s in streams) / wall if wall > 0 else None
+
+
+def steady_tok_s(streams: Sequence[Stream], skip: int = 10) -> float | None:
+    """Aggregate tok/s over the window in which every stream decodes, each stream's first
+    `skip` tokens left out: the same window raw's decode figure uses
+    (`raw_measure.steady_window`), so the ratio compares like with like; the wave's admission
+    and ramp, which `aggregate_tok_s` includes, are outside it. None if a stream failed or
+    has no more than `skip` timed tokens."""
+    if not streams or any(s.error or len(s.times) <= skip for s in streams):
+        return None
+    tokens, seconds = steady_window([list(s.times) for s in streams], skip)
+    return tokens / seconds if seconds > 0 else None
 
 
 def median(values: Sequence[float | None]) -> float | None:

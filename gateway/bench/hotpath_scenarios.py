@@ -22,6 +22,7 @@ from gateway.bench.hotpath_client import (
     image_turn,
     median,
     plain_stream,
+    steady_tok_s,
     stream,
     together,
 )
@@ -295,6 +296,11 @@ class Scenarios:
         self.rows.append(
             Row(f"decode_agg_tok_s_{n}{tag}", f"{label}: aggregate", "tok/s", agg, raw_agg,
                 note=agg_note)
+        )  # fmt: skip
+        self.rows.append(
+            Row(f"decode_steady_tok_s_{n}{tag}", f"{label}: steady window", "tok/s",
+                steady_tok_s(streams), raw_agg,
+                note=note or "all streams decoding, first 10 tokens each skipped (as raw)")
         )  # fmt: skip
         if not temperature:
             per_raw = raw_agg / n if raw_agg else None

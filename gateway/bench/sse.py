@@ -111,6 +111,7 @@ class ChatClient:
                             chunks += 1
                             got.setdefault("first", now)
                             got["last"] = now
+                            got.setdefault("times", []).append(now)
                             text_parts.append(content or "")
                         got["finish_reason"] = choice.get("finish_reason") or got.get(
                             "finish_reason"

@@ -23,11 +23,15 @@ RAW_ROWS = (
     "warm_ttft_uri_ms",
     "warm_ttft_path_again_ms",
     "decode_agg_tok_s_1",
+    "decode_steady_tok_s_1",
     "decode_stream_tok_s_1",
     "decode_agg_tok_s_4",
+    "decode_steady_tok_s_4",
     "decode_stream_tok_s_4",
     "decode_agg_tok_s_4_t0.7",
+    "decode_steady_tok_s_4_t0.7",
     "decode_agg_tok_s_4_plain",
+    "decode_steady_tok_s_4_plain",
     "decode_stream_tok_s_4_plain",
 )
 TARGET_ROWS = (
