@@ -23,19 +23,22 @@ def free_port() -> int:
 
 
 class LocalServer:
-    """Starts the server with `args`, waits for /health, stops it with SIGTERM.
+    """Starts the server (`vision-gateway <command>`, `serve` or `cluster`) with `args`, waits
+    for /health, stops it with SIGTERM.
 
     The log goes to a file (`log()` returns its tail) so a failing start explains itself.
     """
 
-    def __init__(self, args: Sequence[str], ready_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, args: Sequence[str], ready_timeout_s: float = 300.0, command: str = "serve"
+    ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         fd, log_name = tempfile.mkstemp(prefix=f"vision-gateway-{self.port}-", suffix=".log")
         os.close(fd)
         self.log_path = Path(log_name)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(self.port), *args]
+        cmd = [sys.executable, "-m", "gateway", command, "--port", str(self.port), *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self._wait_ready(ready_timeout_s)
