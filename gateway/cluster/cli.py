@@ -62,6 +62,13 @@ def add_cluster_parser(serve_parser: Callable[..., argparse.ArgumentParser], sub
         "key spills to its next replica",
     )
     a(
+        "--affinity-min-load",
+        type=int,
+        default=_DEFAULTS.min_load,
+        help="... but always up to this many in flight (a replica batches them; a spill "
+        "costs a cache miss)",
+    )
+    a(
         "--ray-num-cpus",
         type=int,
         default=_DEFAULTS.local_cpus,
@@ -90,6 +97,7 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig:
         replica_gpus=args.replica_gpus,
         replica_resources=resources,
         load_factor=args.affinity_load_factor,
+        min_load=args.affinity_min_load,
         local_cpus=args.ray_num_cpus,
         object_store_mb=args.ray_object_store_mb,
     )

@@ -23,6 +23,7 @@ class ClusterConfig:
     replica_gpus: float = 0.0
     replica_resources: dict[str, float] = field(default_factory=dict)
     load_factor: float = 1.25
+    min_load: int = 4  # the load bound's floor (`gateway.cluster.router`)
     local_cpus: int = 0
     object_store_mb: int = 256
     app_prefix: str = "vision-gateway"
@@ -38,5 +39,7 @@ class ClusterConfig:
             raise ConfigError("--replica-resource amounts must be > 0")
         if self.load_factor < 1:
             raise ConfigError("--affinity-load-factor must be >= 1")
+        if self.min_load < 1:
+            raise ConfigError("--affinity-min-load must be >= 1")
         if self.object_store_mb < 64:
             raise ConfigError("--ray-object-store-mb must be >= 64")

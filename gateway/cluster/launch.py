@@ -110,7 +110,10 @@ def run_cluster(
     try:
         handles = deploy_replicas(cluster, engine, server.engine_process, server.log_level)
         router = AffinityRouter(
-            cluster.replicas, cluster.load_factor, capacity=engine.max_batch + engine.max_waiting
+            cluster.replicas,
+            cluster.load_factor,
+            capacity=engine.max_batch + engine.max_waiting,
+            min_load=cluster.min_load,
         )
         routed = RoutedEngine(engine, handles, router)
         # Replicas warm themselves up; the ingress has no engine of its own to warm.

@@ -5,10 +5,12 @@ caches already hold it, so each request carries a cheap affinity key computed at
 (`gateway.cluster.affinity`). The key is hashed onto a ring of virtual nodes (`vnodes` per
 slot); the request goes to the first slot clockwise from the key. A hot key must not pin one
 replica, so the walk skips any slot whose in-flight load would exceed
-`ceil(load_factor * (total in flight + 1) / slots up)` (Mirrokni, Thorup, Zadimoghaddam:
-"Consistent Hashing with Bounded Loads", 2018): a spill goes to the key's next slot on the
-ring, which is stable, so a hot image's overflow also keeps landing on the same second
-replica. A request without a key goes to the least-loaded slot.
+`max(min_load, ceil(load_factor * (total in flight + 1) / slots up))` (Mirrokni, Thorup,
+Zadimoghaddam: "Consistent Hashing with Bounded Loads", 2018; `min_load` because a replica
+decodes a batch at once, so at low load a second request about an image costs its home
+replica almost nothing, while sending it elsewhere costs a cache miss). A spill goes to the
+key's next slot on the ring, which is stable, so a hot image's overflow also keeps landing on
+the same second replica. A request without a key goes to the least-loaded slot.
 
 Slots are stable small integers (one Ray Serve deployment each); a slot marked down (its
 replica died and is being replaced) is skipped until marked up again, and the keys it owned
@@ -56,8 +58,9 @@ class AffinityRouter:
     """Consistent hashing with bounded loads over `slots` replicas (0..slots-1).
 
     load_factor: the bound's c (>= 1; 1.25 lets a slot take 25% more than the mean before a
-        keyed request spills to the next slot). capacity: the most requests one slot may have
-        in flight (None: unbounded); past it on every slot, `choose` raises NoReplica.
+        keyed request spills to the next slot). min_load: the bound is never below this (1:
+        the textbook bound). capacity: the most requests one slot may have in flight (None:
+        unbounded); past it on every slot, `choose` raises NoReplica.
     """
 
     def __init__(
@@ -66,6 +69,7 @@ class AffinityRouter:
         load_factor: float = 1.25,
         vnodes: int = 64,
         capacity: int | None = None,
+        min_load: int = 1,
     ) -> None:
         if slots < 1:
             raise ValueError("a router needs at least one slot")
@@ -74,6 +78,7 @@ class AffinityRouter:
         self.slots = slots
         self.load_factor = load_factor
         self.capacity = capacity
+        self.min_load = max(1, min_load)
         points = sorted((_hash(f"slot-{s}#{v}"), s) for s in range(slots) for v in range(vnodes))
         self._points = [p for p, _ in points]
         self._owners = [s for _, s in points]
@@ -94,7 +99,7 @@ class AffinityRouter:
             if not up:
                 raise NoReplica(all_down=True)
             total = sum(self._counters[s].load for s in up)
-            bound = math.ceil(self.load_factor * (total + 1) / len(up))
+            bound = max(self.min_load, math.ceil(self.load_factor * (total + 1) / len(up)))
             if self.capacity is not None:
                 bound = min(bound, self.capacity)
             slot = self._walk(key, bound) if key else None
@@ -168,6 +173,7 @@ class AffinityRouter:
         return {
             "policy": "consistent-hash-bounded-load",
             "load_factor": self.load_factor,
+            "min_load": self.min_load,
             "capacity": self.capacity,
             "slots": slots,
         }

@@ -85,8 +85,10 @@ def merge_metrics(per_replica: Sequence[tuple[int, bytes | str]]) -> bytes:
                     entry["total"][key] = before + sample.value
     lines: list[str] = []
     for name, entry in families.items():
-        lines.append(f"# HELP {name} {_escape_doc(entry['doc'])}")
-        lines.append(f"# TYPE {name} {entry['type']}")
+        # prometheus_client writes (and its parser expects) a counter's header with _total.
+        header = f"{name}_total" if entry["type"] == "counter" else name
+        lines.append(f"# HELP {header} {_escape_doc(entry['doc'])}")
+        lines.append(f"# TYPE {header} {entry['type']}")
         lines.extend(_line(s, labels, v) for (s, labels), v in entry["total"].items())
         lines.extend(_line(s, labels, v) for s, labels, v in entry["each"])
     return ("\n".join(lines) + "\n").encode() if lines else b""
