@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 from typing import Any
 
 from gateway.cluster.config import ClusterConfig
@@ -107,6 +108,7 @@ def run_cluster(
     from gateway.cluster.router import AffinityRouter
 
     started = start_ray(cluster)
+    terminated = False
     try:
         handles = deploy_replicas(cluster, engine, server.engine_process, server.log_level)
         router = AffinityRouter(
@@ -130,6 +132,13 @@ def run_cluster(
             "cluster: %d replicas, ingress on %s:%d", cluster.replicas, server.host, server.port
         )
         _uvicorn_server(config, app.state.gateway.begin_shutdown).run()
+    except SystemExit as exc:
+        # uvicorn re-raises SIGTERM after its graceful shutdown, and Ray's handler in this
+        # driver turns it into SystemExit(15); re-raised below once the replicas are gone,
+        # so the exit status is `serve`'s (143).
+        if exc.code != signal.SIGTERM:
+            raise
+        terminated = True
     finally:
         delete_replicas(cluster)
         if started:
@@ -137,3 +146,6 @@ def run_cluster(
 
             serve.shutdown()
             ray.shutdown()
+    if terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
