@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from caches.prefix import ImageSpan
+from gateway.cluster.fanout import ReplicaQueries, await_response, describe_error
 from gateway.cluster.router import AffinityRouter, NoReplica
-from gateway.cluster.stats import merge_cache_stats, merge_entries, merge_metrics
 from gateway.config import EngineConfig
 from gateway.engine.process import EngineUnavailable
 from gateway.engine.request import (
@@ -46,7 +46,6 @@ from gateway.engine.request import (
 )
 
 log = logging.getLogger(__name__)
-CALL_TIMEOUT_S = 30.0  # a replica's answer to a stats/metrics call
 PROBE_INTERVAL_S = 1.0  # how often a slot marked down is asked whether it is back
 
 
@@ -61,7 +60,7 @@ class _Flight:
     tried: set[int] = field(default_factory=set)
 
 
-class RoutedEngine:
+class RoutedEngine(ReplicaQueries):
     """Engine interface over replica `handles` (Ray Serve handles of `EngineReplica`, one
     per slot, in slot order) with `router` choosing among them."""
 
@@ -89,8 +88,13 @@ class RoutedEngine:
         warmed up there)."""
         from gateway.engine.model import VisionLanguageModel
 
-        self._thread.start()
         self.model = VisionLanguageModel(self.config.model, lazy=True)
+        self.open(timeout)
+
+    def open(self, timeout: float | None = None) -> None:
+        """Start routing once every replica answers `info` (`start` without the prompt side;
+        raises RuntimeError naming a replica that did not start)."""
+        self._thread.start()
         infos = self._gather("info", timeout=timeout)
         for slot, info in enumerate(infos):
             if isinstance(info, BaseException):
@@ -160,13 +164,15 @@ class RoutedEngine:
             except Exception as exc:  # noqa: BLE001 - every failure ends in an error event
                 died = _actor_died(exc)
                 if died and self.router.mark_down(slot):
-                    log.warning("replica %d is down (%s); routing around it", slot, _short(exc))
+                    log.warning(
+                        "replica %d is down (%s); routing around it", slot, describe_error(exc)
+                    )
                 if flight.events == 0 and not flight.done and self._reroute(flight):
                     continue
                 if isinstance(_cause(exc), EngineBusy):
                     self._finish(flight, _replica_error(slot, "is at capacity"))
                 else:
-                    self._finish(flight, _replica_error(slot, f"failed: {_short(exc)}"))
+                    self._finish(flight, _replica_error(slot, f"failed: {describe_error(exc)}"))
                 return
 
     def _reroute(self, flight: _Flight) -> bool:
@@ -240,76 +246,11 @@ class RoutedEngine:
                 if self.router.is_up(slot):
                     continue
                 try:
-                    info = await asyncio.wait_for(_ref(handle.info.remote()), 5.0)
+                    info = await asyncio.wait_for(await_response(handle.info.remote()), 5.0)
                 except Exception:  # noqa: BLE001 - still being replaced
                     continue
                 if self.router.mark_up(slot):
                     log.warning("replica %d is back: pid %s on %s", slot, info["pid"], info["host"])
-
-    # ----- caches and metrics -------------------------------------------------------------------
-
-    def _gather(self, method: str, *args: Any, timeout: float | None = CALL_TIMEOUT_S) -> list[Any]:
-        """Call `method` on every slot at once (any thread but this object's loop); per slot
-        the answer or the exception."""
-
-        async def one(handle: Any) -> Any:
-            if method == "info":
-                return await _ref(handle.info.remote())
-            return await _ref(handle.call.remote(method, *args))
-
-        async def every() -> list[Any]:
-            calls = [asyncio.wait_for(one(h), timeout) for h in self._handles]
-            return await asyncio.gather(*calls, return_exceptions=True)
-
-        return asyncio.run_coroutine_threadsafe(every(), self._loop).result()
-
-    def _answers(self, method: str, *args: Any) -> list[tuple[int, Any]]:
-        """(slot, answer) of every slot that is up and answered `method`; raises
-        EngineUnavailable if none did."""
-        answers = []
-        for slot, value in enumerate(self._gather(method, *args)):
-            if isinstance(value, BaseException):
-                log.warning("replica %d did not answer %s: %s", slot, method, _short(value))
-            else:
-                answers.append((slot, value))
-        if not answers:
-            raise EngineUnavailable(f"no replica answered {method}")
-        return answers
-
-    def cache_stats(self) -> dict[str, Any]:
-        """The replicas' cache counters summed (same keys as one engine's), plus `replicas`
-        (each slot's own stats and state) and `router` (where requests went)."""
-        answers = dict(self._answers("cache_stats"))
-        infos = self._gather("info")
-        merged: dict[str, Any] = merge_cache_stats(list(answers.values()))
-        merged["replicas"] = [
-            {
-                "slot": slot,
-                "up": self.router.is_up(slot),
-                **({} if isinstance(info, BaseException) else info),
-                **({"caches": answers[slot]} if slot in answers else {}),
-            }
-            for slot, info in enumerate(infos)
-        ]
-        merged["router"] = self.router.stats()
-        return merged
-
-    def cache_entries(self, limit: int = 10, kind: str | None = None) -> dict[str, Any]:
-        return merge_entries(self._answers("cache_entries", limit, kind), limit)
-
-    def clear_caches(self) -> None:
-        self._answers("clear_caches")
-
-    def reset_caches(self) -> None:
-        self._answers("reset_caches")
-
-    def metrics_text(self) -> bytes:
-        return merge_metrics(self._answers("metrics_text"))
-
-
-async def _ref(response: Any) -> Any:
-    """Await a Serve DeploymentResponse."""
-    return await response
 
 
 def _cause(exc: BaseException) -> BaseException:
@@ -329,8 +270,3 @@ def _replica_error(slot: int, what: str) -> ErrorEvent:
         ErrorKind.SHUTTING_DOWN,
         f"replica {slot} {what}; the request did not finish, retry it",
     )
-
-
-def _short(exc: BaseException) -> str:
-    text = str(_cause(exc)).strip().splitlines()
-    return f"{type(_cause(exc)).__name__}: {text[0] if text else ''}"[:200]
