@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import signal
+import threading
 import time
 
 import httpx
@@ -210,22 +211,27 @@ def test_metrics_aggregated_and_per_replica(cluster):
         for s in (0, 1)
     ]
     assert total == sum(each) and all(n > 0 for n in each), (total, each)
+    entries = httpx.get(cluster.base_url + "/v1/cache/entries", headers=AUTH, timeout=30).json()
+    assert {e["replica"] for e in entries["largest"]} == {0, 1}
+    dashboard = httpx.get(cluster.base_url + "/v1/dashboard", headers=AUTH, timeout=30)
+    assert dashboard.status_code == 200 and dashboard.json()["caches"]["prefix"]["queries"] > 0
 
 
-def _serving_replica(cluster) -> dict:
-    for _ in range(100):
-        busy = [r for r in _stats(cluster)["replicas"] if r["running"] > 0]
+def _serving_replica(cluster, running: int) -> dict:
+    for _ in range(200):
+        busy = [r for r in _stats(cluster)["replicas"] if r["running"] >= running]
         if busy:
             return busy[0]
         time.sleep(0.05)
-    raise AssertionError("no replica is running the request")
+    raise AssertionError(f"no replica is running {running} requests")
 
 
 def test_killed_replica_is_replaced_and_its_request_fails_cleanly(cluster):
-    """SIGKILL the replica serving a stream mid-answer: the stream ends within seconds with
-    the API's error event (503 'unavailable', says to retry), not a hang; requests sent
-    meanwhile are served by the other replica; Serve replaces the dead one (a new pid) and
-    the router sends its keys to it again."""
+    """SIGKILL the replica serving a stream and a plain request about one image mid-answer:
+    the stream ends within seconds with the API's error event ('unavailable', says to
+    retry) and the plain request with a 503 error object, not a hang; requests sent
+    meanwhile are served; Serve replaces the dead replica (a new pid) and the router sends
+    the image's requests to it again."""
     image = data_uri(noise_png(31))
     body = {
         "model": "test",
@@ -234,6 +240,17 @@ def test_killed_replica_is_replaced_and_its_request_fails_cleanly(cluster):
         "ignore_eos": True,
         "stream": True,
     }
+    plain: list[httpx.Response] = []
+    waiter = threading.Thread(
+        target=lambda: plain.append(
+            httpx.post(
+                cluster.base_url + "/v1/chat/completions",
+                json={**body, "stream": False},
+                headers=AUTH,
+                timeout=60,
+            )
+        )
+    )
     events: list[dict] = []
     with httpx.stream(
         "POST", cluster.base_url + "/v1/chat/completions", json=body, headers=AUTH, timeout=60
@@ -244,19 +261,23 @@ def test_killed_replica_is_replaced_and_its_request_fails_cleanly(cluster):
                 events.append(json.loads(line[5:]))
                 if len(events) == 3:
                     break
-        victim = _serving_replica(cluster)
+        waiter.start()
+        victim = _serving_replica(cluster, running=2)
         os.kill(victim["pid"], signal.SIGKILL)
         killed = time.monotonic()
         for line in lines:
             if line.startswith("data:") and line[5:].strip() != "[DONE]":
                 events.append(json.loads(line[5:]))
         ended = time.monotonic() - killed
+    waiter.join(15)
     print(
         f"\nkilled replica {victim['slot']} (pid {victim['pid']}); stream ended {ended:.2f} s later"
     )
     assert ended < 15
     error = events[-1]["error"]
     assert error["code"] == "unavailable" and "retry" in error["message"], error
+    assert plain and plain[0].status_code == 503, plain
+    assert plain[0].json()["error"]["code"] == "unavailable"
 
     client = cluster.client(api_key=KEY)
     for i in range(3):  # meanwhile: served (by the other replica, or the replacement)
