@@ -10,7 +10,9 @@ Zadimoghaddam: "Consistent Hashing with Bounded Loads", 2018; `min_load` because
 decodes a batch at once, so at low load a second request about an image costs its home
 replica almost nothing, while sending it elsewhere costs a cache miss). A spill goes to the
 key's next slot on the ring, which is stable, so a hot image's overflow also keeps landing on
-the same second replica. A request without a key goes to the least-loaded slot.
+the same second replica. Only `ring_choices` replicas along the ring are tried (2: the home and
+its successor); if all are at the bound, the request falls back to the least-loaded replica,
+which is always under it. A request without a key goes to the least-loaded slot too.
 
 Slots are stable small integers (one Ray Serve deployment each); a slot marked down (its
 replica died and is being replaced) is skipped until marked up again, and the keys it owned
@@ -59,8 +61,9 @@ class AffinityRouter:
 
     load_factor: the bound's c (>= 1; 1.25 lets a slot take 25% more than the mean before a
         keyed request spills to the next slot). min_load: the bound is never below this (1:
-        the textbook bound). capacity: the most requests one slot may have in flight (None:
-        unbounded); past it on every slot, `choose` raises NoReplica.
+        the textbook bound). ring_choices: replicas tried along the ring before the
+        least-loaded one (>= 1). capacity: the most requests one slot may have in flight
+        (None: unbounded); past it on every slot, `choose` raises NoReplica.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class AffinityRouter:
         vnodes: int = 64,
         capacity: int | None = None,
         min_load: int = 1,
+        ring_choices: int = 2,
     ) -> None:
         if slots < 1:
             raise ValueError("a router needs at least one slot")
@@ -79,6 +83,7 @@ class AffinityRouter:
         self.load_factor = load_factor
         self.capacity = capacity
         self.min_load = max(1, min_load)
+        self.ring_choices = max(1, ring_choices)
         points = sorted((_hash(f"slot-{s}#{v}"), s) for s in range(slots) for v in range(vnodes))
         self._points = [p for p, _ in points]
         self._owners = [s for _, s in points]
@@ -107,7 +112,7 @@ class AffinityRouter:
                 slot = min(up, key=lambda s: (self._counters[s].load, self._counters[s].routed))
                 if self.capacity is not None and self._counters[slot].load >= self.capacity:
                     raise NoReplica(all_down=False)
-                if key:  # (only reachable when `capacity` cuts the bound)
+                if key:  # its ring choices were all at the bound
                     self._counters[slot].spilled_in += 1
                 else:
                     self._counters[slot].keyless += 1
@@ -117,22 +122,27 @@ class AffinityRouter:
             return slot
 
     def _walk(self, key: str, bound: int) -> int | None:
-        """First up slot clockwise from the key with room under `bound`; None if none has."""
+        """The first of the key's `ring_choices` up slots clockwise from it with room under
+        `bound`; None if none has."""
         start = bisect.bisect(self._points, _hash(key))
         seen: set[int] = set()
+        tried = 0
         for i in range(len(self._points)):
             slot = self._owners[(start + i) % len(self._points)]
             if slot in seen:
                 continue
             seen.add(slot)
             c = self._counters[slot]
-            if c.up and c.load < bound:
+            if not c.up:
+                continue
+            if c.load < bound:
                 if seen == {slot}:
                     c.home += 1
                 else:
                     c.spilled_in += 1
                 return slot
-            if len(seen) == self.slots:
+            tried += 1
+            if tried == self.ring_choices:
                 break
         return None
 
@@ -174,6 +184,7 @@ class AffinityRouter:
             "policy": "consistent-hash-bounded-load",
             "load_factor": self.load_factor,
             "min_load": self.min_load,
+            "ring_choices": self.ring_choices,
             "capacity": self.capacity,
             "slots": slots,
         }

@@ -130,3 +130,15 @@ def test_bad_settings_refused():
         AffinityRouter(0)
     with pytest.raises(ValueError):
         AffinityRouter(2, load_factor=0.5)
+
+
+def test_falls_back_to_the_least_loaded_after_its_ring_choices():
+    """With the key's home and its ring successor both at the bound, a keyed request goes
+    to the least-loaded replica (counted as spilled), never past the bound."""
+    router = AffinityRouter(4, load_factor=1.0, ring_choices=2)
+    key = "media:hot"
+    first = [router.choose(key) for _ in range(2)]  # home, then successor (bound 1 each)
+    assert first[0] == router.home(key) and first[1] != first[0]
+    third = router.choose(key)
+    assert third not in first and router.loads()[third] == 1
+    assert sum(s["spilled_in"] for s in router.stats()["slots"]) == 2
