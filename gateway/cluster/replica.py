@@ -7,12 +7,14 @@ Each replica slot is its own Serve application with `num_replicas=1`, so the ing
 up before it answers. Requests the dead actor was serving fail at the ingress with a clean
 error; the ingress routes around the slot until `info` answers again.
 
-Stream protocol of `generate(request)`: lists of engine events (`gateway.engine.request`), as
-many as were ready at once (one Ray message per batch, not per token), ending with the list
-that holds the request's FinishEvent or ErrorEvent. An exception (the engine is busy or gone)
-reaches the ingress before any event, so the ingress can send the request elsewhere.
-Cancellation: `cancel(request_id)` (also before `generate` arrives: remembered briefly), or
-the ingress closing the stream (the generator's `finally` cancels in the engine).
+Protocol with the ingress: `submit(request)` starts a request (an exception, e.g. the engine
+is busy, means nothing started, so the ingress can send it elsewhere); `events()` is one
+long-lived stream of every request's events on this replica, as (request_id, event) pairs,
+one batch per wake-up (about one per engine step, whatever the number of requests: a Ray
+message costs ~1 ms of CPU, so one per request per token would cap a replica at a few
+hundred tokens per second). Each request's events end with its FinishEvent or ErrorEvent.
+Cancellation: `cancel(request_id)` (also before `submit` arrives: remembered briefly), or
+the ingress closing `events` (every request it was reading is cancelled).
 """
 
 from __future__ import annotations
@@ -66,33 +68,55 @@ class EngineReplica:
             )
             seconds = Warmup(self.engine, prompts).run(config.warmup_image_sizes)
             log.info("replica %d: warm-up done in %.1f s", slot, seconds)
-        self._live: set[str] = set()
+        self._live: set[str] = set()  # submitted, not finished
+        self._events: EventStream | None = None
         self._early_cancels: OrderedDict[str, None] = OrderedDict()
         log.info("replica %d ready (pid %d, %s)", slot, os.getpid(), config.model)
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[list[Event]]:
-        """Run `request`; yields batches of its events (see the module docstring)."""
-        request_id = request.request_id
+    def _outbox(self) -> EventStream:
+        """The one queue of (request_id, event) pairs of every request here, created on the
+        actor's event loop (where every async method runs)."""
+        if self._events is None:
+            self._events = EventStream(LoopDelivery(asyncio.get_running_loop()))
+        return self._events
+
+    async def submit(self, request: EngineRequest) -> None:
+        """Start `request`; its events go out on `events`. Raises EngineBusy /
+        EngineUnavailable (nothing started: the ingress may send it elsewhere)."""
+        outbox, request_id = self._outbox(), request.request_id
         if request_id in self._early_cancels:  # cancelled before it arrived
             del self._early_cancels[request_id]
-            yield [FinishEvent("cancelled", Usage(len(request.prompt_ids), 0, 0))]
+            outbox.sink(
+                (request_id, FinishEvent("cancelled", Usage(len(request.prompt_ids), 0, 0)))
+            )
             return
-        stream = EventStream(LoopDelivery(asyncio.get_running_loop()))
-        self.engine.submit(request, stream.sink)  # EngineBusy / EngineUnavailable: raised
+
+        def sink(event: Event) -> None:  # the engine's thread
+            if isinstance(event, (FinishEvent, ErrorEvent)):
+                self._live.discard(request_id)
+            outbox.sink((request_id, event))
+
         self._live.add(request_id)
-        ended = False
         try:
-            while not ended:
-                batch: list[Any] = await stream.get_ready()
-                ended = any(isinstance(e, (FinishEvent, ErrorEvent)) for e in batch)
-                yield batch
-        finally:
+            self.engine.submit(request, sink)
+        except BaseException:
             self._live.discard(request_id)
-            if not ended:  # the ingress closed the stream (its client left, or it died)
+            raise
+
+    async def events(self) -> AsyncIterator[list[tuple[str, Event]]]:
+        """Every request's events, as (request_id, event) pairs, in batches of what was ready
+        at once (about one batch per engine step). One subscriber (the ingress); when it goes
+        away, the requests it was reading are cancelled."""
+        outbox = self._outbox()
+        try:
+            while True:
+                yield await outbox.get_ready()  # type: ignore[misc]
+        finally:
+            for request_id in list(self._live):
                 self.engine.cancel(request_id)
 
     async def cancel(self, request_id: str) -> None:
-        """Cancel a request here (its stream then ends with a `cancelled` finish)."""
+        """Cancel a request here (it then finishes with `cancelled`)."""
         if request_id in self._live:
             self.engine.cancel(request_id)
             return

@@ -2,18 +2,20 @@
 
 The HTTP app (`gateway.app`, unchanged: same auth, limits, errors, streaming) talks to this
 object as it talks to one engine. `submit` asks the `AffinityRouter` for a slot (by the
-request's `affinity_key`), and a coroutine on this object's own event-loop thread streams the
-request's events from that slot's replica (`EngineReplica.generate`) into the request's sink.
+request's `affinity_key`) and sends the request to that slot's replica
+(`EngineReplica.submit`); one task per slot on this object's own event-loop thread reads the
+replica's multiplexed event stream (`EngineReplica.events`) and hands each event to its
+request's sink.
 
 Failure handling:
-- the replica fails before the request produced any event (its actor died, its engine was
-  busy): the slot is marked down if it died, and the request is sent once to another slot;
-- it fails after (killed mid-answer): the request ends with a SHUTTING_DOWN error event
-  (503 / an SSE error event of its API) that says to retry; never a hang;
-- a slot marked down is probed every second (`info`) and routed to again once Serve's
-  replacement answers.
-Cache and metrics calls fan out to every slot that is up and are merged
-(`gateway.cluster.stats`).
+- the replica refuses a request or is gone before the request produced any event: the
+  request is sent to a slot it has not tried (its key's next choice);
+- the replica dies mid-answer (its event stream fails): the slot is marked down, its
+  requests that had started end with a SHUTTING_DOWN error event (503 / an SSE error event of
+  its API) that says to retry, never a hang, and those that had not are sent elsewhere;
+- a slot marked down is probed every second (`info`); once Serve's replacement answers, its
+  event stream is read again and the router sends the slot's keys back to it.
+Cache and metrics calls fan out to every slot and are merged (`gateway.cluster.fanout`).
 
 Thread safety: `submit`, `cancel` and the properties may be called from any thread; sinks are
 called on this object's event-loop thread and must not block (as `RemoteEngine`'s).
@@ -26,7 +28,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +80,8 @@ class RoutedEngine(ReplicaQueries):
         self._thread = threading.Thread(target=self._loop.run_forever, name="cluster-routes")
         self._thread.daemon = True
         self._alive = False
-        self._probe: Future[None] | None = None
+        self._probe: asyncio.Task[None] | None = None
+        self._streams: dict[int, asyncio.Task[None]] = {}  # slot -> its events reader
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
@@ -101,15 +103,25 @@ class RoutedEngine(ReplicaQueries):
                 raise RuntimeError(f"replica {slot} did not start: {info}")
             log.info("replica %d ready: pid %s on %s", slot, info["pid"], info["host"])
         self._alive = True
-        self._probe = asyncio.run_coroutine_threadsafe(self._probe_down_slots(), self._loop)
+        asyncio.run_coroutine_threadsafe(self._start_tasks(), self._loop).result(timeout)
+
+    async def _start_tasks(self) -> None:
+        for slot in range(len(self._handles)):
+            self._streams[slot] = asyncio.ensure_future(self._consume(slot))
+        self._probe = asyncio.ensure_future(self._probe_down_slots())
+
+    async def _cancel_tasks(self) -> None:
+        tasks = [t for t in (self._probe, *self._streams.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop routing; requests still in flight end with a SHUTTING_DOWN error."""
         self._alive = False
-        if self._probe is not None:
-            self._probe.cancel()
+        if self._thread.is_alive():
             with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(asyncio.sleep(0.05), self._loop).result(timeout)
+                asyncio.run_coroutine_threadsafe(self._cancel_tasks(), self._loop).result(timeout)
         with self._lock:
             flights, self._flights = list(self._flights.values()), {}
         for flight in flights:
@@ -138,7 +150,7 @@ class RoutedEngine(ReplicaQueries):
         flight = _Flight(request, sink, slot)
         with self._lock:
             self._flights[request.request_id] = flight
-        asyncio.run_coroutine_threadsafe(self._run(flight), self._loop)
+        asyncio.run_coroutine_threadsafe(self._send(flight), self._loop)
 
     def cancel(self, request_id: str) -> None:
         """Cancel on the replica serving it; its stream then ends with a `cancelled` finish."""
@@ -148,32 +160,51 @@ class RoutedEngine(ReplicaQueries):
             handle = self._handles[flight.slot]
             self._loop.call_soon_threadsafe(lambda: handle.cancel.remote(request_id))
 
-    async def _run(self, flight: _Flight) -> None:
-        """Stream one request from its slot; on an early failure, retry once elsewhere."""
+    async def _send(self, flight: _Flight) -> None:
+        """Start a request on its slot (its events come through that slot's `_consume`); if
+        the replica refuses or is gone before anything came back, try another slot."""
         while True:
             slot = flight.slot
             flight.tried.add(slot)
             try:
-                response = self._handles[slot].options(stream=True).generate.remote(flight.request)
-                async for batch in response:
-                    for event in batch:
-                        self._deliver(flight, event)
-                if not flight.done:
-                    self._finish(flight, _replica_error(slot, "ended the stream early"))
+                await await_response(self._handles[slot].submit.remote(flight.request))
+                if flight.slot != slot:  # settled elsewhere meanwhile (a replacement got it)
+                    self._handles[slot].cancel.remote(flight.request.request_id)
                 return
             except Exception as exc:  # noqa: BLE001 - every failure ends in an error event
-                died = _actor_died(exc)
-                if died and self.router.mark_down(slot):
-                    log.warning(
-                        "replica %d is down (%s); routing around it", slot, describe_error(exc)
-                    )
-                if flight.events == 0 and not flight.done and self._reroute(flight):
+                if flight.done or flight.slot != slot:  # already settled by `_consume`
+                    return
+                if _actor_died(exc) and self.router.mark_down(slot):
+                    log.warning("replica %d is down (%s)", slot, describe_error(exc))
+                if flight.events == 0 and self._reroute(flight):
                     continue
-                if isinstance(_cause(exc), EngineBusy):
-                    self._finish(flight, _replica_error(slot, "is at capacity"))
-                else:
-                    self._finish(flight, _replica_error(slot, f"failed: {describe_error(exc)}"))
+                what = "is at capacity" if isinstance(_cause(exc), EngineBusy) else "failed"
+                self._finish(flight, _replica_error(slot, f"{what}: {describe_error(exc)}"))
                 return
+
+    async def _consume(self, slot: int) -> None:
+        """Read `slot`'s event stream and hand each event to its request, until the stream
+        fails (the replica died); then take the slot down and settle its requests."""
+        reason = "ended its event stream"
+        try:
+            async for batch in self._handles[slot].options(stream=True).events.remote():
+                for request_id, event in batch:
+                    flight = self._flights.get(request_id)
+                    if flight is not None and flight.slot == slot:
+                        self._deliver(flight, event)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the replica is gone or unreachable
+            reason = f"failed: {describe_error(exc)}"
+        if self.router.mark_down(slot):
+            log.warning("replica %d %s; routing around it until it is back", slot, reason)
+        with self._lock:
+            stranded = [f for f in self._flights.values() if f.slot == slot and not f.done]
+        for flight in stranded:
+            if flight.events == 0 and self._reroute(flight):
+                asyncio.ensure_future(self._send(flight))
+            else:
+                self._finish(flight, _replica_error(slot, reason))
 
     def _reroute(self, flight: _Flight) -> bool:
         """Move a request that has produced nothing to a slot it has not tried; False (and
@@ -182,11 +213,8 @@ class RoutedEngine(ReplicaQueries):
         self.router.release(failed)
         flight.slot = -1
         try:
-            slot = self.router.choose(flight.request.affinity_key)
+            slot = self.router.choose(flight.request.affinity_key, exclude=flight.tried)
         except NoReplica:
-            return False
-        if slot in flight.tried:
-            self.router.release(slot)
             return False
         log.info(
             "request %s: replica %d failed before answering; trying replica %d",
@@ -249,6 +277,9 @@ class RoutedEngine(ReplicaQueries):
                     info = await asyncio.wait_for(await_response(handle.info.remote()), 5.0)
                 except Exception:  # noqa: BLE001 - still being replaced
                     continue
+                stream = self._streams.get(slot)
+                if stream is None or stream.done():
+                    self._streams[slot] = asyncio.ensure_future(self._consume(slot))
                 if self.router.mark_up(slot):
                     log.warning("replica %d is back: pid %s on %s", slot, info["pid"], info["host"])
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import xxhash
@@ -96,18 +97,19 @@ class AffinityRouter:
         """The slot that owns `key` when every slot is up and none is full."""
         return self._owners[bisect.bisect(self._points, _hash(key)) % len(self._points)]
 
-    def choose(self, key: str | None) -> int:
+    def choose(self, key: str | None, exclude: Collection[int] = ()) -> int:
         """Pick a slot for a request with affinity `key` (None or "": least-loaded) and count it
-        in flight there; the caller must `release` it when the request ends. Raises NoReplica."""
+        in flight there; the caller must `release` it when the request ends. Slots in `exclude`
+        (e.g. those that refused it already) count as down for this choice. Raises NoReplica."""
         with self._lock:
-            up = [s for s in range(self.slots) if self._counters[s].up]
+            up = [s for s in range(self.slots) if self._counters[s].up and s not in exclude]
             if not up:
                 raise NoReplica(all_down=True)
             total = sum(self._counters[s].load for s in up)
             bound = max(self.min_load, math.ceil(self.load_factor * (total + 1) / len(up)))
             if self.capacity is not None:
                 bound = min(bound, self.capacity)
-            slot = self._walk(key, bound) if key else None
+            slot = self._walk(key, bound, exclude) if key else None
             if slot is None:
                 slot = min(up, key=lambda s: (self._counters[s].load, self._counters[s].routed))
                 if self.capacity is not None and self._counters[slot].load >= self.capacity:
@@ -121,7 +123,7 @@ class AffinityRouter:
             c.routed += 1
             return slot
 
-    def _walk(self, key: str, bound: int) -> int | None:
+    def _walk(self, key: str, bound: int, exclude: Collection[int]) -> int | None:
         """The first of the key's `ring_choices` up slots clockwise from it with room under
         `bound`; None if none has."""
         start = bisect.bisect(self._points, _hash(key))
@@ -133,7 +135,7 @@ class AffinityRouter:
                 continue
             seen.add(slot)
             c = self._counters[slot]
-            if not c.up:
+            if not c.up or slot in exclude:
                 continue
             if c.load < bound:
                 if seen == {slot}:

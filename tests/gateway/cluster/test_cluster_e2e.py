@@ -218,9 +218,12 @@ def test_metrics_aggregated_and_per_replica(cluster):
 
 
 def _serving_replica(cluster, running: int) -> dict:
+    """The replica running `running` requests, once the ingress has seen them admitted too
+    (a request the ingress has seen nothing of would be sent elsewhere, not failed)."""
     for _ in range(200):
         busy = [r for r in _stats(cluster)["replicas"] if r["running"] >= running]
-        if busy:
+        health = httpx.get(cluster.base_url + "/health", timeout=10).json()
+        if busy and health["running"] >= running:
             return busy[0]
         time.sleep(0.05)
     raise AssertionError(f"no replica is running {running} requests")

@@ -20,6 +20,7 @@ from gateway.config import EngineConfig  # noqa: E402
 from gateway.engine.process import EngineUnavailable  # noqa: E402
 from gateway.engine.request import (  # noqa: E402
     AdmittedEvent,
+    EngineBusy,
     EngineRequest,
     ErrorEvent,
     ErrorKind,
@@ -43,34 +44,52 @@ class _Call:
 
 
 class FakeReplica:
-    """Stands in for a Serve handle of `EngineReplica`. `plan`: the batches `generate`
-    yields; an exception in it is raised at that point (a replica dying)."""
+    """Stands in for a Serve handle of `EngineReplica`. `plan`: what happens after a
+    submit, step by step: a list of events (one batch on the event stream) or an exception
+    (the event stream fails: the replica died). `refuse`: submit raises it instead."""
 
-    def __init__(self, slot: int, plan: list) -> None:
-        self.slot, self.plan = slot, plan
-        self.generated: list[str] = []
+    def __init__(self, slot: int, plan: list, refuse: BaseException | None = None) -> None:
+        self.slot, self.plan, self.refuse = slot, plan, refuse
+        self.submitted: list[str] = []
         self.cancelled: list[str] = []
+        self._queue: asyncio.Queue | None = None
         self.info = _Call(self._info)
         self.cancel = _Call(self.cancelled.append)
-        self.generate = _Call(self._generate)
+        self.submit = _Call(self._submit)
+        self.events = _Call(self._events)
 
     def options(self, **_: object) -> FakeReplica:
         return self
 
+    def _q(self) -> asyncio.Queue:
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+        return self._queue
+
     async def _info(self):
         return {"slot": self.slot, "pid": 100 + self.slot, "host": "here"}
 
-    async def _generate(self, request: EngineRequest):
-        self.generated.append(request.request_id)
+    async def _submit(self, request: EngineRequest):
+        self.submitted.append(request.request_id)
+        if self.refuse is not None:
+            raise self.refuse
         for step in self.plan:
             await asyncio.sleep(0)
             if isinstance(step, BaseException):
-                raise step
-            yield step
+                self._q().put_nowait(step)
+            else:
+                self._q().put_nowait([(request.request_id, e) for e in step])
+
+    async def _events(self):
+        while True:
+            item = await self._q().get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
 
 
-def _engine(*plans) -> tuple[RoutedEngine, list[FakeReplica]]:
-    replicas = [FakeReplica(slot, plan) for slot, plan in enumerate(plans)]
+def _engine(*plans, refuse=None) -> tuple[RoutedEngine, list[FakeReplica]]:
+    replicas = [FakeReplica(slot, plan, refuse) for slot, plan in enumerate(plans)]
     engine = RoutedEngine(EngineConfig("m", "m"), replicas, AffinityRouter(len(plans)))
     engine.open(timeout=10)
     return engine, replicas
@@ -115,7 +134,7 @@ def test_a_replica_dead_before_answering_is_routed_around():
     engine, replicas = _engine(*plans)
     try:
         assert _run(engine) == [ADMITTED, FINISH]
-        assert replicas[home].generated == ["r1"] == replicas[1 - home].generated
+        assert replicas[home].submitted == ["r1"] == replicas[1 - home].submitted
         assert not engine.router.is_up(home) and engine.router.loads() == [0, 0]
     finally:
         engine.stop()
@@ -132,7 +151,7 @@ def test_a_replica_dying_mid_answer_ends_the_request_with_a_clean_error():
         events = _run(engine)
         assert events[:2] == [ADMITTED, TOKEN]
         assert events[-1].kind is ErrorKind.SHUTTING_DOWN and "retry" in events[-1].message
-        assert replicas[1 - home].generated == []
+        assert replicas[1 - home].submitted == []
     finally:
         engine.stop()
 
@@ -146,5 +165,18 @@ def test_all_replicas_dead():
         assert not engine.alive
         with pytest.raises(EngineUnavailable):
             _run(engine)
+    finally:
+        engine.stop()
+
+
+def test_a_busy_replica_sends_the_request_elsewhere_then_a_clean_error():
+    """Every replica refuses (its engine is full): the request is tried on each once and
+    ends with one error event saying so; the router holds no load after."""
+    engine, replicas = _engine([[ADMITTED, FINISH]], [[ADMITTED, FINISH]], refuse=EngineBusy(1, 2))
+    try:
+        events = _run(engine)
+        assert len(events) == 1 and "capacity" in events[0].message
+        assert [r.submitted for r in replicas] == [["r1"], ["r1"]]
+        assert engine.router.loads() == [0, 0]
     finally:
         engine.stop()
