@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import socket
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -68,7 +69,8 @@ class EngineReplica:
             )
             seconds = Warmup(self.engine, prompts).run(config.warmup_image_sizes)
             log.info("replica %d: warm-up done in %.1f s", slot, seconds)
-        self._live: set[str] = set()  # submitted, not finished
+        self._live: set[str] = set()  # submitted, not finished (engine thread and loop)
+        self._live_lock = threading.Lock()
         self._events: EventStream | None = None
         self._early_cancels: OrderedDict[str, None] = OrderedDict()
         log.info("replica %d ready (pid %d, %s)", slot, os.getpid(), config.model)
@@ -93,14 +95,17 @@ class EngineReplica:
 
         def sink(event: Event) -> None:  # the engine's thread
             if isinstance(event, (FinishEvent, ErrorEvent)):
-                self._live.discard(request_id)
+                with self._live_lock:
+                    self._live.discard(request_id)
             outbox.sink((request_id, event))
 
-        self._live.add(request_id)
+        with self._live_lock:
+            self._live.add(request_id)
         try:
             self.engine.submit(request, sink)
         except BaseException:
-            self._live.discard(request_id)
+            with self._live_lock:
+                self._live.discard(request_id)
             raise
 
     async def events(self) -> AsyncIterator[list[tuple[str, Event]]]:
@@ -112,12 +117,16 @@ class EngineReplica:
             while True:
                 yield await outbox.get_ready()  # type: ignore[misc]
         finally:
-            for request_id in list(self._live):
+            with self._live_lock:
+                orphans = list(self._live)
+            for request_id in orphans:
                 self.engine.cancel(request_id)
 
     async def cancel(self, request_id: str) -> None:
         """Cancel a request here (it then finishes with `cancelled`)."""
-        if request_id in self._live:
+        with self._live_lock:
+            live = request_id in self._live
+        if live:
             self.engine.cancel(request_id)
             return
         self._early_cancels[request_id] = None
