@@ -180,3 +180,23 @@ def test_a_busy_replica_sends_the_request_elsewhere_then_a_clean_error():
         assert engine.router.loads() == [0, 0]
     finally:
         engine.stop()
+
+
+def test_full_cluster_is_busy_like_one_full_engine():
+    """With every replica at its capacity (max_batch + max_waiting, enforced by the router)
+    submit raises EngineBusy, which the edge turns into 429 / 529 as for one server."""
+
+    replicas = [FakeReplica(slot, [[ADMITTED]]) for slot in range(2)]
+    engine = RoutedEngine(EngineConfig("m", "m"), replicas, AffinityRouter(2, capacity=1))
+    engine.open(timeout=10)
+    try:
+        for i in range(2):
+            engine.submit(
+                EngineRequest(f"r{i}", (1,), (), SamplingParams(4), 0.0, affinity_key=f"k{i}"),
+                lambda event: None,
+            )
+        with pytest.raises(EngineBusy):
+            engine.submit(EngineRequest("r2", (1,), (), SamplingParams(4), 0.0), lambda e: None)
+        assert engine.router.loads() == [1, 1]
+    finally:
+        engine.stop()
