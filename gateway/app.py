@@ -54,12 +54,15 @@ class Gateway:
         media: MediaConfig,
         loader: Callable[[], VisionLanguageModel] | None = None,
         notice: str | None = None,
+        engine: Any = None,
     ) -> None:
         self.server = server
         self.engine_config = engine_config
         self.metrics = EdgeMetrics()
         self.engine: Engine | RemoteEngine
-        if loader is None and server.engine_process:
+        if engine is not None:  # another engine client (gateway.cluster.RoutedEngine)
+            self.engine = engine
+        elif loader is None and server.engine_process:
             self.engine = RemoteEngine(engine_config, server.log_level)
         else:  # one process (tests inject model loaders; debugging)
             self.engine = Engine(engine_config, Metrics(), loader)
@@ -232,8 +235,12 @@ def create_app(
     media: MediaConfig,
     loader: Callable[[], VisionLanguageModel] | None = None,
     notice: str | None = None,
+    engine_client: Any = None,
 ) -> Starlette:
-    gateway = Gateway(server, engine, media, loader, notice)
+    """The app over one engine: an `Engine` (with `loader`, or `--in-process-engine`), a
+    `RemoteEngine` (the default), or `engine_client`, anything with `RemoteEngine`'s interface
+    (the cluster's `RoutedEngine`)."""
+    gateway = Gateway(server, engine, media, loader, notice, engine_client)
     routes = [
         *openai.routes(gateway.pipeline),
         *anthropic.routes(gateway.pipeline),

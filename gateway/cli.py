@@ -67,13 +67,16 @@ def _version() -> str:
         return "unknown"
 
 
-def _serve_parser(sub: argparse._SubParsersAction) -> None:
+def _serve_parser(
+    sub: argparse._SubParsersAction,
+    name: str = "serve",
+    help: str = "run the server (OpenAI and Anthropic APIs)",
+    description: str = "Serve a Qwen2/2.5/3-VL model with the OpenAI Chat Completions and the "
+    "Anthropic Messages APIs.",
+) -> argparse.ArgumentParser:
+    """`serve`'s flags on a new subcommand (`cluster` has them all, passed to every replica)."""
     p = sub.add_parser(
-        "serve",
-        help="run the server (OpenAI and Anthropic APIs)",
-        description="Serve a Qwen2/2.5/3-VL model with the OpenAI Chat Completions and the "
-        "Anthropic Messages APIs.",
-        formatter_class=_DefaultsFormatter,
+        name, help=help, description=description, formatter_class=_DefaultsFormatter
     )
     a = p.add_argument
     a("--model", help="local model dir or hub id (default: the embedded tiny offline model)")
@@ -311,6 +314,7 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         choices=["debug", "info", "warning", "error"],
         help="log level of the server and the engine process",
     )
+    return p
 
 
 def _make_model_parser(sub: argparse._SubParsersAction) -> None:
@@ -355,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
+    from gateway.cluster.cli import add_cluster_parser
+
+    add_cluster_parser(_serve_parser, sub)
     _make_model_parser(sub)
     from gateway.bench.cli import add_bench_parser
 
@@ -426,13 +433,27 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
 
 
 def serve(args: argparse.Namespace) -> None:
-    import dataclasses
-
     import uvicorn
 
     from gateway.app import create_app
 
     server, engine, media = configs_from_args(args)
+    engine, notice = resolve_model(engine)
+    app = create_app(server, engine, media, notice=notice)
+    config = uvicorn.Config(
+        app,
+        host=server.host,
+        port=server.port,
+        log_level=server.log_level,
+        # 0 must mean 'no grace', not uvicorn's None ('wait forever')
+        timeout_graceful_shutdown=max(server.shutdown_grace_s, 0.001),
+    )
+    _uvicorn_server(config, app.state.gateway.begin_shutdown).run()
+
+
+def resolve_model(engine: EngineConfig) -> tuple[EngineConfig, str | None]:
+    """Check `--model`, or build the embedded tiny model: the config to serve and the
+    notice for /v1/models (None for a real model)."""
     model = engine.model
     if (
         model
@@ -452,16 +473,7 @@ def serve(args: argparse.Namespace) -> None:
         engine = dataclasses.replace(engine, model=str(path))
         notice = EMBEDDED_NOTICE
         logging.warning(EMBEDDED_NOTICE)
-    app = create_app(server, engine, media, notice=notice)
-    config = uvicorn.Config(
-        app,
-        host=server.host,
-        port=server.port,
-        log_level=server.log_level,
-        # 0 must mean 'no grace', not uvicorn's None ('wait forever')
-        timeout_graceful_shutdown=max(server.shutdown_grace_s, 0.001),
-    )
-    _uvicorn_server(config, app.state.gateway.begin_shutdown).run()
+    return engine, notice
 
 
 def _uvicorn_server(config: Any, on_exit: Callable[[], None]) -> Any:
@@ -485,6 +497,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         if args.command == "serve":
             serve(args)
+        elif args.command == "cluster":
+            from gateway.cluster.cli import cluster
+
+            cluster(args)
         elif args.command == "make-model":
             from gateway.offline_model import build_model
 

@@ -52,13 +52,14 @@ def parse_engine_metrics(text: bytes | str) -> tuple[float, tuple[tuple[float, f
     generated = 0.0
     buckets: list[tuple[float, float]] = []
     for family in text_string_to_metric_families(text):
+        # A cluster's text also repeats every sample per replica (`replica` label): the
+        # samples without it are the totals.
+        samples = [s for s in family.samples if "replica" not in s.labels]
         if family.name == GENERATED_FAMILY:
-            generated = sum(s.value for s in family.samples if s.name.endswith("_total"))
+            generated = sum(s.value for s in samples if s.name.endswith("_total"))
         elif family.name == TTFT_FAMILY:
             buckets = [
-                (float(s.labels["le"]), s.value)
-                for s in family.samples
-                if s.name.endswith("_bucket")
+                (float(s.labels["le"]), s.value) for s in samples if s.name.endswith("_bucket")
             ]
     return generated, tuple(sorted(buckets))
 

@@ -15,7 +15,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -25,6 +25,7 @@ from gateway.api.chat import ChatRequest, ImagePart, VideoPart
 from gateway.api.http import authorize, read_json, unless_disconnected
 from gateway.api.prompt import Media, PromptBuilder, UnsupportedImage
 from gateway.api.streams import EventStream, LoopDelivery
+from gateway.cluster.affinity import affinity_key
 from gateway.config import MIB, ServerConfig
 from gateway.engine.core import Engine
 from gateway.engine.process import EngineUnavailable, RemoteEngine
@@ -213,6 +214,7 @@ class ChatPipeline:
             prepared = await asyncio.to_thread(prompts.build, chat, images, request_id, arrival)
         except ValueError as exc:
             raise prompt_error(exc, chat) from None
+        prepared = replace(prepared, affinity_key=affinity_key(chat, prepared))
         t_prompt = time.perf_counter()
         stream = EventStream(delivery)
         try:

@@ -31,7 +31,8 @@ def memory_only_unless_asked(args: Sequence[str]) -> list[str]:
 
 
 class LocalServer:
-    """Starts the server with `args`, waits for /health, stops it with SIGTERM.
+    """Starts the server (`vision-gateway <command>`, `serve` or `cluster`) with `args`, waits
+    for /health, stops it with SIGTERM.
 
     The log goes to a file (`log()` returns its tail) so a failing start explains itself.
     Benchmarks and tests measure the memory caches from a cold start: unless `args` name a
@@ -39,7 +40,9 @@ class LocalServer:
     never turn a cold request into a disk hit.
     """
 
-    def __init__(self, args: Sequence[str], ready_timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, args: Sequence[str], ready_timeout_s: float = 300.0, command: str = "serve"
+    ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         fd, log_name = tempfile.mkstemp(prefix=f"vision-gateway-{self.port}-", suffix=".log")
@@ -47,7 +50,7 @@ class LocalServer:
         self.log_path = Path(log_name)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         args = memory_only_unless_asked(args)
-        cmd = [sys.executable, "-m", "gateway", "serve", "--port", str(self.port), *args]
+        cmd = [sys.executable, "-m", "gateway", command, "--port", str(self.port), *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self._wait_ready(ready_timeout_s)

@@ -65,6 +65,9 @@ class EngineRequest:
     sampling: SamplingParams
     arrival_time: float  # time.perf_counter() when the HTTP request arrived
     use_caches: bool = True  # False: neither look up nor store (start-up warm-up requests)
+    # Which replica should serve it when several do (`gateway.cluster`): the first image's
+    # hash or the conversation opening's; "" for none. The engine itself ignores it.
+    affinity_key: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,97 @@
+"""The fan-out half of `RoutedEngine`: cache, metrics and info calls sent to every replica
+slot at once and merged (`gateway.cluster.stats`), so `/v1/cache/stats`, `/metrics` and
+`/v1/cache/entries` read like one server's, plus each replica's own numbers.
+
+A mixin: the host class provides `_handles` (Serve handles, slot order), `_loop` (its event
+loop thread's loop) and `router`. Every method blocks; call it off the event loop (the app
+does, through `asyncio.to_thread`), never on `_loop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from gateway.cluster.stats import merge_cache_stats, merge_entries, merge_metrics
+from gateway.engine.process import EngineUnavailable
+
+log = logging.getLogger(__name__)
+CALL_TIMEOUT_S = 30.0  # a replica's answer to a stats/metrics call
+
+
+class ReplicaQueries:
+    """Cache, metrics and info calls over every replica slot (see the module docstring)."""
+
+    _handles: list[Any]
+    _loop: asyncio.AbstractEventLoop
+    router: Any
+
+    def _gather(self, method: str, *args: Any, timeout: float | None = CALL_TIMEOUT_S) -> list[Any]:
+        """Call `method` on every slot at once (any thread but this object's loop); per slot
+        the answer or the exception."""
+
+        async def one(handle: Any) -> Any:
+            if method == "info":
+                return await await_response(handle.info.remote())
+            return await await_response(handle.call.remote(method, *args))
+
+        async def every() -> list[Any]:
+            calls = [asyncio.wait_for(one(h), timeout) for h in self._handles]
+            return await asyncio.gather(*calls, return_exceptions=True)
+
+        return asyncio.run_coroutine_threadsafe(every(), self._loop).result()
+
+    def _answers(self, method: str, *args: Any) -> list[tuple[int, Any]]:
+        """(slot, answer) of every slot that is up and answered `method`; raises
+        EngineUnavailable if none did."""
+        answers = []
+        for slot, value in enumerate(self._gather(method, *args)):
+            if isinstance(value, BaseException):
+                log.warning("replica %d did not answer %s: %s", slot, method, describe_error(value))
+            else:
+                answers.append((slot, value))
+        if not answers:
+            raise EngineUnavailable(f"no replica answered {method}")
+        return answers
+
+    def cache_stats(self) -> dict[str, Any]:
+        """The replicas' cache counters summed (same keys as one engine's), plus `replicas`
+        (each slot's own stats and state) and `router` (where requests went)."""
+        answers = dict(self._answers("cache_stats"))
+        infos = self._gather("info")
+        merged: dict[str, Any] = merge_cache_stats(list(answers.values()))
+        merged["replicas"] = [
+            {
+                "slot": slot,
+                "up": self.router.is_up(slot),
+                **({} if isinstance(info, BaseException) else info),
+                **({"caches": answers[slot]} if slot in answers else {}),
+            }
+            for slot, info in enumerate(infos)
+        ]
+        merged["router"] = self.router.stats()
+        return merged
+
+    def cache_entries(self, limit: int = 10, kind: str | None = None) -> dict[str, Any]:
+        return merge_entries(self._answers("cache_entries", limit, kind), limit)
+
+    def clear_caches(self) -> None:
+        self._answers("clear_caches")
+
+    def reset_caches(self) -> None:
+        self._answers("reset_caches")
+
+    def metrics_text(self) -> bytes:
+        return merge_metrics(self._answers("metrics_text"))
+
+
+async def await_response(response: Any) -> Any:
+    """Await a Serve DeploymentResponse."""
+    return await response
+
+
+def describe_error(exc: BaseException) -> str:
+    cause = getattr(exc, "cause", None) or exc
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0] if text else ''}"[:200]

@@ -1,0 +1,151 @@
+"""`vision-gateway cluster`: start or join Ray, deploy one Serve application per replica slot,
+and serve `serve`'s HTTP app over a `RoutedEngine` on this machine.
+
+The ingress is not a Serve deployment: it is the same Starlette/uvicorn server `serve` runs
+(same flags, auth, limits, errors, streaming, graceful shutdown), with the engine replaced by
+the router over the replicas. Serve's own HTTP proxy is not started. On exit the replica
+applications are deleted, and a Ray instance this command started is shut down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+from typing import Any
+
+from gateway.cluster.config import ClusterConfig
+from gateway.cluster.replica import EngineReplica
+from gateway.config import EngineConfig, MediaConfig, ServerConfig
+
+log = logging.getLogger(__name__)
+# Settings a replica on another machine needs from this one's environment.
+FORWARDED_ENV = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_HOME", "VISION_GATEWAY_CACHE")
+
+
+def start_ray(cluster: ClusterConfig) -> bool:
+    """Join `cluster.ray_address`, or start a small local Ray; True if we started it."""
+    import ray
+
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    common: dict[str, Any] = {
+        "namespace": cluster.app_prefix,
+        "runtime_env": {"env_vars": env} if env else None,
+        "log_to_driver": True,
+    }
+    if cluster.ray_address:
+        ray.init(address=cluster.ray_address, **common)
+        return False
+    needed = cluster.replicas * cluster.replica_cpus
+    ray.init(
+        num_cpus=cluster.local_cpus or max(os.cpu_count() or 1, int(needed + 0.999)),
+        object_store_memory=cluster.object_store_mb * 2**20,
+        include_dashboard=False,
+        **common,
+    )
+    return True
+
+
+def deploy_replicas(
+    cluster: ClusterConfig, engine: EngineConfig, engine_process: bool, log_level: str
+) -> list[Any]:
+    """Deploy the replica slots (without waiting for their models); their handles, in slot
+    order. Each slot is its own application with one replica, which Serve replaces if it
+    dies."""
+    from ray import serve
+    from ray.serve.api import _run
+
+    serve.start(proxy_location="Disabled")  # the ingress is ours; no Serve HTTP proxy
+    deployment = serve.deployment(EngineReplica)
+    capacity = engine.max_batch + engine.max_waiting
+    actor_options: dict[str, Any] = {"num_cpus": cluster.replica_cpus}
+    if cluster.replica_gpus:
+        actor_options["num_gpus"] = cluster.replica_gpus
+    if cluster.replica_resources:
+        actor_options["resources"] = dict(cluster.replica_resources)
+    handles = []
+    for slot in range(cluster.replicas):
+        app = deployment.options(
+            name="engine",
+            num_replicas=1,
+            max_ongoing_requests=capacity + 16,  # the router enforces capacity; calls on top
+            ray_actor_options=actor_options,
+            health_check_period_s=2.0,
+            health_check_timeout_s=30.0,
+            graceful_shutdown_timeout_s=5.0,
+        ).bind(slot, engine, engine_process, log_level)
+        name = f"{cluster.app_prefix}-{slot}"
+        handles.append(_run(app, _blocking=False, name=name, route_prefix=None))
+        log.info("replica %d deploying as Serve application %r", slot, name)
+    return handles
+
+
+def delete_replicas(cluster: ClusterConfig) -> None:
+    from ray import serve
+
+    for slot in range(cluster.replicas):
+        try:
+            serve.delete(f"{cluster.app_prefix}-{slot}", _blocking=True)
+        except Exception as exc:  # noqa: BLE001 - best effort at exit
+            log.warning("could not delete replica %d: %s", slot, exc)
+
+
+def run_cluster(
+    cluster: ClusterConfig,
+    server: ServerConfig,
+    engine: EngineConfig,
+    media: MediaConfig,
+    notice: str | None,
+) -> None:
+    """Run until SIGINT/SIGTERM: Ray, the replicas, and the ingress on server.host:port."""
+    import ray
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.cli import _uvicorn_server
+    from gateway.cluster.routed_engine import RoutedEngine
+    from gateway.cluster.router import AffinityRouter
+
+    started = start_ray(cluster)
+    terminated = False
+    try:
+        handles = deploy_replicas(cluster, engine, server.engine_process, server.log_level)
+        router = AffinityRouter(
+            cluster.replicas,
+            cluster.load_factor,
+            capacity=engine.max_batch + engine.max_waiting,
+            min_load=cluster.min_load,
+        )
+        routed = RoutedEngine(engine, handles, router)
+        # Replicas warm themselves up; the ingress has no engine of its own to warm.
+        ingress_engine = dataclasses.replace(engine, warmup=False)
+        app = create_app(server, ingress_engine, media, notice=notice, engine_client=routed)
+        config = uvicorn.Config(
+            app,
+            host=server.host,
+            port=server.port,
+            log_level=server.log_level,
+            timeout_graceful_shutdown=max(server.shutdown_grace_s, 0.001),
+        )
+        log.info(
+            "cluster: %d replicas, ingress on %s:%d", cluster.replicas, server.host, server.port
+        )
+        _uvicorn_server(config, app.state.gateway.begin_shutdown).run()
+    except SystemExit as exc:
+        # uvicorn re-raises SIGTERM after its graceful shutdown, and Ray's handler in this
+        # driver turns it into SystemExit(15); re-raised below once the replicas are gone,
+        # so the exit status is `serve`'s (143).
+        if exc.code != signal.SIGTERM:
+            raise
+        terminated = True
+    finally:
+        delete_replicas(cluster)
+        if started:
+            from ray import serve
+
+            serve.shutdown()
+            ray.shutdown()
+    if terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
