@@ -309,3 +309,45 @@ def test_killed_replica_is_replaced_and_its_request_fails_cleanly(cluster):
     )
     after = _routed(_stats(cluster))
     assert after[victim["slot"]] == before[victim["slot"]] + 1  # the image's home again
+
+
+def _x_cache(headers: httpx.Headers) -> dict[str, int]:
+    return {k.strip(): int(v) for k, v in (f.split("=") for f in headers["x-cache"].split(";"))}
+
+
+def _ask_images(server, images: list[str]) -> httpx.Response:
+    content = [{"type": "image_url", "image_url": {"url": i}} for i in images]
+    message = {"role": "user", "content": [*content, {"type": "text", "text": "Hi"}]}
+    body = {"model": "test", "max_tokens": 2, "temperature": 0, "messages": [message]}
+    r = httpx.post(server.base_url + "/v1/chat/completions", json=body, headers=AUTH, timeout=120)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_replicas_share_the_disk_tier(tmp_path_factory):
+    """Replicas on one host share `--cache-dir`: an image encoded by one replica is a disk
+    hit (its features read from the folder, `vision-disk-hits` in x-cache) on the other, and
+    the merged stats count the shared folder once."""
+    folder = tmp_path_factory.mktemp("shared-disk")
+    server = ClusterProcess(
+        "--replicas", "2", "--ray-object-store-mb", "128", *COMMON, "--cache-dir", str(folder)
+    )
+    try:
+        image = data_uri(noise_png(21))
+        _ask_images(server, [image])  # its home replica encodes it and writes the features
+        deadline = time.monotonic() + 30
+        while _stats(server)["disk"]["vision"]["writes"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # A request keyed by another image first reaches the other replica for some of these
+        # (the ring is deterministic), which finds `image` on disk, not in its memory.
+        hits = [
+            _x_cache(_ask_images(server, [data_uri(noise_png(seed)), image]).headers)
+            for seed in range(30, 42)
+        ]
+        assert any(h["vision-disk-hits"] == 1 for h in hits), hits
+        stats = _stats(server)
+        assert len(stats["disk"]["paths"]) == 1
+        each = [r["caches"]["disk"]["bytes"] for r in stats["replicas"]]
+        assert stats["disk"]["bytes"] == max(each) > 0  # one folder, counted once
+    finally:
+        assert server.stop(), server.log()
