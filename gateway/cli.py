@@ -8,7 +8,7 @@ import importlib.metadata
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -433,22 +433,12 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
 
 
 def serve(args: argparse.Namespace) -> None:
-    import uvicorn
-
     from gateway.app import create_app
 
     server, engine, media = configs_from_args(args)
     engine, notice = resolve_model(engine)
     app = create_app(server, engine, media, notice=notice)
-    config = uvicorn.Config(
-        app,
-        host=server.host,
-        port=server.port,
-        log_level=server.log_level,
-        # 0 must mean 'no grace', not uvicorn's None ('wait forever')
-        timeout_graceful_shutdown=max(server.shutdown_grace_s, 0.001),
-    )
-    _uvicorn_server(config, app.state.gateway.begin_shutdown).run()
+    uvicorn_server(app, server).run()
 
 
 def resolve_model(engine: EngineConfig) -> tuple[EngineConfig, str | None]:
@@ -476,11 +466,22 @@ def resolve_model(engine: EngineConfig) -> tuple[EngineConfig, str | None]:
     return engine, notice
 
 
-def _uvicorn_server(config: Any, on_exit: Callable[[], None]) -> Any:
-    """uvicorn's server, telling the app when a shutdown signal arrives (uvicorn itself only
-    stops accepting connections and waits) so that running streams can end with an error
-    event before the grace period runs out."""
+def uvicorn_server(app: Any, server: ServerConfig) -> Any:
+    """uvicorn's server for `app` (from `create_app`) on `server`'s address, telling the app
+    when a shutdown signal arrives (uvicorn itself only stops accepting connections and
+    waits) so that running streams can end with an error event before the grace period runs
+    out. Used by `serve` and by `cluster`'s ingress."""
     import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=server.host,
+        port=server.port,
+        log_level=server.log_level,
+        # 0 must mean 'no grace', not uvicorn's None ('wait forever')
+        timeout_graceful_shutdown=max(server.shutdown_grace_s, 0.001),
+    )
+    on_exit = app.state.gateway.begin_shutdown
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:

@@ -100,10 +100,9 @@ def run_cluster(
 ) -> None:
     """Run until SIGINT/SIGTERM: Ray, the replicas, and the ingress on server.host:port."""
     import ray
-    import uvicorn
 
     from gateway.app import create_app
-    from gateway.cli import _uvicorn_server
+    from gateway.cli import uvicorn_server
     from gateway.cluster.routed_engine import RoutedEngine
     from gateway.cluster.router import AffinityRouter
 
@@ -121,17 +120,10 @@ def run_cluster(
         # Replicas warm themselves up; the ingress has no engine of its own to warm.
         ingress_engine = dataclasses.replace(engine, warmup=False)
         app = create_app(server, ingress_engine, media, notice=notice, engine_client=routed)
-        config = uvicorn.Config(
-            app,
-            host=server.host,
-            port=server.port,
-            log_level=server.log_level,
-            timeout_graceful_shutdown=max(server.shutdown_grace_s, 0.001),
-        )
         log.info(
             "cluster: %d replicas, ingress on %s:%d", cluster.replicas, server.host, server.port
         )
-        _uvicorn_server(config, app.state.gateway.begin_shutdown).run()
+        uvicorn_server(app, server).run()
     except SystemExit as exc:
         # uvicorn re-raises SIGTERM after its graceful shutdown, and Ray's handler in this
         # driver turns it into SystemExit(15); re-raised below once the replicas are gone,
