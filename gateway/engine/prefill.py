@@ -156,30 +156,39 @@ class Prefiller:
             left = job.prompt_len - job.fed
             if not self.exact or not 0 < left < self.block or job.fed % self.block:
                 continue
-            if job.cache is None:
-                job.cache = self.model.new_cache()
-            plan = self._plan(job)
+            try:
+                if job.cache is None:
+                    job.cache = self.model.new_cache()
+                plan = self._plan(job)
+            except Exception:  # left to `feed`, whose caller fails this request alone
+                continue
             if plan.deepstack is not None:  # Qwen3-VL image rows: fed alone (prefill_group)
                 continue
             groups.setdefault((job.fed, self.final_rows(left)), []).append(job)
         return [g for g in groups.values() if len(g) > 1]
 
-    def feed_final_blocks(self, jobs: Sequence[Job]) -> list[FirstToken]:
+    def feed_final_blocks(self, jobs: Sequence[Job]) -> list[FirstToken | Exception]:
         """Feed each job's final partial block in one forward (jobs from one group of
-        `final_block_groups`); returns each job's first token."""
+        `final_block_groups`); returns each job's first token, or the exception that ended
+        that job alone after the shared forward (its sampler, say). An exception raised here
+        comes from the shared forward and concerns every job."""
         rows = self.final_rows(jobs[0].prompt_len - jobs[0].fed)
         parts = []
         for job in jobs:
             lo, base = job.fed, job.cached_tokens
             parts.append(GroupPart(self._plan(job), job.cache, lo - base, job.prompt_len - base))
         hidden = self.model.prefill_group(parts, rows)
-        firsts = []
+        firsts: list[FirstToken | Exception] = []
         for i, job in enumerate(jobs):
             lo, hi = job.fed, job.prompt_len
             job.fed, job.plan = hi, None
-            if lo < job.split <= hi:
-                self.cache_ops.store_image_part(job)
-            firsts.append(self._first_token(job, hidden[i : i + 1, hi - 1 - lo : hi - lo, :]))
+            try:
+                if lo < job.split <= hi:
+                    self.cache_ops.store_image_part(job)
+                last = hidden[i : i + 1, hi - 1 - lo : hi - lo, :]
+                firsts.append(self._first_token(job, last))
+            except Exception as exc:  # noqa: BLE001 - reported per job by the caller
+                firsts.append(exc)
         return firsts
 
     def _plan(self, job: Job) -> PrefillPlan:

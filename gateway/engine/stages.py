@@ -188,19 +188,26 @@ class Stages(JobEndings):
         try:
             if len(jobs) == 1:
                 fed, first = self._prefiller.feed(jobs[0], budget)
-                firsts = [first]
+                firsts: list[FirstToken | Exception | None] = [first]
             else:
-                firsts, fed = self._prefiller.feed_final_blocks(jobs), rows * len(jobs)
-        except Exception as exc:
+                fed = rows * len(jobs)
+                firsts = list(self._prefiller.feed_final_blocks(jobs))
+        except Exception as exc:  # the forward itself: every request in it
             log.exception("the prefill of %s failed", ", ".join(j.request_id for j in jobs))
             for job in jobs:
                 self._fail(job, ErrorKind.INTERNAL, f"internal error in the prefill: {exc}")
             return budget - rows * len(jobs)
         self.metrics.prefill_chunks.inc()
         for job, first in zip(jobs, firsts, strict=True):
-            assert first is not None, "a final block ends the prompt"
-            self._prefilling.remove(job)
-            self._first_token(job, first)
+            try:
+                if isinstance(first, Exception):
+                    raise first
+                if first is not None:
+                    self._prefilling.remove(job)
+                    self._first_token(job, first)
+            except Exception as exc:  # this request alone
+                log.exception("prefill of %s failed", job.request_id)
+                self._fail(job, ErrorKind.INTERNAL, f"internal error in the prefill: {exc}")
         return budget - fed
 
     def _first_token(self, job: Job, first: FirstToken) -> None:

@@ -6,7 +6,9 @@ block), a whole block is a block; requests arriving together whose next forward 
 partial block at the same absolute position share one forward, and each one's tokens and
 logprobs are then exactly (tolerance zero) those of the same request alone without any cache,
 for text prompts and for repeat questions whose hit ends inside an image, on all three
-architectures in bf16 and 4-bit; a burst is never handed to the batch to prefill.
+architectures in bf16 and 4-bit; a burst is never handed to the batch to prefill; a failure
+in one request's set-up or first token fails that request alone, not its burst or the rows
+decoding meanwhile.
 """
 
 from __future__ import annotations
@@ -78,3 +80,38 @@ def test_final_blocks_share_a_forward_and_answer_as_alone(arch: str, weights: st
     for i, (a, b) in enumerate(zip(together, alone, strict=True)):
         assert a.token_ids == b.token_ids, f"request {i + 1}"
         assert a.logprobs == b.logprobs, f"request {i + 1}"  # tolerance exactly zero
+
+
+def _burst_with_one_broken(patch: str) -> tuple[list, object]:
+    """Three short prompts arriving together while a request decodes, the second one's
+    `patch` (a Prefiller method) raising; returns (the three runs, the decoding run)."""
+    h = EngineHarness("qwen2_vl", "bfloat16", max_batch=8)
+    prefiller = h.engine._prefiller
+    original = getattr(prefiller, patch)
+
+    def broken(job, *args):  # noqa: ANN001, ANN002, ANN202
+        if job.request_id == "req-3":
+            raise RuntimeError("broken on purpose")
+        return original(job, *args)
+
+    setattr(prefiller, patch, broken)
+    try:
+        with h.arriving_together():
+            holder = h.engine._jobs["req-1"]  # the request that holds the engine, decoding
+            runs = [h.submit(chat_body(q, max_tokens=4)) for q in ("Hi?", "Hey?", "Yo?")]
+        runs = [r.wait() for r in runs]
+        holder_run = holder.sink.__self__.wait()
+    finally:
+        h.close()
+    return runs, holder_run
+
+
+@pytest.mark.parametrize("patch", ["_plan", "_first_token"])
+def test_a_failure_in_a_shared_prefill_fails_that_request_alone(patch: str) -> None:
+    """A request whose set-up (`_plan`) or first token (`_first_token`) fails ends with an
+    error; the other requests of its burst and the request decoding meanwhile answer."""
+    runs, holder = _burst_with_one_broken(patch)
+    broken = runs[1]
+    assert type(broken.finish).__name__ == "ErrorEvent" and "broken" in broken.finish.message
+    for run in (runs[0], runs[2], holder):
+        assert type(run.finish).__name__ == "FinishEvent", run.finish
