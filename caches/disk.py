@@ -150,6 +150,9 @@ class DiskStore:
         except CorruptFile as exc:
             self.discard(kind, key, f"{exc}")
             return self._count(kind, hit=False)
+        except Exception as exc:  # noqa: BLE001 - whatever a hostile file provokes: a miss
+            self.discard(kind, key, f"unreadable ({type(exc).__name__}: {exc})"[:300])
+            return self._count(kind, hit=False)
         with contextlib.suppress(OSError):
             os.utime(path)
         self._count(kind, hit=True)

@@ -109,8 +109,8 @@ def decode(blob: bytes | memoryview) -> tuple[dict[str, RawTensor], dict[str, st
         raise CorruptFile(f"header length {size} does not fit a {len(view)}-byte file")
     try:
         header = json.loads(bytes(view[8 : 8 + size]))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptFile(f"header is not JSON: {exc}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise CorruptFile(f"header is not JSON: {type(exc).__name__}") from None
     if not isinstance(header, dict):
         raise CorruptFile("header is not a JSON object")
     meta = header.pop("__metadata__", None)
@@ -130,13 +130,17 @@ def decode(blob: bytes | memoryview) -> tuple[dict[str, RawTensor], dict[str, st
 
 
 def _tensor(name: str, spec: object, data: memoryview) -> RawTensor:
+    # Explicit checks, not asserts: `python -O` must not let a bad entry through.
     try:
-        assert isinstance(spec, dict)
+        if not isinstance(spec, dict):
+            raise TypeError("not an object")
         dtype, shape, (lo, hi) = spec["dtype"], tuple(spec["shape"]), spec["data_offsets"]
-        assert dtype in ITEM_BYTES and all(isinstance(d, int) and d >= 0 for d in shape)
-        assert isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= len(data)
-    except (AssertionError, KeyError, TypeError, ValueError):
-        raise CorruptFile(f"tensor {name!r}: bad header entry {spec!r}") from None
+        if dtype not in ITEM_BYTES or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError("dtype or shape")
+        if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi <= len(data)):
+            raise ValueError("data offsets")
+    except (KeyError, TypeError, ValueError):
+        raise CorruptFile(f"tensor {name!r}: bad header entry {str(spec)[:200]}") from None
     if hi - lo != math.prod(shape) * ITEM_BYTES[dtype]:
         raise CorruptFile(f"tensor {name!r}: {hi - lo} bytes for shape {shape} {dtype}")
     return RawTensor(dtype, shape, data[lo:hi])

@@ -122,7 +122,7 @@ def _load(
             read = _block(found.metadata, found.tensors, k, want, block, delta_at, layers)
             read.value.disk_key = keys[k]
             out.append(read)
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:  # metadata unchecksummed
             disk.store.discard("prefix", keys[k], f"does not fit the request: {exc}")
             break
     if out:
@@ -155,5 +155,7 @@ def _block(
             raise ValueError(f"layer {i}: shapes {kk.shape} {vv.shape}")
         pairs.append((to_array(kk, None), to_array(vv, None)))
         nbytes += kk.nbytes + vv.nbytes
-    value = BlockLayers(pairs)
-    return Block(value, nbytes, delta, tuple(json.loads(meta["images"])))
+    images = json.loads(meta["images"])
+    if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+        raise ValueError(f"images {meta['images'][:100]!r}: not a list of content hashes")
+    return Block(BlockLayers(pairs), nbytes, delta, tuple(images))

@@ -175,7 +175,7 @@ class DiskTier:
             stack = tuple(
                 to_array(tensors[f"deepstack.{i}"], dtype, rows=num_tokens) for i in range(layers)
             )
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             self.store.discard("vision", file_key, f"does not fit the request: {exc}")
             return None
         mx.eval(features, list(stack))

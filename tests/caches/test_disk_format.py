@@ -62,6 +62,28 @@ def test_damage_is_refused(damage) -> None:  # noqa: ANN001
         decode(damage(blob))
 
 
+def _with_header(header: bytes) -> bytes:
+    return struct.pack("<Q", len(header)) + header
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        b"[" * 100_000 + b"]" * 100_000,  # nesting deeper than the JSON parser's recursion
+        b'{"__metadata__": {"x": "y"}, "a": [1]}',  # a tensor entry that is not an object
+        b'{"__metadata__": {"x": "y"}, "a": {"dtype": "F32", "shape": [-1], '
+        b'"data_offsets": [0, 0]}}',  # negative dimension
+        b'{"__metadata__": {"x": "y"}, "a": {"dtype": "F32", "shape": [1], '
+        b'"data_offsets": [4, 0]}}',  # offsets backwards
+    ],
+)
+def test_hostile_headers_are_refused(header: bytes) -> None:
+    """Invariant: a hostile header is CorruptFile too (no RecursionError, no TypeError, and
+    no reliance on asserts, which `python -O` removes)."""
+    with pytest.raises(CorruptFile):
+        decode(_with_header(header))
+
+
 def test_shape_and_bytes_must_agree() -> None:
     """Invariant: a tensor whose bytes do not fill its shape is refused at write time."""
     with pytest.raises(ValueError):
