@@ -44,6 +44,7 @@ from gateway.engine.request import (
     ErrorKind,
     FinishEvent,
     Sink,
+    Usage,
 )
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class _Flight:
     admitted: bool = False
     events: int = 0
     done: bool = False
+    cancelled: bool = False  # the client went away: never (re)sent, settled as cancelled
     tried: set[int] = field(default_factory=set)
 
 
@@ -156,6 +158,8 @@ class RoutedEngine(ReplicaQueries):
         """Cancel on the replica serving it; its stream then ends with a `cancelled` finish."""
         with self._lock:
             flight = self._flights.get(request_id)
+            if flight is not None:
+                flight.cancelled = True  # also seen by a resend or reroute in progress
         if flight is not None and flight.slot >= 0:
             handle = self._handles[flight.slot]
             self._loop.call_soon_threadsafe(lambda: handle.cancel.remote(request_id))
@@ -164,6 +168,9 @@ class RoutedEngine(ReplicaQueries):
         """Start a request on its slot (its events come through that slot's `_consume`); if
         the replica refuses or is gone before anything came back, try another slot."""
         while True:
+            if flight.cancelled:  # cancelled while it was being moved: do not start it again
+                self._finish_cancelled(flight)
+                return
             slot = flight.slot
             flight.tried.add(slot)
             try:
@@ -201,7 +208,9 @@ class RoutedEngine(ReplicaQueries):
         with self._lock:
             stranded = [f for f in self._flights.values() if f.slot == slot and not f.done]
         for flight in stranded:
-            if flight.events == 0 and self._reroute(flight):
+            if flight.cancelled:
+                self._finish_cancelled(flight)
+            elif flight.events == 0 and self._reroute(flight):
                 asyncio.ensure_future(self._send(flight))
             else:
                 self._finish(flight, _replica_error(slot, reason))
@@ -224,6 +233,10 @@ class RoutedEngine(ReplicaQueries):
         )
         flight.slot = slot
         return True
+
+    def _finish_cancelled(self, flight: _Flight) -> None:
+        prompt = len(flight.request.prompt_ids)
+        self._finish(flight, FinishEvent("cancelled", Usage(prompt, 0, 0)))
 
     def _deliver(self, flight: _Flight, event: Any) -> None:
         flight.events += 1

@@ -200,3 +200,39 @@ def test_full_cluster_is_busy_like_one_full_engine():
         assert engine.router.loads() == [1, 1]
     finally:
         engine.stop()
+
+
+def test_a_request_cancelled_while_its_replica_dies_is_not_sent_elsewhere():
+    """The client goes away while the request's replica is dying, before any event: the
+    request ends `cancelled` and is never started on another replica (it would run to
+    max_tokens for nobody, holding a router slot)."""
+    home = AffinityRouter(2).home("media:a")
+    plans = [[[ADMITTED, FINISH]], [[ADMITTED, FINISH]]]
+    plans[home] = [_died()]
+    engine, replicas = _engine(*plans)
+    gate = asyncio.Event()
+    submit = replicas[home]._submit
+
+    async def held_submit(request):  # the replica dies only once the client has gone
+        await gate.wait()
+        return await submit(request)
+
+    replicas[home].submit = _Call(held_submit)
+    events, done = [], threading.Event()
+
+    def sink(event):
+        events.append(event)
+        if isinstance(event, (FinishEvent, ErrorEvent)):
+            done.set()
+
+    try:
+        request = EngineRequest("r1", (1, 2, 3), (), SamplingParams(4), 0.0, affinity_key="media:a")
+        engine.submit(request, sink)
+        engine.cancel("r1")
+        engine._loop.call_soon_threadsafe(gate.set)
+        assert done.wait(10), "the request hung"
+        assert [e.finish_reason for e in events] == ["cancelled"]
+        assert replicas[1 - home].submitted == []
+        assert engine.router.loads() == [0, 0]
+    finally:
+        engine.stop()
