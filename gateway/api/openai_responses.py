@@ -119,20 +119,23 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
     }
 
 
+def logprob_list(entries: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> list[dict[str, Any]]:
+    """Token logprobs in OpenAI's wire shape (chat `logprobs.content`, Responses deltas)."""
+    return [
+        {
+            "token": e.token,
+            "logprob": e.logprob,
+            "bytes": list(e.bytes),
+            "top_logprobs": [
+                {"token": t, "logprob": lp, "bytes": list(b)} for t, _, lp, b in e.top
+            ],
+        }
+        for e in entries
+    ]
+
+
 def logprobs_dict(entries: list[TokenLogprob]) -> dict[str, Any]:
-    return {
-        "content": [
-            {
-                "token": e.token,
-                "logprob": e.logprob,
-                "bytes": list(e.bytes),
-                "top_logprobs": [
-                    {"token": t, "logprob": lp, "bytes": list(b)} for t, _, lp, b in e.top
-                ],
-            }
-            for e in entries
-        ]
-    }
+    return {"content": logprob_list(entries)}
 
 
 def completion_body(

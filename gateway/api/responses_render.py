@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.api.openai_responses import logprob_list
 from gateway.api.responses_parse import ResponsesRequest
 from gateway.api.sse import sse_data
 from gateway.engine.request import TokenLogprob, Usage
@@ -50,20 +51,6 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": usage.total_tokens,
     }
-
-
-def logprob_list(entries: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> list[dict[str, Any]]:
-    return [
-        {
-            "token": e.token,
-            "logprob": e.logprob,
-            "bytes": list(e.bytes),
-            "top_logprobs": [
-                {"token": t, "logprob": lp, "bytes": list(b)} for t, _, lp, b in e.top
-            ],
-        }
-        for e in entries
-    ]
 
 
 def text_part(text: str, logprobs: list[TokenLogprob] | None) -> dict[str, Any]:
