@@ -38,7 +38,7 @@ from gateway.metrics import Metrics
 
 
 @dataclass
-class _Probe:
+class Probe:
     """One request's token arrival times (perf_counter s, stamped on the engine thread)."""
 
     submitted: float = 0.0
@@ -55,7 +55,7 @@ class _Probe:
             self.error = event.message
             self.done.set()
 
-    def wait(self, timeout: float = 600.0) -> _Probe:
+    def wait(self, timeout: float = 600.0) -> Probe:
         self.done.wait(timeout)
         if self.error:
             raise RuntimeError(self.error)
@@ -118,22 +118,22 @@ class Profiler:
         self.prompts = PromptBuilder(self.engine.model, self.engine.needs_pixels, 65536, 64)
         self._n = 0
 
-    def submit(self, body: dict, images: list[DecodedImage]) -> tuple[_Probe, float]:
+    def submit(self, body: dict, images: list[DecodedImage]) -> tuple[Probe, float]:
         """Build (timed: the returned seconds) and submit a chat body."""
         self._n += 1
         started = time.perf_counter()
         request = self.prompts.build(parse_chat_request(body), images, f"p{self._n}", started)
         prepared = time.perf_counter() - started
-        probe = _Probe(submitted=time.perf_counter())
+        probe = Probe(submitted=time.perf_counter())
         self.engine.submit(request, probe.sink)
         return probe, prepared
 
-    def submit_ids(self, ids: list[int], max_tokens: int) -> _Probe:
+    def submit_ids(self, ids: list[int], max_tokens: int) -> Probe:
         """Submit raw prompt token ids (no template), as the raw ceiling feeds its model."""
         self._n += 1
         now = time.perf_counter()
         request = EngineRequest(f"p{self._n}", tuple(ids), (), _sampling(max_tokens), now)
-        probe = _Probe(submitted=now)
+        probe = Probe(submitted=now)
         self.engine.submit(request, probe.sink)
         return probe
 

@@ -21,16 +21,14 @@ import argparse
 import json
 import statistics
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from gateway.api.openai import parse_chat_request
 from gateway.api.prompt import PromptBuilder
+from gateway.bench.engine_profile import Probe
 from gateway.config import CacheConfig, EngineConfig
 from gateway.engine.core import Engine
-from gateway.engine.request import ErrorEvent, FinishEvent, TokenEvent
 from gateway.metrics import Metrics
 
 SCHEMAS = {
@@ -50,20 +48,6 @@ SCHEMAS = {
         },
     },
 }
-
-
-@dataclass
-class _Probe:
-    times: list[float] = field(default_factory=list)
-    done: threading.Event = field(default_factory=threading.Event)
-    error: str | None = None
-
-    def sink(self, event: object) -> None:
-        if isinstance(event, TokenEvent):
-            self.times.extend([time.perf_counter()] * len(event.token_ids))
-        elif isinstance(event, (FinishEvent, ErrorEvent)):
-            self.error = event.message if isinstance(event, ErrorEvent) else None
-            self.done.set()
 
 
 class _Bench:
@@ -102,14 +86,12 @@ class _Bench:
             self._ids += 1
             chat = parse_chat_request(self._body(self._ids, tokens, schema if flag else None))
             request = self.prompts.build(chat, [], f"bench-{self._ids}", time.perf_counter())
-            probe = _Probe()
+            probe = Probe()
             self.engine.submit(request, probe.sink)
             probes.append(probe)
         steps = []
         for probe in probes:
-            probe.done.wait(1800)
-            if probe.error:
-                raise RuntimeError(probe.error)
+            probe.wait(1800)  # raises on an error event
             if len(probe.times) != tokens:
                 raise RuntimeError(f"expected {tokens} tokens, got {len(probe.times)}")
             trim = max(2, tokens // 8)

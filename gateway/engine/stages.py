@@ -11,22 +11,17 @@ only.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import deque
 from concurrent.futures import FIRST_COMPLETED, wait
 
 from gateway.config import EngineConfig
-from gateway.engine.cache_ops import CacheOps
-from gateway.engine.decode_batch import DecodeBatch
-from gateway.engine.encode_group import EncodeGroup, start_group, step_group
+from gateway.engine.encode_group import start_group, step_group
 from gateway.engine.endings import JobEndings
 from gateway.engine.grammar import Grammars
 from gateway.engine.job import Job, Stage
 from gateway.engine.prefill import FirstToken, Prefiller
 from gateway.engine.request import AdmittedEvent, ErrorKind
 from gateway.engine.sampling import make_sampler
-from gateway.metrics import Metrics
 
 log = logging.getLogger("gateway.engine.core")
 
@@ -34,19 +29,10 @@ log = logging.getLogger("gateway.engine.core")
 class Stages(JobEndings):
     """Admission, encoding, prefill and decode; see the module docstring."""
 
+    # Beyond the state JobEndings declares:
     config: EngineConfig
-    metrics: Metrics
-    _waiting: deque[Job]
-    _encoding: deque[Job]
-    _prefilling: deque[Job]
-    _group: EncodeGroup | None
-    _batch: DecodeBatch
-    _cache_ops: CacheOps
     _prefiller: Prefiller
     _grammars: Grammars | None
-    _count_lock: threading.Lock
-    _queued: int
-    _active: int
 
     def _admit(self) -> None:
         while self._waiting and self._active < self.config.max_batch:
