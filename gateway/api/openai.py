@@ -113,30 +113,30 @@ def _content(raw: Any, where: str, allow_images: bool) -> tuple[Part, ...]:
         elif kind == "image_url":
             if not allow_images:
                 raise invalid(f"`{at}`: images are only accepted in user messages", at)
-            image = part.get("image_url")
-            url = image.get("url") if isinstance(image, dict) else image
-            if not isinstance(url, str) or not url:
-                raise invalid(
-                    f"`{at}.image_url.url` must be a string: an http(s) URL, a data:image/... "
-                    "URI or a file path",
-                    f"{at}.image_url.url",
-                )
+            url = _media_url(part, at, "image_url", "image")
             parts.append(ImagePart(url, f"{at}.image_url.url"))
         elif kind == "video_url":  # vLLM's convention for video input
             if not allow_images:
                 raise invalid(f"`{at}`: videos are only accepted in user messages", at)
-            video = part.get("video_url")
-            url = video.get("url") if isinstance(video, dict) else video
-            if not isinstance(url, str) or not url:
-                raise invalid(
-                    f"`{at}.video_url.url` must be a string: an http(s) URL, a data:video/... "
-                    "URI or a file path",
-                    f"{at}.video_url.url",
-                )
+            url = _media_url(part, at, "video_url", "video")
             parts.append(VideoPart(url, f"{at}.video_url.url"))
         else:
             raise invalid(f"`{at}.type` must be 'text', 'image_url' or 'video_url'", f"{at}.type")
     return tuple(parts)
+
+
+def _media_url(part: dict[str, Any], at: str, key: str, mime: str) -> str:
+    """The URL of an `image_url` or `video_url` part: an object with `url`, or the URL
+    string itself."""
+    value = part.get(key)
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise invalid(
+            f"`{at}.{key}.url` must be a string: an http(s) URL, a data:{mime}/... URI or a "
+            "file path",
+            f"{at}.{key}.url",
+        )
+    return url
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:

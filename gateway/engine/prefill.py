@@ -151,10 +151,12 @@ class Prefiller:
         """Jobs (in the given order) whose next forward is their final, partial block, grouped
         by (absolute position, query rows), groups of two or more only, ordered by their
         first job. Such jobs may share one forward (`feed_final_blocks`)."""
+        if not self.exact:
+            return []
         groups: dict[tuple[int, int], list[Job]] = {}
         for job in jobs:
             left = job.prompt_len - job.fed
-            if not self.exact or not 0 < left < self.block or job.fed % self.block:
+            if not 0 < left < self.block or job.fed % self.block:
                 continue
             try:
                 if job.cache is None:
