@@ -75,9 +75,7 @@ def _serve_parser(
     "Anthropic Messages APIs.",
 ) -> argparse.ArgumentParser:
     """`serve`'s flags on a new subcommand (`cluster` has them all, passed to every replica)."""
-    p = sub.add_parser(
-        name, help=help, description=description, formatter_class=_DefaultsFormatter
-    )
+    p = sub.add_parser(name, help=help, description=description, formatter_class=_DefaultsFormatter)
     a = p.add_argument
     a("--model", help="local model dir or hub id (default: the embedded tiny offline model)")
     a("--served-model-name", help="model name clients send (default: derived from --model)")
@@ -166,6 +164,13 @@ def _serve_parser(
         metavar="PX",
         help="square image size to warm up at start-up (repeatable; default: "
         f"{' and '.join(map(str, _d(EngineConfig, 'warmup_image_sizes')))})",
+    )
+    a(
+        "--step-trace",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="append one JSON line per engine step to FILE (stage times, rows; diagnostics)",
     )
     a("--no-vision-cache", action="store_true", help="disable the vision-feature cache")
     a("--no-prefix-cache", action="store_true", help="disable the KV prefix cache")
@@ -414,6 +419,7 @@ def configs_from_args(args: argparse.Namespace) -> tuple[ServerConfig, EngineCon
         cudnn_attention=args.cudnn_attention,
         warmup=not args.no_warmup,
         warmup_image_sizes=tuple(args.warmup_image_size or _d(EngineConfig, "warmup_image_sizes")),
+        step_trace=args.step_trace,
     )
     media = MediaConfig(
         allowed_media_dirs=tuple(Path(d) for d in args.allowed_media_dir),

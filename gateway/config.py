@@ -150,6 +150,7 @@ class EngineConfig:
     cudnn_attention: bool = False
     warmup: bool = True  # run synthetic requests at start-up, before /health says ready
     warmup_image_sizes: tuple[int, ...] = (448, 1024)  # square sizes (px) warmed at start-up
+    step_trace: Path | None = None  # append one JSON line per engine step here (diagnostics)
 
     def __post_init__(self) -> None:
         _require(self.max_batch >= 1, "--max-batch must be >= 1")

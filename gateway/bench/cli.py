@@ -90,6 +90,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="tiny sizes (CPU, tests)")
     p.add_argument("--plot", type=Path, help="write the ratios as a PNG (needs matplotlib)")
     p.add_argument("--budget-s", type=float, help="skip scenarios not started by then (s)")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only the scenarios whose name starts with NAME (repeatable; e.g. 'decode')",
+    )
     p.set_defaults(run=_hotpath)
 
     add_table_parsers(kinds, _common)
@@ -248,6 +255,8 @@ def _hotpath(args: argparse.Namespace) -> None:
     settings = hotpath.QUICK if args.quick else hotpath.HotpathSettings()
     if args.budget_s is not None:
         settings = replace(settings, budget_s=args.budget_s)
+    if args.only:
+        settings = replace(settings, only=tuple(args.only))
     started = time.perf_counter()
 
     def log(line: str) -> None:

@@ -46,6 +46,7 @@ class HotpathSettings:
     reps: int = 3  # repetitions for medians
     max_batch: int = 32  # the server's --max-batch
     budget_s: float = 330.0  # scenarios not started this long after the bench began: skipped
+    only: tuple[str, ...] = ()  # run only scenarios whose name starts with one of these
 
 
 QUICK = HotpathSettings(

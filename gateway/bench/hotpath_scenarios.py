@@ -93,6 +93,8 @@ class Scenarios:
             ("decode through HTTP", self.decode),
             (f"{self.s.image_batch} concurrent image requests", self.image_batch),
         ]
+        if self.s.only:
+            steps = [(n, step) for n, step in steps if n.startswith(self.s.only)]
         for name, step in steps:
             key, started, before = name.replace(" ", "_"), time.perf_counter(), len(self.rows)
             if started > self.deadline:

@@ -62,9 +62,14 @@ from gateway.engine.request import (
     ErrorKind,
 )
 from gateway.engine.stages import Stages
+from gateway.engine.step_trace import StepTrace
 from gateway.metrics import CacheCollector, Metrics
 
 log = logging.getLogger(__name__)
+
+
+def _no_mark(stage: str) -> None:
+    """The step trace's stage mark when tracing is off."""
 
 
 class Engine(Stages):
@@ -102,6 +107,8 @@ class Engine(Stages):
         self._jobs: dict[str, Job] = {}
         self._step_hook: Callable[[], None] | None = None  # tests inject faults here
         self._grammars: Grammars | None = None  # structured output; built with the model
+        self._trace = StepTrace(config.step_trace) if config.step_trace is not None else None
+        self._decoded = 0  # tokens emitted by this step's decode (for the trace)
 
     # ----- any thread -------------------------------------------------------------------------
 
@@ -234,6 +241,8 @@ class Engine(Stages):
         except Exception:
             log.exception("the last batch step failed while shutting down")
         self._batch = None
+        if self._trace is not None:
+            self._trace.flush()
         self._cache_ops.close()  # entries answered so far reach the disk tier
         self._ship()  # the shutdown errors above
         self._stopped.set()
@@ -283,12 +292,23 @@ class Engine(Stages):
     def _step(self) -> None:
         # All MLX work of this thread runs on the batch's stream: one stream, one ordering,
         # and no extra per-thread stream whose worker MLX would abort on at process exit.
+        trace = self._trace
+        mark = trace.stage if trace is not None else _no_mark
+        if trace is not None:
+            trace.begin()
+        inserted = self._batch.inserted
+        self._decoded = 0
         with mx.stream(self._batch.stream):
             self._admit()
+            mark("admit")
             self._ship()  # admissions first: clients get their headers while we prefill
+            mark("ship")
             self._encode()
+            mark("encode")
             self._prefill()
+            mark("prefill")
             self._ship()  # first tokens before the decode step
+            mark("ship")
             try:
                 if self._step_hook is not None:
                     self._step_hook()
@@ -296,8 +316,19 @@ class Engine(Stages):
             except Exception:
                 log.exception("decode step failed; failing the requests in the batch")
                 self._fail_batch()
+            mark("decode")
             self._ship()
             self._store_finished()  # KV copies of finished requests, after their events
+            mark("ship")
+        if trace is not None:
+            trace.end(
+                rows=len(self._batch.rows),
+                joined=max(self._batch.inserted - inserted, 0),
+                prefilling=len(self._prefilling),
+                encoding=len(self._encoding),
+                waiting=len(self._waiting),
+                tokens=self._decoded,
+            )
         self.metrics.running.set(self._active)
         self.metrics.waiting.set(self._queued)
         self.metrics.mlx_active_bytes.set(mx.get_active_memory())

@@ -42,6 +42,7 @@ class DecodeBatch:
             prefill_step_size=config.prefill_chunk_tokens,
         )
         self.rows: dict[int, Job] = {}
+        self.inserted = 0  # rows handed over so far (a counter, for the step trace)
         # mlx-lm's batch of decoding rows lives as long as the generator (semi-private).
         self._sampler = BatchSampler(
             self.generator._generation_batch, self._row_sampling, self._row_grammar, masker
@@ -64,6 +65,7 @@ class DecodeBatch:
             stop_sequences=[self._no_stops if job.request.sampling.ignore_eos else self._stops],
         )
         job.cache = None
+        self.inserted += 1
         job.uid = uid
         job.stage = Stage.DECODE
         self.rows[uid] = job

@@ -102,13 +102,12 @@ def plan_inputs(
         pieces.append(embed(ids[cursor - start :]))
     embeds = mx.concatenate(pieces, axis=0)[None]
     positions = mx.array(mrope_positions(end, layouts)[:, start:])[:, None, :]
-    visual = np.isin(
-        np.asarray(prompt_ids[start:end]), visual_ids
-    )
+    visual = np.isin(np.asarray(prompt_ids[start:end]), visual_ids)
     deepstack = None
     if deep:
         deepstack = [mx.concatenate(layer, axis=0) for layer in zip(*deep)]
     return PrefillPlan(ids[None], embeds, positions, visual, deepstack)
+
 
 def forward(
     lm: Any, plan: PrefillPlan, cache: list[RowKVCache], lo: int, hi: int, rows: int = 0
@@ -130,14 +129,13 @@ def forward(
         kwargs["deepstack_visual_embeds"] = (
             [d[before : before + count] for d in plan.deepstack] if count else None
         )
-    hidden = lm(
-        ids, inputs_embeds=embeds, cache=cache, position_ids=positions, **kwargs
-    )
+    hidden = lm(ids, inputs_embeds=embeds, cache=cache, position_ids=positions, **kwargs)
     if pad:
         for layer in cache:
             layer.trim(pad)
     mx.eval([c.state for c in cache])
     return hidden
+
 
 def forward_group(lm: Any, parts: Sequence[GroupPart], rows: int) -> mx.array:
     """Several requests' next blocks in one forward: each part's plan tokens [lo, hi),
@@ -162,14 +160,10 @@ def forward_group(lm: Any, parts: Sequence[GroupPart], rows: int) -> mx.array:
         joint = RowKVCache()
         if offset:
             joint.keys = mx.concatenate([p.cache[layer].keys[..., :offset, :] for p in parts])
-            joint.values = mx.concatenate(
-                [p.cache[layer].values[..., :offset, :] for p in parts]
-            )
+            joint.values = mx.concatenate([p.cache[layer].values[..., :offset, :] for p in parts])
             joint.offset = offset
         batch_cache.append(joint)
-    hidden = lm(
-        ids, inputs_embeds=embeds, cache=batch_cache, position_ids=positions
-    )
+    hidden = lm(ids, inputs_embeds=embeds, cache=batch_cache, position_ids=positions)
     mx.eval([c.state for c in batch_cache])
     for i, part in enumerate(parts):
         end = offset + part.hi - part.lo

@@ -33,6 +33,7 @@ class Stages(JobEndings):
     config: EngineConfig
     _prefiller: Prefiller
     _grammars: Grammars | None
+    _decoded: int
 
     def _admit(self) -> None:
         while self._waiting and self._active < self.config.max_batch:
@@ -221,6 +222,7 @@ class Stages(JobEndings):
         if not self._batch.rows:
             return
         responses = self._batch.step()
+        self._decoded = len(responses)
         if responses:
             self.metrics.decode_steps.inc()
             self.metrics.generation_tokens.inc(len(responses))

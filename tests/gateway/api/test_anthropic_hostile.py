@@ -151,8 +151,10 @@ LEAVES = (
 )  # fmt: skip
 JSON_VALUES = st.recursive(
     LEAVES,
-    lambda kids: st.lists(kids, max_size=4)
-    | st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), kids, max_size=4),
+    lambda kids: (
+        st.lists(kids, max_size=4)
+        | st.dictionaries(st.sampled_from(FIELDS) | st.text(max_size=6), kids, max_size=4)
+    ),
     max_leaves=12,
 )
 

@@ -70,6 +70,7 @@ def test_draws_follow_the_distribution() -> None:
 
 def test_temperature_sharpens_and_flattens() -> None:
     """Invariant: low temperature concentrates draws on the top token, high spreads them."""
+
     def top_share(temperature: float) -> float:
         rows = [_row(seed, temperature) for seed in range(2000)]
         return sample_rows(_logprobs(len(rows)), rows).tolist().count(0) / len(rows)
