@@ -1,10 +1,20 @@
 """The rows decoding together: mlx-lm's BatchGenerator, the one sampler its rows share, and
 which job holds which row.
 
-A job joins once its prompt is in its KV cache (the engine's own prefill) or hands its short
-text prompt over (`insert_prompt`: the generator prefills such prompts together); each `step`
-then advances every row by one token. mlx-lm computes one step ahead, so a step returns the
-tokens sampled in the previous call while the next ones are already on the device.
+A job joins once its prompt is in its KV cache and its first token is sampled (the engine's
+own prefill: `join`), or hands its short text prompt over (`insert_prompt`: the generator
+prefills such prompts together); each `step` then advances every row by one token. mlx-lm
+computes one step ahead, so a step returns the tokens sampled in the previous call while the
+next ones are already on the device.
+
+Joining does not go through `BatchGenerator.insert`: that path runs a forward of its own for
+the joining rows (their first token, as a one-token prompt) in the step they join, on top of
+the batch's step, and merges each joiner's cache separately; on a GPU, where a forward costs
+about the same at 1 row as at 32, a burst of arrivals paid one extra forward per step. Here
+the rows joining in a step are merged once and added to mlx-lm's generation batch with their
+first token as the next input, so it is fed together with every other row's token in the
+batch's next forward. The generator then reports that first token once more (it was already
+emitted from the prefill); `step` drops that report.
 
 Engine thread only. Not reusable after a step raised: the engine replaces the whole object
 (`Engine._fail_batch`), so recovery never touches a broken generator.
@@ -13,16 +23,30 @@ Engine thread only. Not reusable after a step raised: the engine replaces the wh
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, StopSequences
+from mlx_lm.generate import BatchGenerator, GenerationBatch, StopSequences, _merge_caches
+from mlx_lm.models.cache import TokenBuffer
 
 from gateway.config import EngineConfig
 from gateway.engine.grammar import GrammarRow
 from gateway.engine.job import Job, Stage
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.sampling import GREEDY, BatchSampler, RowSampler, RowSampling
+
+
+@dataclass(frozen=True)
+class _Joiner:
+    """A row joining at the next step: its job, uid and first token (already emitted)."""
+
+    job: Job
+    uid: int
+    cache: list[Any]
+    token: int
+    logprobs: mx.array
+    in_cache: list[int]
 
 
 class DecodeBatch:
@@ -42,6 +66,8 @@ class DecodeBatch:
             prefill_step_size=config.prefill_chunk_tokens,
         )
         self.rows: dict[int, Job] = {}
+        self._joining: list[_Joiner] = []  # added to the generation batch at the next step
+        self._echo: set[int] = set()  # rows whose next report is their first token again
         self.inserted = 0  # rows handed over so far (a counter, for the step trace)
         # mlx-lm's batch of decoding rows lives as long as the generator (semi-private).
         self._sampler = BatchSampler(
@@ -52,6 +78,60 @@ class DecodeBatch:
     def stream(self) -> mx.Stream:
         """The stream all of the engine's MLX work runs on."""
         return self.generator.stream
+
+    def join(self, job: Job, token: int, logprobs: mx.array, in_cache: list[int]) -> None:
+        """The job's KV holds `in_cache` (its prompt) and its first token `token` (sampled
+        with `logprobs`, already emitted) must be fed next: it decodes from the next step on,
+        with at most `max_tokens - 1` more tokens. The caller ends the job instead when
+        `token` is a stop token or `max_tokens` is 1 (ValueError here: the generator would
+        end the row at the report of the token it was given)."""
+        sampling = job.request.sampling
+        if sampling.max_tokens <= 1 or (token in self.stop_ids and not sampling.ignore_eos):
+            raise ValueError("a row must not join at its last token")
+        uid = self.generator._uid_count  # the generator's own uid sequence (semi-private)
+        self.generator._uid_count += 1
+        self._joining.append(_Joiner(job, uid, job.cache or [], token, logprobs, in_cache))
+        self._echo.add(uid)
+        job.cache = None
+        self.inserted += 1
+        job.uid = uid
+        job.stage = Stage.DECODE
+        self.rows[uid] = job
+
+    def _add_joiners(self) -> None:
+        """Merge the rows joining now into one batch and append it to the generation batch,
+        first tokens as the next inputs (module doc). Pinned to mlx-lm 0.32's
+        GenerationBatch fields."""
+        joining, self._joining = self._joining, []
+        if not joining:
+            return
+        stops = [
+            self._no_stops if j.job.request.sampling.ignore_eos else self._stops for j in joining
+        ]
+        rows = GenerationBatch(
+            self.generator.model,
+            uids=[],
+            inputs=mx.array([j.token for j in joining], dtype=mx.uint32),
+            prompt_cache=_merge_caches([j.cache for j in joining]),
+            tokens=[],
+            samplers=[],
+            fallback_sampler=self.generator.sampler,
+            logits_processors=[],
+            stop_sequences=[],
+            max_tokens=[],
+        )  # empty uids: the constructor runs no forward; the rows are filled in below
+        rows.uids = [j.uid for j in joining]
+        rows.tokens = [list(j.in_cache) for j in joining]
+        rows.samplers = [j.job.sampler for j in joining]
+        rows.logits_processors = [() for _ in joining]
+        rows.stop_sequences = stops
+        # The first token is counted by the generator like any other.
+        rows.max_tokens = [j.job.request.sampling.max_tokens for j in joining]
+        rows._next_logprobs = [j.logprobs for j in joining]
+        rows._token_context = [TokenBuffer(t) for t in rows.tokens]
+        rows._num_tokens = [0] * len(joining)
+        rows._matchers = [ss.matcher() for ss in stops]
+        self.generator._generation_batch.extend(rows)
 
     def insert(self, job: Job, tokens: list[int], budget: int, in_cache: list[int]) -> None:
         """Hand the job over: its KV holds `in_cache`, `tokens` are fed next and `budget` more
@@ -78,30 +158,44 @@ class DecodeBatch:
 
     def step(self) -> list[tuple[Job, Any]]:
         """One decode step: (job, mlx-lm response) per row that produced a token."""
-        _, responses = self.generator.next()
-        # Rows that joined in this step hold their own sampler: one batched draw from now on.
+        self._add_joiners()
+        # Rows that joined hold their own sampler: one batched draw from now on. (Rows the
+        # generator prefilled itself join inside `next`, and are bound at the next step.)
         self._sampler.bind_all_rows()
+        _, responses = self.generator.next()
         out = []
         for response in responses:
             job = self.rows.get(response.uid)
-            if job is not None:
-                out.append((job, response))
+            if job is None:
+                continue
+            if response.uid in self._echo:  # its first token, emitted at the prefill (never
+                self._echo.discard(response.uid)  # a finishing one: `join`)
+                continue
+            out.append((job, response))
         return out
 
     def remove(self, jobs: list[Job]) -> dict[int, tuple[Any, Any]]:
         """Take rows out mid-generation; returns uid -> (KV cache, all tokens)."""
         for job in jobs:
             self.rows.pop(job.uid, None)  # type: ignore[arg-type]
+            self._echo.discard(job.uid)  # type: ignore[arg-type]
+        self._add_joiners()  # rows still joining are in the generator before it looks
         return self.generator.remove([j.uid for j in jobs], return_prompt_caches=True)
 
     def release(self, job: Job) -> None:
         """Free the job's row if it holds one (idempotent)."""
         if job.uid is not None and self.rows.pop(job.uid, None) is not None:
-            self.generator.remove([job.uid])
+            self._echo.discard(job.uid)
+            joining = [j for j in self._joining if j.uid != job.uid]
+            if len(joining) < len(self._joining):
+                self._joining = joining  # not in the generator yet
+            else:
+                self.generator.remove([job.uid])
 
     def forget_rows(self) -> list[Job]:
         """Every job holding a row, forgotten here (the generator is left as it is)."""
         jobs, self.rows = list(self.rows.values()), {}
+        self._joining, self._echo = [], set()
         return jobs
 
     def finished(self, job: Job) -> None:

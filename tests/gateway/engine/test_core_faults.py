@@ -100,16 +100,16 @@ def test_a_failure_when_joining_the_batch_fails_one_request_and_the_loop_lives(
     """Invariant: an exception while a prefilled request joins the batch (outside the decode
     step) fails that request only; the engine thread keeps serving."""
     batch = harness.engine._batch
-    insert = batch.insert
+    join = batch.join
     calls = [0]
 
-    def insert_once_broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def join_once_broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         calls[0] += 1
         if calls[0] == 1:
-            raise RuntimeError("injected insert fault")
-        return insert(*args, **kwargs)
+            raise RuntimeError("injected join fault")
+        return join(*args, **kwargs)
 
-    batch.insert = insert_once_broken  # type: ignore[method-assign]
+    batch.join = join_once_broken  # type: ignore[method-assign]
     broken = harness.run(chat_body("first in", max_tokens=5))
     assert isinstance(broken.finish, ErrorEvent)
     later = harness.run(chat_body("second in", max_tokens=5))
