@@ -8,7 +8,10 @@ preprocessing, vision tower, chunked prefill, first token, batched decode) with 
 emptied (and their counters zeroed) afterwards, so nothing synthetic is ever served from
 cache; only the request and token counters of `/metrics` count the warm-up:
 - text: `max_batch` requests at once, of different lengths and budgets, so the decode batch
-  passes through every size from `max_batch` down to 1, and one full prefill chunk;
+  passes through every size from `max_batch` down to 1, and one full prefill chunk; a third of
+  them ask for log-probabilities with alternatives and a third sample (temperature, top-p,
+  top-k, a seed), and one asks for JSON (a grammar): each of those paths builds kernels of
+  its own on first use (the first request with `logprobs` took 2.65x a later one on an H200);
 - one image per configured size (the tower's shapes depend on the image grid).
 What cannot be warmed: image sizes not listed (each new grid compiles once).
 """
@@ -32,6 +35,16 @@ from gateway.engine.request import ErrorEvent, Event, FinishEvent
 from gateway.media import DecodedImage
 
 log = logging.getLogger(__name__)
+
+
+# Request options of the text warm-up, by request index mod 3 (greedy, log-probabilities with
+# alternatives, seeded sampling), and of the one structured request.
+_OPTIONS: tuple[dict[str, object], ...] = (
+    {},
+    {"logprobs": True, "top_logprobs": 5},
+    {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 1},
+)
+_JSON: dict[str, object] = {"response_format": {"type": "json_object"}, "ignore_eos": False}
 
 
 @dataclass
@@ -70,8 +83,12 @@ class Warmup:
         rows = self.engine.config.max_batch
         t = time.perf_counter()
         self._wait(
-            [self._submit([f"warm-up {i} " + "word " * (i % 7)], 2 + i) for i in range(rows)]
+            [
+                self._submit([f"warm-up {i} " + "word " * (i % 7)], 2 + i, options=_OPTIONS[i % 3])
+                for i in range(rows)
+            ]
         )
+        self._wait([self._submit(["warm-up json"], 4, options=_JSON)])
         self._wait([self._submit(["warm-up 0 ", "and a follow-up"], 2)])  # a prefix hit
         log.info("warm-up: decode at batch sizes 1..%d in %.1f s", rows, time.perf_counter() - t)
         t = time.perf_counter()
@@ -89,7 +106,12 @@ class Warmup:
         return time.perf_counter() - started
 
     def _submit(
-        self, turns: list[str], max_tokens: int, image: DecodedImage | None = None, first: int = 0
+        self,
+        turns: list[str],
+        max_tokens: int,
+        image: DecodedImage | None = None,
+        first: int = 0,
+        options: dict[str, object] | None = None,
     ) -> _Done:
         """A conversation of user `turns` (the image, if any, at the start of turn `first`);
         the earlier turns get a fixed assistant reply, so a later call extends an earlier one
@@ -112,6 +134,7 @@ class Warmup:
             "max_tokens": max_tokens,
             "ignore_eos": True,
             "messages": messages,
+            **(options or {}),
         }
         request = self.prompts.build(
             parse_chat_request(body),
