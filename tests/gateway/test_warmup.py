@@ -1,8 +1,8 @@
 """The start-up warm-up (gateway.warmup) on the tiny model.
 
 Pinned here: the warm-up drives every decode path that builds kernels of its own on first
-use (greedy, log-probabilities with alternatives, seeded sampling, a grammar), at every batch
-size up to `max_batch`, without a failure; and afterwards the caches are empty with zeroed
+use (greedy, log-probabilities with alternatives, seeded sampling, a grammar) and prompts of
+every padded final-block size, without a failure; and afterwards the caches are empty with zeroed
 counters, so nothing synthetic is served or counted.
 """
 
@@ -40,5 +40,8 @@ def test_warmup_covers_each_decode_path_and_leaves_caches_empty() -> None:
     assert any(not s.greedy and s.seed is not None for s in sampling)
     assert any(s.grammar is not None for s in sampling)
     assert any(r.images for r in submitted)  # the image size
+    # Prompts in every padded final-block size from 32 to 256 rows (powers of two).
+    sizes = {max(32, 1 << (len(r.prompt_ids) - 1).bit_length()) for r in submitted}
+    assert {32, 64, 128, 256} <= sizes
     assert stats["vision"]["entries"] == 0 and stats["prefix"]["entries"] == 0
     assert stats["vision"]["hits"] == 0 and stats["prefix"]["hits"] == 0
