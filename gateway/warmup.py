@@ -12,8 +12,8 @@ cache; only the request and token counters of `/metrics` count the warm-up:
   them ask for log-probabilities with alternatives and a third sample (temperature, top-p,
   top-k, a seed), and one asks for JSON (a grammar): each of those paths builds kernels of
   its own on first use (the first request with `logprobs` took 2.65x a later one on an H200);
-- a burst of prompts of several lengths joining a decoding row (shared prefill forwards at
-  each padded size, a batch that grows);
+- bursts of prompts joining a decoding row, one per padded final-block size (shared prefill
+  forwards of several rows, a batch that grows);
 - one image per configured size (the tower's shapes depend on the image grid).
 What cannot be warmed: image sizes not listed (each new grid compiles once).
 """
@@ -47,7 +47,7 @@ _OPTIONS: tuple[dict[str, object], ...] = (
     {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 1},
 )
 _JSON: dict[str, object] = {"response_format": {"type": "json_object"}, "ignore_eos": False}
-_BURST = (8, 8, 40, 40, 90, 90, 200, 200)  # words of the burst's prompts (two of each size)
+_BURST = (8, 40, 90, 200)  # words of each burst's prompts: one burst per padded size
 
 
 @dataclass
@@ -92,14 +92,17 @@ class Warmup:
             ]
         )
         self._wait([self._submit(["warm-up json"], 4, options=_JSON)])
-        # A burst joining a decoding row: prompts in each padded final-block size (32 to 256
-        # rows with exact reuse), prefilled in shared forwards of several rows, joining a
-        # batch that grows (the rounds above only shrink it).
-        runner = self._submit(["warm-up runner"], 24)
-        self._wait(
-            [runner]
-            + [self._submit([f"warm-up burst {i} " + "word " * n], 3) for i, n in enumerate(_BURST)]
-        )
+        # Bursts joining a decoding row, one per padded final-block size (32 to 256 rows with
+        # exact reuse): shared prefill forwards of up to 8 rows, joining a batch that grows
+        # (the rounds above only shrink it). Without these an H200's first wave of 16 took
+        # 1.29x the second.
+        burst = min(rows, 8)
+        for words in _BURST:
+            runner = self._submit([f"warm-up runner {words}"], 12)
+            self._wait(
+                [runner]
+                + [self._submit([f"warm-up burst {i} " + "word " * words], 3) for i in range(burst)]
+            )
         self._wait([self._submit(["warm-up 0 ", "and a follow-up"], 2)])  # a prefix hit
         log.info("warm-up: decode at batch sizes 1..%d in %.1f s", rows, time.perf_counter() - t)
         t = time.perf_counter()

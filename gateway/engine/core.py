@@ -7,7 +7,7 @@ is one scheduling step:
     encode   one vision-tower unit (a block) for a group of pending images (several requests'
              images go through the tower together)
     prefill  up to `prefill_chunk_tokens` prompt tokens of the requests being prefilled
-             (4x while fewer rows decode than requests wait for their prefill), oldest
+             (4x when nothing decodes or a burst is a quarter of the batch), oldest
              first; a request whose prompt is complete gets its first token from the
              prefill logits and joins the batch (see gateway.engine.prefill)
     decode   one batched step of every running row; emit tokens; finish rows

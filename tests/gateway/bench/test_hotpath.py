@@ -15,6 +15,7 @@ from gateway.cli import main
 
 RAW_ROWS = (
     "text_first_request_ms",
+    "text_first_request_sdk_ms",
     "text_first_token_ms",
     "text_first_token_plain_ms",
     "image_first_request_ms",

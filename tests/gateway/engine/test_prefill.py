@@ -122,3 +122,17 @@ def test_a_failure_in_a_shared_prefill_fails_that_request_alone(patch: str) -> N
     assert type(broken.finish).__name__ == "ErrorEvent" and "broken" in broken.finish.message
     for run in (runs[0], runs[2], holder):
         assert type(run.finish).__name__ == "FinishEvent", run.finish
+
+
+def test_prefill_budget_bounds_the_stall_of_a_busy_batch_and_widens_for_bursts() -> None:
+    """Invariant: a request arriving alone at a decoding batch is prefilled one chunk per step
+    (the rows' stall bound); with nothing decoding, or a burst of at least a quarter of the
+    rows, a step may prefill 4 chunks (fewer, larger forwards)."""
+    from gateway.engine.stages import prefill_budget
+
+    assert prefill_budget(512, rows=8, waiting=1) == 512  # one image joins 8 streams
+    assert prefill_budget(512, rows=32, waiting=1) == 512
+    assert prefill_budget(512, rows=32, waiting=7) == 512  # under a quarter
+    assert prefill_budget(512, rows=0, waiting=1) == 2048  # nothing to stall
+    assert prefill_budget(512, rows=1, waiting=31) == 2048  # a wave arriving
+    assert prefill_budget(512, rows=24, waiting=8) == 2048
