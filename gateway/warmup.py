@@ -12,8 +12,9 @@ cache; only the request and token counters of `/metrics` count the warm-up:
   them ask for log-probabilities with alternatives and a third sample (temperature, top-p,
   top-k, a seed), and one asks for JSON (a grammar): each of those paths builds kernels of
   its own on first use (the first request with `logprobs` took 2.65x a later one on an H200);
-- bursts of prompts joining a decoding row, one per padded final-block size (shared prefill
-  forwards of several rows, a batch that grows);
+- on a GPU, bursts of 2..8 prompts joining a decoding row at each padded final-block size
+  (a shared prefill forward of each group size: on an H200 each new one builds kernels; a
+  batch that grows);
 - one image per configured size (the tower's shapes depend on the image grid).
 What cannot be warmed: image sizes not listed (each new grid compiles once).
 """
@@ -73,10 +74,18 @@ class Warmup:
     """Runs warm-up requests through `engine` (started) with `prompts`. Blocking; call it off
     the event loop. Raises RuntimeError if a warm-up request fails."""
 
-    def __init__(self, engine: Engine, prompts: PromptBuilder, timeout_s: float = 900.0) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        prompts: PromptBuilder,
+        timeout_s: float = 900.0,
+        bursts: bool | None = None,
+    ) -> None:
         self.engine = engine
         self.prompts = prompts
         self.timeout_s = timeout_s
+        # Group sizes build kernels on a GPU only; on a CPU the bursts cost seconds for nothing.
+        self.bursts = bool(getattr(engine, "on_gpu", False)) if bursts is None else bursts
         self._n = 0
 
     def run(self, image_sizes: Sequence[int]) -> float:
@@ -92,19 +101,12 @@ class Warmup:
             ]
         )
         self._wait([self._submit(["warm-up json"], 4, options=_JSON)])
-        # Bursts joining a decoding row, one per padded final-block size (32 to 256 rows with
-        # exact reuse): shared prefill forwards of up to 8 rows, joining a batch that grows
-        # (the rounds above only shrink it). Without these an H200's first wave of 16 took
-        # 1.29x the second.
-        burst = min(rows, 8)
-        for words in _BURST:
-            runner = self._submit([f"warm-up runner {words}"], 12)
-            self._wait(
-                [runner]
-                + [self._submit([f"warm-up burst {i} " + "word " * words], 3) for i in range(burst)]
-            )
         self._wait([self._submit(["warm-up 0 ", "and a follow-up"], 2)])  # a prefix hit
         log.info("warm-up: decode at batch sizes 1..%d in %.1f s", rows, time.perf_counter() - t)
+        if self.bursts:
+            t, largest = time.perf_counter(), min(rows, 8)
+            self._bursts(largest)
+            log.info("warm-up: bursts of 2..%d prompts in %.1f s", largest, time.perf_counter() - t)
         t = time.perf_counter()
         chunk = self.engine.config.prefill_chunk_tokens
         self._wait([self._submit(["long " * chunk], 2)])
@@ -118,6 +120,23 @@ class Warmup:
             log.info("warm-up: a %dx%d image in %.1f s", size, size, time.perf_counter() - t)
         self.engine.reset_caches()  # nothing synthetic is ever served, and stats start at 0
         return time.perf_counter() - started
+
+    def _bursts(self, largest: int) -> None:
+        """Bursts of 2..`largest` prompts joining a decoding row, at each padded final-block
+        size (32 to 256 rows with exact reuse): one shared prefill forward of each group size,
+        the joiners merged into a batch that grows (the text rounds only shrink it). On an
+        H200 the first group forward of a new size took 1.7-3.5x a later one ([3, 256]: 101
+        vs 29 ms) and a wave of 16 took 1.59x the next; a size warmed here did not."""
+        for words in _BURST:
+            for size in range(2, largest + 1):
+                runner = self._submit([f"warm-up runner {words} {size}"], 6)
+                self._wait(
+                    [runner]
+                    + [
+                        self._submit([f"warm-up burst {size} {i} " + "word " * words], 2)
+                        for i in range(size)
+                    ]
+                )
 
     def _submit(
         self,

@@ -108,6 +108,7 @@ class Engine(Stages):
         self._jobs: dict[str, Job] = {}
         self._step_hook: Callable[[], None] | None = None  # tests inject faults here
         self._grammars: Grammars | None = None  # structured output; built with the model
+        self.on_gpu = False  # the model computes on a GPU (set once loaded; any thread reads)
         self._trace = StepTrace(config.step_trace) if config.step_trace is not None else None
         self._decoded = 0  # tokens emitted by this step's decode (for the trace)
 
@@ -197,8 +198,8 @@ class Engine(Stages):
             if self.config.mlx_cache_limit_mb is not None:
                 mx.set_cache_limit(int(self.config.mlx_cache_limit_mb * 1024 * 1024))
             self.model = self._loader()
-            on_gpu = mx.default_device().type == mx.DeviceType.gpu
-            block = self.config.cache.exact_block_tokens(on_gpu)  # 0: exact reuse off
+            self.on_gpu = mx.default_device().type == mx.DeviceType.gpu
+            block = self.config.cache.exact_block_tokens(self.on_gpu)  # 0: exact reuse off
             self._cache_ops = CacheOps(self.model, self.vision_cache, self.prefix_cache, block)
             # The disk tier stays off through the warm-up (activated by its reset_caches).
             self._cache_ops.open_disk(self.config.cache, active=not self.config.warmup)

@@ -11,7 +11,7 @@ process and talks to it over two pipes.
 Wire protocol (pickled tuples over `multiprocessing` connections):
     HTTP -> engine   ("submit", EngineRequest) | ("cancel", request_id) | ("stop",)
                      | ("call", call_id, method, args)
-    engine -> HTTP   ("ready",) | ("load_failed", message) | ("events", [(id, Event), ...])
+    engine -> HTTP   ("ready", on_gpu) | ("load_failed", message) | ("events", [(id, Event), ...])
                      | ("reply", call_id, ok, value) | ("stopped",)
 Events are shipped once per engine step, as one message, by the engine thread.
 
@@ -58,6 +58,7 @@ class RemoteEngine:
 
     def __init__(self, config: EngineConfig, log_level: str = "info") -> None:
         self.config = config
+        self.on_gpu = False  # the engine computes on a GPU (known once started)
         self._log_level = log_level
         self.model: Any = None  # prompt side only (tokenizer, processor): weights unread
         self._sinks: dict[str, Sink] = {}
@@ -96,6 +97,7 @@ class RemoteEngine:
             first = self._events.recv()
             if first[0] != "ready":
                 raise RuntimeError(f"model failed to load: {first[1]}")
+            self.on_gpu = bool(first[1])
         except BaseException:
             self._kill()
             raise

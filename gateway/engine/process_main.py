@@ -63,7 +63,7 @@ def engine_process_main(
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         outbox.send(("load_failed", str(exc)))
         return
-    outbox.send(("ready",))
+    outbox.send(("ready", engine.on_gpu))
     pixels = _PixelPreparer(engine, outbox.flush)
     images = ImageStore(keep_images=True)
     while True:

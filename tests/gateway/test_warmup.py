@@ -26,7 +26,7 @@ def test_warmup_covers_each_decode_path_and_leaves_caches_empty() -> None:
 
     h.engine.submit = spy  # type: ignore[method-assign]
     try:
-        Warmup(h.engine, h.prompts, timeout_s=300).run([56])
+        Warmup(h.engine, h.prompts, timeout_s=300, bursts=True).run([56])
         deadline = time.monotonic() + 30  # the reset is applied in the engine's inbox order
         while (stats := h.engine.cache_stats())["prefix"][
             "entries"
