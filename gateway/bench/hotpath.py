@@ -38,6 +38,7 @@ class HotpathSettings:
     turns: int = 5  # conversation turns (2..turns are warm)
     answer_tokens: int = 8  # per conversation turn
     decode_tokens: int = 128  # per decode stream
+    decode_reps: int = 3  # decode waves per stream count (the median wave is reported)
     streams: tuple[int, ...] = (1, 16, 32)  # decode concurrency (raw: the same batch sizes)
     sampled_streams: int = 16  # decode at temperature 0.7 (must be one of `streams`)
     wave: int = 16  # first-vs-second concurrent wave
@@ -56,6 +57,7 @@ QUICK = HotpathSettings(
     turns=2,
     answer_tokens=4,
     decode_tokens=16,
+    decode_reps=1,
     streams=(1, 4),
     sampled_streams=4,
     wave=4,
@@ -101,6 +103,7 @@ def run_raw(root: Path, settings: HotpathSettings, log: Log, quick: bool) -> dic
     cmd = [sys.executable, "-m", "gateway.bench.raw", "--model", str(root)]
     cmd += ["--batch", *map(str, settings.streams), "--prefix-tokens", str(prefix)]
     cmd += ["--decode-tokens", str(settings.decode_tokens), "--reps", str(2 if quick else 5)]
+    cmd += ["--decode-reps", str(settings.decode_reps)]
     log(f"raw ceiling: {' '.join(cmd[1:])}")
     try:  # stderr (progress) goes straight to our terminal
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=300)

@@ -296,9 +296,16 @@ class Scenarios:
     async def _decode_run(self, n: int, temperature: float, plain: bool) -> None:
         tokens = self.s.decode_tokens
         await self.decode_wave(n, min(16, tokens), temperature)  # warm-up: these shapes
-        streams = await self.decode_wave(n, tokens, temperature, plain=plain)
+        # The median wave of a few (by aggregate tok/s), as raw's figure (raw_measure.measure).
+        waves = [
+            await self.decode_wave(n, tokens, temperature, plain=plain)
+            for _ in range(self.s.decode_reps)
+        ]
+        waves.sort(key=lambda w: aggregate_tok_s(w) or 0.0)
+        streams = waves[len(waves) // 2]
         raw_agg = self.raw.get(f"decode_tok_s_b{n}")
-        note = first_error(streams) or self._early(streams, tokens)
+        note = next((first_error(w) for w in waves if first_error(w)), None)
+        note = note or self._early(streams, tokens)
         tag = f"_t{temperature:g}" if temperature else ("_plain" if plain else "")
         label = f"decode, {n} stream{'s' if n > 1 else ''}"
         label += f", temperature {temperature:g}" if temperature else ""

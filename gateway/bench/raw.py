@@ -150,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--prefix-tokens", type=int, default=1400, help="warm-TTFT prefix (P)")
     p.add_argument("--text-tokens", type=int, default=30, help="text first-token prompt")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions (median)")
+    p.add_argument("--decode-reps", type=int, default=3, help="timed decode waves (median)")
     args = p.parse_args(argv)
     settings = RawSettings(
         batches=tuple(args.batch),
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
         prefix_tokens=args.prefix_tokens,
         text_tokens=args.text_tokens,
         reps=args.reps,
+        decode_reps=args.decode_reps,
     )
 
     def log(line: str) -> None:

@@ -27,6 +27,7 @@ class RawSettings:
     decode_tokens: int = 128  # timed tokens per row (after `skip_tokens`)
     skip_tokens: int = 10  # per row, left out of the timing (ramp-up)
     prompt_tokens: int = 128  # decode prompts
+    decode_reps: int = 3  # timed decode waves per batch size (the median is reported)
     prefix_tokens: int = 1400  # P: warm-TTFT prefix already in the cache; prefill length
     suffix_tokens: int = 20  # warm-TTFT new tokens
     text_tokens: int = 30  # text first token: prompt from an empty cache
@@ -135,8 +136,15 @@ def measure(model: Any, settings: RawSettings, log: Log) -> dict[str, Any]:
     log(f"raw: prefill of {settings.prefix_tokens} tokens: {out['prefill_ms']:.1f} ms")
     for batch in settings.batches:
         decode(model, batch, settings, vocab)  # warm-up: this batch's shapes
-        tok_s, step_ms = decode(model, batch, settings, vocab)
+        # A lent GPU VM moves 14-40% within minutes: the median of a few waves, and the spread.
+        waves = sorted(decode(model, batch, settings, vocab) for _ in range(settings.decode_reps))
+        tok_s, step_ms = waves[len(waves) // 2]
         out[f"decode_tok_s_b{batch}"] = tok_s
         out[f"decode_step_ms_b{batch}"] = step_ms
-        log(f"raw: decode batch {batch:3d}: {tok_s:9.1f} tok/s aggregate, {step_ms:.2f} ms/step")
+        out[f"decode_tok_s_b{batch}_waves"] = [w[0] for w in waves]
+        spread = f"waves {waves[0][0]:.0f}..{waves[-1][0]:.0f}"
+        log(
+            f"raw: decode batch {batch:3d}: {tok_s:9.1f} tok/s aggregate, {step_ms:.2f} ms/step "
+            f"(median; {spread})"
+        )
     return out

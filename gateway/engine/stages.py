@@ -22,6 +22,7 @@ from gateway.engine.job import Job, Stage
 from gateway.engine.prefill import FirstToken, Prefiller
 from gateway.engine.request import AdmittedEvent, ErrorKind
 from gateway.engine.sampling import make_sampler
+from gateway.engine.step_trace import StepTrace
 
 log = logging.getLogger("gateway.engine.core")
 
@@ -49,6 +50,7 @@ class Stages(JobEndings):
     _prefiller: Prefiller
     _grammars: Grammars | None
     _decoded: int
+    _trace: StepTrace | None
 
     def _admit(self) -> None:
         while self._waiting and self._active < self.config.max_batch:
@@ -85,6 +87,8 @@ class Stages(JobEndings):
         masker = self._grammars.masker if self._grammars is not None else None
         job.sampler = make_sampler(job.request.sampling, grammar, masker)
         self._cache_ops.admit(job)
+        if self._trace is not None:
+            self._trace.note("admitted", job.request_id)
         job.sink(
             AdmittedEvent(
                 job.prompt_len,
@@ -215,6 +219,8 @@ class Stages(JobEndings):
     def _first_token(self, job: Job, first: FirstToken) -> None:
         """Emit the token sampled at the end of the prefill; finish, or join the batch."""
         self.metrics.generation_tokens.inc()
+        if self._trace is not None:
+            self._trace.note("first", job.request_id)
         self._emit(job, first.token, first.logprobs)
         if job.stage is Stage.DONE:  # failed while emitting
             return

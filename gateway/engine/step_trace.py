@@ -7,7 +7,9 @@
      "rows": 16,            # rows decoding after the step
      "joined": 3,           # rows that joined the batch in this step
      "prefilling": 2, "encoding": 0, "waiting": 5,  # jobs in each queue after the step
-     "tokens": 16}          # tokens emitted by the decode step
+     "tokens": 16,          # tokens emitted by the decode step
+     "admitted": ["id", ...], "first": ["id", ...]}  # requests admitted / given their first
+                            # token in this step (present when not empty)
 
 MLX evaluates lazily, so a stage's time is the time spent in it on the engine thread: GPU
 work it queued may be waited for in a later stage (the decode step computes one ahead).
@@ -38,6 +40,7 @@ class StepTrace:
         self._pending: list[str] = []
         self._record: dict[str, float | int] = {}
         self._mark = 0.0
+        self._notes: dict[str, list[str]] = {}
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("")  # one trace per process run
         log.info("tracing engine steps to %s", path)
@@ -53,8 +56,13 @@ class StepTrace:
         self._record[name] = round(float(self._record[name]) + 1000 * (now - self._mark), 3)
         self._mark = now
 
+    def note(self, kind: str, request_id: str) -> None:
+        """Record that `request_id` reached `kind` ("admitted", "first") in this step."""
+        self._notes.setdefault(kind, []).append(request_id)
+
     def end(self, **counts: int) -> None:
-        self._pending.append(json.dumps({**self._record, **counts}))
+        self._pending.append(json.dumps({**self._record, **counts, **self._notes}))
+        self._notes = {}
         if len(self._pending) >= self.flush_every:
             self.flush()
 

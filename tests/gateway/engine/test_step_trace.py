@@ -2,7 +2,8 @@
 
 Pinned here: one JSON line per engine step, with every stage's time, and counts that add up
 to what was served (tokens emitted by decode steps + first tokens == completion tokens; rows
-joined == requests that decoded past their first token); a write failure never fails serving.
+joined == requests that decoded past their first token; each request admitted and given its
+first token once); a write failure never fails serving.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ def test_trace_counts_add_up_to_what_was_served(tmp_path: Path) -> None:
     assert sum(r["tokens"] for r in records) == completion - len(done)
     assert sum(r["joined"] for r in records) == len(done)
     assert records[-1]["rows"] == 0
+    ids = {f"req-{i + 1}" for i in range(3)}
+    assert {i for r in records for i in r.get("admitted", [])} == ids
+    assert sorted(i for r in records for i in r.get("first", [])) == sorted(ids)
 
 
 def test_an_unwritable_trace_never_fails_serving(tmp_path: Path) -> None:
