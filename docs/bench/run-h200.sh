@@ -59,11 +59,15 @@ for step in $STEPS; do
     soak_start)  # the engine process under load for SOAK_S s, detached: collect with soak_collect
       mkdir -p /tmp/soak
       setsid nohup python3 -m gateway bench load --model /tmp/m7b --clients 32 \
-        --seconds "${SOAK_S:-630}" --out /tmp/soak/load.json >/tmp/soak/load.log 2>&1 < /dev/null &
+        --seconds "${SOAK_S:-630}" ${SOAK_ARGS:-} --out /tmp/soak/load.json --plot /tmp/soak/load.png \
+        >/tmp/soak/load.log 2>&1 < /dev/null &
       sleep 2; echo "soak started" ;;
     soak_collect)
       while pgrep -f "bench load" >/dev/null; do sleep 5; done
       cp /tmp/soak/* "$OUT/"; tail -15 "$OUT/load.log" ;;
+    block_cost)  # one prefill forward by path (cold prefill: blocks vs one forward)
+      timeout 200 python3 -m gateway.bench.block_cost --model /tmp/m7b --reps 4 \
+        >"$OUT/block-cost.json" 2>"$OUT/block-cost.log"; cat "$OUT/block-cost.json" ;;
     engine)
       timeout "${ENGINE_S:-150}" python3 -m gateway bench engine --raw --model /tmp/m7b --image-size 1024 \
         --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" ;;
