@@ -300,12 +300,14 @@ class VisionLanguageModel:
     ) -> mx.array:
         """Feed plan tokens [lo, hi) into `cache`, padded to `rows` query rows
         (`prompt_forward.forward`); the hidden states, lazily."""
-        return forward(self.model.language_model.model, plan, cache, lo, hi, rows)
+        lm, fast = self.model.language_model.model, self.text_core.fast_rope
+        return forward(lm, plan, cache, lo, hi, rows, fast_text=fast)
 
     def prefill_group(self, parts: Sequence[GroupPart], rows: int) -> mx.array:
         """Several requests' ranges at the same positions in one forward
         (`prompt_forward.forward_group`); the hidden states (len(parts), rows, hidden)."""
-        return forward_group(self.model.language_model.model, parts, rows)
+        lm, fast = self.model.language_model.model, self.text_core.fast_rope
+        return forward_group(lm, parts, rows, fast_text=fast)
 
     # ----- helpers ----------------------------------------------------------------------------
 
