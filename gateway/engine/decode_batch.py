@@ -33,6 +33,7 @@ from mlx_lm.models.cache import TokenBuffer
 from gateway.config import EngineConfig
 from gateway.engine.grammar import GrammarRow
 from gateway.engine.job import Job, Stage
+from gateway.engine.logprob_values import LogprobValues
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.sampling import GREEDY, BatchSampler, RowSampler, RowSampling
 
@@ -71,7 +72,11 @@ class DecodeBatch:
         self.inserted = 0  # rows handed over so far (a counter, for the step trace)
         # mlx-lm's batch of decoding rows lives as long as the generator (semi-private).
         self._sampler = BatchSampler(
-            self.generator._generation_batch, self._row_sampling, self._row_grammar, masker
+            self.generator._generation_batch,
+            self._row_sampling,
+            self._row_grammar,
+            masker,
+            self._row_logprobs,
         )
 
     @property
@@ -156,12 +161,17 @@ class DecodeBatch:
         prompt = list(job.request.prompt_ids)
         self.insert(job, prompt[job.fed :], job.request.sampling.max_tokens, prompt[: job.fed])
 
-    def step(self) -> list[tuple[Job, Any]]:
-        """One decode step: (job, mlx-lm response) per row that produced a token."""
+    def step(self) -> list[tuple[Job, Any, LogprobValues | None]]:
+        """One decode step: (job, mlx-lm response, its log-probability values when the job
+        asked for them and the batch's sampler computed them) per row that produced a token.
+        Values are None where the sampler did not draw the token (the caller reads them from
+        `response.logprobs` then)."""
         self._add_joiners()
         # Rows that joined hold their own sampler: one batched draw from now on. (Rows the
         # generator prefilled itself join inside `next`, and are bound at the next step.)
         self._sampler.bind_all_rows()
+        # This call reports the tokens the previous call sampled: their values were queued then.
+        stash = self._sampler.stash
         _, responses = self.generator.next()
         out = []
         for response in responses:
@@ -171,7 +181,11 @@ class DecodeBatch:
             if response.uid in self._echo:  # its first token, emitted at the prefill (never
                 self._echo.discard(response.uid)  # a finishing one: `join`)
                 continue
-            out.append((job, response))
+            sampling = job.request.sampling
+            values = None
+            if sampling.logprobs and stash is not None:
+                values = stash.get(response.uid, response.token, sampling.top_logprobs)
+            out.append((job, response, values))
         return out
 
     def remove(self, jobs: list[Job]) -> dict[int, tuple[Any, Any]]:
@@ -211,6 +225,13 @@ class DecodeBatch:
         """A row's draw state (None: greedy), for the batch's one sampler."""
         sampler = self._job_sampler(uid)
         return sampler.row if sampler is not None else None
+
+    def _row_logprobs(self, uid: int) -> int | None:
+        """How many alternatives a row's request wants, None without logprobs."""
+        job = self.rows.get(uid)
+        if job is None or not job.request.sampling.logprobs:
+            return None
+        return job.request.sampling.top_logprobs
 
     def _row_grammar(self, uid: int) -> GrammarRow | None:
         """A row's grammar state (None: free text), for the batch's one sampler."""

@@ -20,6 +20,7 @@ from gateway.engine.cache_ops import CacheOps
 from gateway.engine.decode_batch import DecodeBatch
 from gateway.engine.encode_group import EncodeGroup
 from gateway.engine.job import Job, Stage
+from gateway.engine.logprob_values import LogprobValues, row_values
 from gateway.engine.positions import rope_delta_at
 from gateway.engine.request import ErrorEvent, ErrorKind, FinishEvent, TokenEvent, Usage
 from gateway.metrics import Metrics
@@ -45,7 +46,12 @@ class JobEndings:
     _new_batch: Callable[[], DecodeBatch]
     _ship: Callable[[], None]
 
-    def _emit(self, job: Job, token: int, logprobs: mx.array) -> None:
+    def _emit(
+        self, job: Job, token: int, logprobs: mx.array, values: LogprobValues | None = None
+    ) -> None:
+        """Send `token` to the job's client. `values`: its log-probabilities computed with the
+        step (gateway.engine.logprob_values); else read from `logprobs`, the (vocab,) row,
+        when the request asked for them."""
         grammar = getattr(job.sampler, "grammar", None)
         if grammar is not None:
             grammar.accept(job.output.completion_tokens, token)
@@ -58,8 +64,11 @@ class JobEndings:
             self.metrics.ttft.observe(job.elapsed())
         text = job.output.push(token)
         lps = ()
-        if job.request.sampling.logprobs:
-            lps = (job.output.logprob(token, logprobs),)
+        sampling = job.request.sampling
+        if sampling.logprobs:
+            if values is None:
+                values = row_values(logprobs, token, sampling.top_logprobs)
+            lps = (job.output.logprob(token, values),)
         job.sink(TokenEvent(text, (token,), lps))
 
     def _finish(self, job: Job, reason: str, kv: object, all_tokens: object) -> None:

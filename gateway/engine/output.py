@@ -6,11 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import mlx.core as mx
-
 from gateway.engine.detokenizer import Detokenizer
+from gateway.engine.logprob_values import LogprobValues
 from gateway.engine.request import SamplingParams, TokenLogprob
-from gateway.engine.sampling import top_logprobs
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -105,12 +103,12 @@ class OutputState:
                     break
         return best
 
-    def logprob(self, token: int, row_logprobs: mx.array) -> TokenLogprob:
-        """The sampled token's logprob and the requested top alternatives."""
-        chosen = float(row_logprobs[token].astype(mx.float32).item())
+    def logprob(self, token: int, values: LogprobValues) -> TokenLogprob:
+        """The sampled token's logprob and the requested top alternatives, with their text
+        (`values` from gateway.engine.logprob_values, for this token)."""
         text = self._token_text(token)
         top = tuple(
             (t := self._token_text(tid), tid, lp, tuple(t.encode("utf-8")))
-            for tid, lp in top_logprobs(row_logprobs, self._params.top_logprobs)
+            for tid, lp in values.top[: self._params.top_logprobs]
         )
-        return TokenLogprob(text, token, chosen, tuple(text.encode("utf-8")), top)
+        return TokenLogprob(text, token, values.chosen, tuple(text.encode("utf-8")), top)

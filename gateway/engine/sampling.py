@@ -34,6 +34,7 @@ import numpy as np
 from mlx_lm.sample_utils import greedy_sampler
 
 from gateway.engine.grammar import GrammarRow, Masker
+from gateway.engine.logprob_values import StepLogprobs
 from gateway.engine.request import SamplingParams
 
 GREEDY = greedy_sampler
@@ -186,11 +187,16 @@ class BatchSampler:
         lookup: Callable[[int], RowSampling | None],
         grammar: Callable[[int], GrammarRow | None] | None = None,
         masker: Masker | None = None,
+        wants_logprobs: Callable[[int], int | None] | None = None,
     ) -> None:
         self._batch = batch
         self._lookup = lookup
         self._grammar = grammar
         self._masker = masker
+        # uid -> None (no logprobs) or how many alternatives the row's request wants.
+        self._wants_logprobs = wants_logprobs
+        # The log-probabilities of the tokens sampled by the last call (read a step later).
+        self.stash: StepLogprobs | None = None
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         uids = self._batch.uids  # type: ignore[attr-defined]
@@ -199,10 +205,24 @@ class BatchSampler:
         rows = [self._lookup(uid) for uid in uids]
         grammars = [self._grammar(uid) for uid in uids] if self._grammar is not None else []
         if not any(g is not None for g in grammars) or self._masker is None:
-            return sample_rows(logprobs, rows)
-        mask = self._constrain(logprobs, grammars)
-        masker = self._masker
-        return sample_rows(logprobs, rows, lambda lp: masker.apply(lp, mask))
+            sampled = sample_rows(logprobs, rows)
+        else:
+            mask = self._constrain(logprobs, grammars)
+            masker = self._masker
+            sampled = sample_rows(logprobs, rows, lambda lp: masker.apply(lp, mask))
+        self.stash = self._logprobs(uids, logprobs, sampled)
+        return sampled
+
+    def _logprobs(
+        self, uids: list[int], logprobs: mx.array, sampled: mx.array
+    ) -> StepLogprobs | None:
+        """The rows' log-probability values, queued with this step, when any row asked."""
+        if self._wants_logprobs is None:
+            return None
+        wants = [self._wants_logprobs(uid) for uid in uids]
+        if all(w is None for w in wants):
+            return None
+        return StepLogprobs(uids, logprobs, sampled, with_top=any(w for w in wants))
 
     def _constrain(self, logprobs: mx.array, grammars: list[GrammarRow | None]) -> np.ndarray:
         """Read the tokens this step feeds into the matchers, then compute the next masks,
@@ -220,15 +240,3 @@ class BatchSampler:
         samplers = self._batch.samplers  # type: ignore[attr-defined]
         if len(samplers) != len(self._batch.uids) or any(s is not self for s in samplers):  # type: ignore[attr-defined]
             self._batch.samplers = [self] * len(self._batch.uids)  # type: ignore[attr-defined]
-
-
-def top_logprobs(logprobs: mx.array, k: int) -> list[tuple[int, float]]:
-    """The k most likely (token id, logprob) pairs of one row's (vocab,) log-probabilities."""
-    if k <= 0:
-        return []
-    k = min(k, logprobs.shape[-1])
-    idx = mx.argpartition(-logprobs, kth=k - 1)[:k]
-    vals = logprobs[idx]
-    order = mx.argsort(-vals)
-    idx, vals = idx[order], vals[order]
-    return list(zip(idx.tolist(), vals.astype(mx.float32).tolist()))

@@ -247,8 +247,8 @@ class Stages(JobEndings):
             self.metrics.decode_steps.inc()
             self.metrics.generation_tokens.inc(len(responses))
         stopped: list[Job] = []
-        for job, r in responses:
-            self._emit(job, r.token, r.logprobs)
+        for job, r, values in responses:
+            self._emit(job, r.token, r.logprobs, values)
             if job.stage is Stage.DONE:  # failed while emitting
                 continue
             if r.finish_reason is not None:
