@@ -12,10 +12,12 @@ damaged, foreign or unfit file is removed, logged and counted (`corrupt`) and en
 an unexpected error is logged and the read ends with what it has. A prefetch is never an
 error for its request.
 
-Memory: buffers held by prefetches (read, not yet released) are bounded by `max_held_bytes`
-plus one file: the reader waits before reading another file while they are over it (unless
-none is held, so one large plan still makes progress). The engine releases a prefetch once
-admitted (its bytes are copied) or cancelled; a cancelled prefetch stops at its next file.
+Memory: buffers held by prefetches (read, not yet released) stay under `max_held_bytes` plus
+one file. Before reading a file the reader waits while the others' buffers fill the cap
+(they are done reading, so their requests can be admitted, which releases them: no cycle),
+and a plan whose own buffers reach the cap ends there (the rest of its hit is computed
+again). The engine releases a prefetch once admitted (its bytes are copied) or cancelled; a
+cancelled prefetch stops at its next file.
 
 Thread safety: `submit`, `close`, `stats` and every `Prefetch` method may be called from any
 thread.
@@ -169,9 +171,13 @@ class DiskReader:
         """(metadata, tensors) of a verified file, its bytes counted as held by `prefetch`;
         None for a miss, or when the prefetch was released or the reader closed."""
         with self._cond:
-            while self._held >= self.max_held_bytes and not (prefetch.released or self._closed):
+            while (
+                self._held >= self.max_held_bytes
+                and self._held > prefetch.held_bytes  # others hold some: wait for them
+                and not (prefetch.released or self._closed)
+            ):
                 self._cond.wait()
-            if prefetch.released or self._closed:
+            if prefetch.released or self._closed or prefetch.held_bytes >= self.max_held_bytes:
                 return None
         started = time.perf_counter()
         entry: DiskEntry | None = self.store.get(kind, key)
