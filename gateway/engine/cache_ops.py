@@ -126,7 +126,11 @@ class CacheOps:
         return self.disk.reader.submit(plan) if plan else None
 
     def _read_plan(self, job: Job) -> ReadPlan:
-        request = job.request
+        """What memory lacks and the disk may hold. Files that are not there are left out
+        (a stat each), so a request that will not hit the disk (a new prompt) does not wait
+        for the reader at all."""
+        request, disk = job.request, self.disk
+        assert disk is not None
         layouts = [i.layout for i in request.images]
         spans = self.spans(job)
         blocks: tuple = ()
@@ -134,15 +138,18 @@ class CacheOps:
             blocks = block_wants(
                 self.prefix, request.prompt_ids, spans, lambda cut: delta_before(layouts, cut)
             )
-        images = []
-        if self._disk_for(self.vision):
-            for image in request.images:
-                key = self.vision_key(image.content_hash)
-                if key not in self.vision:
-                    num, end = image.layout.num_tokens, image.layout.end
-                    dtype = self.model.embed_dtype
-                    images.append(self.disk.image_want(key, end, num, image.grid_thw, dtype))  # type: ignore[union-attr]
+            if blocks and not disk.store.probe("prefix", blocks[0].key):
+                blocks = ()
         covered = self.prefix.peek(request.prompt_ids, spans, self._align)
+        images = []
+        for image in request.images if self._disk_for(self.vision) else ():
+            key = self.vision_key(image.content_hash)
+            # (covered by the memory hit, or in the vision cache: memory serves it)
+            if image.layout.end > covered and key not in self.vision:
+                num, end = image.layout.num_tokens, image.layout.end
+                want = disk.image_want(key, end, num, image.grid_thw, self.model.embed_dtype)
+                if disk.store.probe("vision", want.key):
+                    images.append(want)
         return ReadPlan(blocks, self.prefix.block_tokens, self._layers, covered, tuple(images))
 
     def admit(self, job: Job) -> None:

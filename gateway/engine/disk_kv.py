@@ -117,7 +117,7 @@ def extend_hit(
     if not ready:
         return hit, 0
     started = time.perf_counter()
-    loaded = [_to_block(read) for read in ready]
+    loaded = [to_block(read) for read in ready]
     mx.eval([b.value for b in loaded])
     block = prefix.block_tokens
     prefix.store(prompt, spans, lambda k: loaded[k - stored], (stored + len(loaded)) * block)
@@ -131,7 +131,7 @@ def extend_hit(
     return extended, extended.tokens - before
 
 
-def _to_block(read: ReadBlock) -> Block:
+def to_block(read: ReadBlock) -> Block:
     """A checked block's tensors copied into new MLX arrays (engine thread)."""
     value = BlockLayers((to_array(k, None), to_array(v, None)) for k, v in read.layers)
     value.disk_key = read.key

@@ -181,3 +181,19 @@ def test_memory_serves_what_it_got_while_a_read_waited(written, second) -> None:
     assert stats["read_held_bytes"] == 0
     blocks = max(a.disk_cached_tokens for a in admitted) // 8
     assert stats["read_files"] - base == 2 * blocks  # both plans read every block
+
+
+def test_only_requests_with_files_to_read_wait_for_the_reader(second, monkeypatch) -> None:  # noqa: ANN001
+    """Invariant: a read is planned only where memory misses and a file is there (a stat):
+    a memory hit and a new image are admitted without a round trip through the reader."""
+    reader = second.engine._cache_ops.disk.reader
+    plans = []
+    real = reader.submit
+    monkeypatch.setattr(reader, "submit", lambda plan: plans.append(plan) or real(plan))
+    second.run(_question(), [IMAGE])  # from disk
+    assert len(plans) == 1 and plans[0].blocks
+    second.run(_question(), [IMAGE])  # from memory
+    second.run(_question(), [noise_image(23, 84, 56)])  # new: no files
+    assert len(plans) == 1
+    misses = second.engine.cache_stats()["disk"]["vision"]["misses"]
+    assert misses == 1  # the new image's stat counted as a lookup
