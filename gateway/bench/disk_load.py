@@ -66,7 +66,7 @@ def _inline(store: DiskStore, wants: list[BlockWant]) -> float:
 
 def _split(reader: DiskReader, wants: list[BlockWant]) -> tuple[float, float, float]:
     """(engine part, reader part, longest stand-in step while the reader ran), seconds."""
-    step = mx.random.normal((256, 256))
+    step = mx.random.normal((64, 64))
     started = time.perf_counter()
     prefetch = reader.submit(ReadPlan(tuple(wants), BLOCK, LAYERS, 0, ()))
     longest, last = 0.0, time.perf_counter()
@@ -86,7 +86,7 @@ def _split(reader: DiskReader, wants: list[BlockWant]) -> tuple[float, float, fl
 
 
 def _step_alone(repeats: int = 200) -> float:
-    step = mx.random.normal((256, 256))
+    step = mx.random.normal((64, 64))
     times = []
     for _ in range(repeats):
         started = time.perf_counter()

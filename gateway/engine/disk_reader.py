@@ -99,12 +99,11 @@ class DiskReader:
     def submit(self, plan: ReadPlan) -> Prefetch:
         """Queue a plan's read; never blocks. After `close`, the prefetch is done and empty."""
         prefetch = Prefetch(self, plan)
-        with self._cond:
-            closed = self._closed
-        if closed:
-            prefetch.future.set_result(Prefetched())
-        else:
-            self._queue.put(prefetch)
+        with self._cond:  # (so every plan queued while open precedes close's sentinel)
+            if not self._closed:
+                self._queue.put(prefetch)
+                return prefetch
+        prefetch.future.set_result(Prefetched())
         return prefetch
 
     def close(self, timeout: float = 5.0) -> None:

@@ -124,8 +124,8 @@ class DiskTier:
 
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued (up to `timeout` s; the rest is lost, never half-written) and
-        stop the reader."""
-        self.reader.close()
+        stop the reader (not waited for long: it only reads)."""
+        self.reader.close(timeout=1.0)
         self.writer.close(timeout)
 
     # ----- vision features ----------------------------------------------------------------
