@@ -129,6 +129,14 @@ class DiskStore:
         """Whether a file is there now (advisory: it may be evicted or be damaged)."""
         return self.path(kind, key).is_file()
 
+    def probe(self, kind: str, key: str) -> bool:
+        """`contains` for a lookup: no file counts a miss (as `get` would), so a lookup
+        answered by a stat alone is counted like one that read."""
+        if self.contains(kind, key):
+            return True
+        self._count(kind, hit=False)
+        return False
+
     # ----- reading ------------------------------------------------------------------------
 
     def get(self, kind: str, key: str) -> DiskEntry | None:

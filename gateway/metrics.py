@@ -196,14 +196,19 @@ def _disk_families(p: str, disk: dict[str, Any]) -> Iterator[Any]:
             value = counts["hits"] + counts["misses"] if key is None else counts[key]
             metric.add_metric([cache], value)
         yield metric
-    seconds = CounterMetricFamily(
-        p + "disk_cache_load_seconds",
-        "Time reading and checking disk hits (engine thread)",
-        labels=["cache"],
+    for name, doc, key in (
+        ("disk_cache_load_seconds", "Engine thread's time on disk hits (into MLX)", "load_seconds"),
+        ("disk_cache_read_seconds", "Reader thread's time reading, checking files", "read_seconds"),
+    ):
+        seconds = CounterMetricFamily(p + name, doc, labels=["cache"])
+        for cache, counts in (("vision", vision), ("prefix", prefix)):
+            seconds.add_metric([cache], counts[key])
+        yield seconds
+    yield GaugeMetricFamily(
+        p + "disk_cache_read_held_bytes",
+        "Bytes read ahead for waiting requests, not yet used",
+        disk["read_held_bytes"],
     )
-    for cache, counts in (("vision", vision), ("prefix", prefix)):
-        seconds.add_metric([cache], counts["load_seconds"])
-    yield seconds
     yield CounterMetricFamily(
         p + "disk_cache_evictions", "Files this process removed for the budget", disk["evictions"]
     )

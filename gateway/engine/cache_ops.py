@@ -19,7 +19,15 @@ from caches.prefix import ImageSpan, PrefixCache, PrefixHit
 from caches.radix import Block
 from caches.vision import VisionCache, VisionEntry, VisionKey
 from gateway.config import CPU_KV_BLOCK_TOKENS, GPU_KV_BLOCK_TOKENS, CacheConfig
-from gateway.engine.disk_kv import BlockLayers, extend_hit, queue_blocks, touch_blocks
+from gateway.engine.disk_kv import (
+    BlockLayers,
+    block_wants,
+    extend_hit,
+    queue_blocks,
+    touch_blocks,
+)
+from gateway.engine.disk_plan import ReadPlan
+from gateway.engine.disk_reader import Prefetch, Prefetched
 from gateway.engine.disk_tier import DiskTier, open_disk_tier
 from gateway.engine.job import Job
 from gateway.engine.kv import RowKVCache
@@ -36,8 +44,10 @@ class CacheOps:
     The prefix cache stores blocks of `exact_block` tokens (with the rule off: the device's
     default block, hits then any whole-block prefix that does not end inside an image).
 
-    `disk` (optional) is the tier under both caches: looked up on a memory miss (a hit is
-    promoted to memory), written in the background when an entry is first computed."""
+    `disk` (optional) is the tier under both caches: read ahead for a request while it waits
+    (`prefetch`: what the memory caches lack when it arrives), used at admission where memory
+    still misses (a hit is promoted to memory), written in the background when an entry is
+    first computed."""
 
     def __init__(
         self,
@@ -56,6 +66,7 @@ class CacheOps:
         self.prefix = prefix
         self._align = max(exact_block, 1)
         self._dtype = str(model.embed_dtype).replace("mlx.core.", "")
+        self._layers = len(model.new_cache())
 
     @property
     def prefix(self) -> PrefixCache:
@@ -100,12 +111,65 @@ class CacheOps:
             self.model.fingerprint, self.model.processor_fingerprint, self._dtype, content_hash
         )
 
+    def prefetch(self, job: Job) -> Prefetch | None:
+        """Start reading from the disk tier what the request will need and the memory caches
+        lack now (None: nothing to read). Called when the request arrives; `admit` waits
+        until it is done. Never raises (a failure is logged: the request reads nothing)."""
+        request = job.request
+        if not request.use_caches or self.disk is None or not self.disk.active:
+            return None
+        try:
+            plan = self._read_plan(job)
+        except Exception:
+            log.exception("planning the disk cache read of %s failed", job.request_id)
+            return None
+        return self.disk.reader.submit(plan) if plan else None
+
+    def _read_plan(self, job: Job) -> ReadPlan:
+        """What memory lacks and the disk may hold. Files that are not there are left out
+        (a stat each), so a request that will not hit the disk (a new prompt) does not wait
+        for the reader at all."""
+        request, disk = job.request, self.disk
+        assert disk is not None
+        layouts = [i.layout for i in request.images]
+        spans = self.spans(job)
+        blocks: tuple = ()
+        if self._disk_for(self.prefix):
+            blocks = block_wants(
+                self.prefix, request.prompt_ids, spans, lambda cut: delta_before(layouts, cut)
+            )
+            if blocks and not disk.store.probe("prefix", blocks[0].key):
+                blocks = ()
+        covered = self.prefix.peek(request.prompt_ids, spans, self._align)
+        images = []
+        for image in request.images if self._disk_for(self.vision) else ():
+            key = self.vision_key(image.content_hash)
+            # (covered by the memory hit, or in the vision cache: memory serves it)
+            if image.layout.end > covered and key not in self.vision:
+                num, end = image.layout.num_tokens, image.layout.end
+                want = disk.image_want(key, end, num, image.grid_thw, self.model.embed_dtype)
+                if disk.store.probe("vision", want.key):
+                    images.append(want)
+        return ReadPlan(blocks, self.prefix.block_tokens, self._layers, covered, tuple(images))
+
     def admit(self, job: Job) -> None:
-        """Prefix lookup, then vision lookups for the images the prefix does not cover.
+        """Prefix lookup, then vision lookups for the images the prefix does not cover; where
+        memory misses, what the request's prefetch read from disk (then released).
 
         Sets job.cached_tokens, job.cache (the hit's blocks assembled into a private cache),
         job.encoded, job.to_encode (images to run through the tower) and job.split.
         """
+        found = Prefetched()
+        if job.prefetch is not None:
+            found = job.prefetch.result()  # done: the request was admitted once it was
+        try:
+            self._admit(job, found)
+        finally:
+            if job.prefetch is not None:
+                job.prefetch.release()
+                job.prefetch = None
+
+    def _admit(self, job: Job, found: Prefetched) -> None:
         request = job.request
         layouts = [i.layout for i in request.images]
         hit = None
@@ -114,7 +178,7 @@ class CacheOps:
                 hit = self.prefix.lookup(request.prompt_ids, self.spans(job), self._align)
             if request.use_caches and self._disk_for(self.prefix):
                 touch_blocks(self.disk, hit)  # type: ignore[arg-type]
-                hit = self._disk_extend(job, hit)
+                hit = self._disk_extend(job, hit, found)
         except Exception:
             log.exception("prefix cache lookup failed; treating as a miss")
         if hit is not None:
@@ -133,7 +197,7 @@ class CacheOps:
             if request.use_caches:
                 entry = self._vision_lookup(request.images[i].content_hash, layouts[i].num_tokens)
             if entry is None and request.use_caches:
-                entry = self._vision_from_disk(request.images[i])
+                entry = self._vision_from_disk(request.images[i], found)
                 job.vision_disk_hits += entry is not None
             if entry is not None:
                 job.encoded[i] = entry.features
@@ -153,20 +217,21 @@ class CacheOps:
             log.exception("vision cache lookup failed; treating as a miss")
             return None
 
-    def _vision_from_disk(self, image: Any) -> VisionEntry | None:
-        """The image's features from the disk tier, promoted to the memory cache, or None."""
+    def _vision_from_disk(self, image: Any, found: Prefetched) -> VisionEntry | None:
+        """The image's features as the prefetch read them, promoted to the memory cache, or
+        None (not read: not on disk, or the memory cache held them when the read was planned)."""
         if not self._disk_for(self.vision):
             return None
         key = self.vision_key(image.content_hash)
-        try:
-            entry = self.disk.load_vision(
-                key, image.layout.num_tokens, image.grid_thw, self.model.embed_dtype
-            )
-        except Exception:
-            log.exception("disk cache vision lookup failed; treating as a miss")
+        read = found.features.get(self.disk.vision_file_key(key))  # type: ignore[union-attr]
+        if read is None:
             return None
-        if entry is not None:
-            self.vision.store(key, entry)
+        try:
+            entry = self.disk.load_vision(read, self.model.embed_dtype)  # type: ignore[union-attr]
+        except Exception:
+            log.exception("disk cache vision load failed; treating as a miss")
+            return None
+        self.vision.store(key, entry)
         return entry
 
     def store_vision(self, key: VisionKey, entry: VisionEntry) -> None:
@@ -178,19 +243,17 @@ class CacheOps:
             except Exception:
                 log.exception("queueing vision features for the disk cache failed")
 
-    def _disk_extend(self, job: Job, hit: PrefixHit | None) -> PrefixHit | None:
-        """A memory lookup extended with whole blocks from the disk tier (see disk_kv)."""
+    def _disk_extend(self, job: Job, hit: PrefixHit | None, found: Prefetched) -> PrefixHit | None:
+        """A memory lookup extended with whole blocks the prefetch read (see disk_kv)."""
         request = job.request
-        layouts = [i.layout for i in request.images]
         extended, gained = extend_hit(
             self.disk,  # type: ignore[arg-type]
             self.prefix,
             request.prompt_ids,
             self.spans(job),
-            lambda cut: delta_before(layouts, cut),
             self._align,
-            len(self.model.new_cache()),
             hit,
+            found,
         )
         job.disk_cached_tokens = gained
         return extended

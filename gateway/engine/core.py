@@ -288,6 +288,7 @@ class Engine(Stages):
         if request.sampling.grammar is not None and self._grammars is not None:
             # Compiled on a worker thread while the request waits; admitted once it is ready.
             job.grammar = self._grammars.prepare(request.sampling.grammar)
+        job.prefetch = self._cache_ops.prefetch(job)  # disk reads: on the reader thread too
         self._jobs[request.request_id] = job
         self._waiting.append(job)
 

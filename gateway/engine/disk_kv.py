@@ -5,11 +5,12 @@ items from the prompt's start, so it names the whole prefix up to the block's en
 block's path in the tree does. Its metadata carries the block's index and size, the rope
 delta after it, the content hashes of the images starting in it and its key items (`token
 key`); a block read back must agree on all of them with the request that wants it, or it is
-removed and the read stops there.
+removed and the read stops there (gateway/engine/disk_plan.py checks, on the reader thread).
 
-A lookup reads only blocks past those the memory tree already holds, consecutively, and puts
-them into the tree (promotion), so the memory lookup that follows serves them. Engine thread
-only.
+A request's read covers only blocks past those the memory tree holds when it arrives,
+consecutively (`block_wants`); at admission the blocks read past those memory holds then are
+copied into MLX arrays and put into the tree (promotion), so the memory lookup that follows
+serves them (`extend_hit`). Engine thread only.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import mlx.core as mx
 from caches.disk_format import RawTensor
 from caches.prefix import ImageSpan, PrefixCache, PrefixHit, block_keys, key_items
 from caches.radix import Block
+from gateway.engine.disk_plan import BlockWant, ReadBlock
+from gateway.engine.disk_reader import Prefetched
 from gateway.engine.disk_tier import DiskTier, raw_tensor, to_array
 
 log = logging.getLogger(__name__)
@@ -75,87 +78,61 @@ def queue_blocks(
         log.exception("queueing KV blocks for the disk cache failed")
 
 
+def block_wants(
+    prefix: PrefixCache, prompt: Sequence[int], spans: Sequence[ImageSpan],
+    delta_at: Callable[[int], int],
+) -> tuple[BlockWant, ...]:  # fmt: skip
+    """The blocks a request could read from disk: those past the ones the memory tree holds
+    now, up to the last one a hit may use (it leaves at least one token to feed), each with
+    its file key, key items and rope delta after it (`delta_at(cut)`: the prompt's rope delta
+    after token `cut`). Cheap: key items are built in C, one hash per block."""
+    block = prefix.block_tokens
+    usable = (len(prompt) - 1) // block
+    stored = prefix.stored_blocks(prompt, spans)
+    if stored >= usable:
+        return ()
+    items = key_items(prompt, spans)
+    keys = block_keys(items, block, usable)
+    return tuple(
+        BlockWant(k, keys[k], tuple(items[k * block : (k + 1) * block]), delta_at((k + 1) * block))
+        for k in range(stored, usable)
+    )
+
+
 def extend_hit(
     disk: DiskTier,
     prefix: PrefixCache,
     prompt: Sequence[int],
     spans: Sequence[ImageSpan],
-    delta_at: Callable[[int], int],
     align: int,
-    layers: int,
     hit: PrefixHit | None,
+    found: Prefetched,
 ) -> tuple[PrefixHit | None, int]:
-    """`hit` (the memory lookup's, already counted) extended with the blocks the disk holds
-    past those in memory, and the prompt tokens gained (0: `hit` unchanged). `delta_at(cut)`
-    is the prompt's rope delta after token `cut`; `layers` the model's layer count."""
-    block = prefix.block_tokens
-    usable = (len(prompt) - 1) // block  # a hit leaves at least one token to feed
+    """`hit` (the memory lookup's, already counted) extended with the blocks the reader found
+    (`found`) past those in memory now, and the prompt tokens gained (0: `hit` unchanged).
+    Blocks memory gained since the read was planned are served from memory; a read that
+    starts past what memory holds now (evicted meanwhile) is not used."""
     stored = prefix.stored_blocks(prompt, spans)
-    if stored >= usable:
+    ready = found.blocks_from(stored)
+    if not ready:
         return hit, 0
-    items = key_items(prompt, spans)
-    keys = block_keys(items, block, usable)
-    loaded = _load(disk, keys, items, block, stored, delta_at, layers)
-    if not loaded:
-        return hit, 0
+    started = time.perf_counter()
+    loaded = [to_block(read) for read in ready]
+    mx.eval([b.value for b in loaded])
+    block = prefix.block_tokens
     prefix.store(prompt, spans, lambda k: loaded[k - stored], (stored + len(loaded)) * block)
     extended = prefix.find(prompt, spans, align)
+    disk.prefix_hits += 1
+    disk.prefix_tokens += len(loaded) * block
+    disk.load_seconds["prefix"] += time.perf_counter() - started
     before = hit.tokens if hit is not None else 0
     if extended is None or extended.tokens <= before:
         return hit, 0
     return extended, extended.tokens - before
 
 
-def _load(
-    disk: DiskTier, keys: Sequence[str], items: Sequence[int | str], block: int, first: int,
-    delta_at: Callable[[int], int], layers: int,
-) -> list[Block]:  # fmt: skip
-    """Blocks first, first+1, ... until the first missing or unusable one."""
-    started = time.perf_counter()
-    out: list[Block] = []
-    for k in range(first, len(keys)):
-        found = disk.store.get("prefix", keys[k])
-        if found is None:
-            break
-        try:
-            want = list(items[k * block : (k + 1) * block])
-            read = _block(found.metadata, found.tensors, k, want, block, delta_at, layers)
-            read.value.disk_key = keys[k]
-            out.append(read)
-        except (ValueError, KeyError, TypeError, RecursionError) as exc:  # metadata unchecksummed
-            disk.store.discard("prefix", keys[k], f"does not fit the request: {exc}")
-            break
-    if out:
-        mx.eval([b.value for b in out])
-        disk.prefix_hits += 1
-        disk.prefix_tokens += len(out) * block
-        disk.load_seconds["prefix"] += time.perf_counter() - started
-    return out
-
-
-def _block(
-    meta: dict[str, str], tensors: dict[str, RawTensor], k: int, want: list[int | str],
-    block: int, delta_at: Callable[[int], int], layers: int,
-) -> Block:  # fmt: skip
-    """Block k from its file, or ValueError/KeyError where it disagrees with the request.
-    (Its dtype is fixed by the namespace: the model and its embeddings' dtype.)"""
-    if int(meta["block_index"]) != k or int(meta["block_tokens"]) != block:
-        raise ValueError(f"block {meta['block_index']} of {meta['block_tokens']}, expected {k}")
-    if json.loads(meta["token_key"]) != want:
-        raise ValueError("token key differs from the prompt's")
-    delta = delta_at((k + 1) * block)
-    if int(meta["rope_delta"]) != delta:
-        raise ValueError(f"rope delta {meta['rope_delta']}, expected {delta}")
-    if set(tensors) != {f"{kv}.{i}" for kv in "kv" for i in range(layers)}:
-        raise ValueError(f"{len(tensors)} tensors for {layers} layers")
-    pairs, nbytes = [], 0
-    for i in range(layers):
-        kk, vv = tensors[f"k.{i}"], tensors[f"v.{i}"]
-        if len(kk.shape) != 4 or kk.shape[2] != block or vv.shape[2] != block:
-            raise ValueError(f"layer {i}: shapes {kk.shape} {vv.shape}")
-        pairs.append((to_array(kk, None), to_array(vv, None)))
-        nbytes += kk.nbytes + vv.nbytes
-    images = json.loads(meta["images"])
-    if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
-        raise ValueError(f"images {meta['images'][:100]!r}: not a list of content hashes")
-    return Block(BlockLayers(pairs), nbytes, delta, tuple(images))
+def to_block(read: ReadBlock) -> Block:
+    """A checked block's tensors copied into new MLX arrays (engine thread)."""
+    value = BlockLayers((to_array(k, None), to_array(v, None)) for k, v in read.layers)
+    value.disk_key = read.key
+    return Block(value, read.nbytes, read.rope_delta, read.images)

@@ -15,8 +15,11 @@ takes a `memoryview` of each (zero-copy: 0.35 us per array, measured on this CPU
 writer thread reads those views while the engine computes. Copying instead would cost the
 engine thread the bytes: 32 ms for one Qwen2.5-VL-7B-shaped 256-token block (56 bf16 arrays
 of (1, 4, 256, 128), 14 MiB) here. The view keeps its array alive until written. No MLX
-function is called off the engine thread. Loading (`load_*`) runs on the engine thread at
-admission: read, checksum, one copy into a new MLX array.
+function is called off the engine thread.
+
+Getting bytes onto it: the files a request will need are read, verified and checked against
+the request by the reader thread (gateway/engine/disk_reader.py) while the request waits; at
+admission the engine thread only copies the checked tensors into new MLX arrays (`load_*`).
 
 Engine thread only, except `has_vision` and `stats` (any thread).
 """
@@ -39,6 +42,8 @@ from caches.disk_format import RawTensor
 from caches.hashing import fingerprint
 from caches.vision import VisionEntry, VisionKey
 from gateway.config import CacheConfig
+from gateway.engine.disk_plan import ImageWant, ReadFeatures
+from gateway.engine.disk_reader import DiskReader
 from gateway.engine.disk_writer import DiskWriter
 from gateway.engine.vision import EncodedImage
 
@@ -95,8 +100,10 @@ class DiskTier:
     def __init__(self, store: DiskStore, active: bool = True) -> None:
         self.store = store
         self.writer = DiskWriter(store)
+        self.reader = DiskReader(store)
         self.active = active
-        # Counted by this module (vision) and gateway.engine.disk_kv (KV blocks).
+        # Counted by this module (vision) and gateway.engine.disk_kv (KV blocks); load
+        # seconds are the engine thread's (the reader counts its own).
         self.vision_hits = self.prefix_hits = self.prefix_tokens = 0
         self.load_seconds = {"vision": 0.0, "prefix": 0.0}
         self._touched: dict[str, float] = {}  # file key -> when last touched (monotonic s)
@@ -116,7 +123,9 @@ class DiskTier:
         self.active = True
 
     def close(self, timeout: float = 30.0) -> None:
-        """Write what is queued (up to `timeout` s; the rest is lost, never half-written)."""
+        """Write what is queued (up to `timeout` s; the rest is lost, never half-written) and
+        stop the reader (not waited for long: it only reads)."""
+        self.reader.close(timeout=1.0)
         self.writer.close(timeout)
 
     # ----- vision features ----------------------------------------------------------------
@@ -147,55 +156,40 @@ class DiskTier:
         }
         self.writer.submit("vision", self.vision_file_key(key), tensors, meta)
 
-    def load_vision(
-        self, key: VisionKey, num_tokens: int, grid_thw: Sequence[int], dtype: mx.Dtype
-    ) -> VisionEntry | None:
-        """The image's features from disk, checked against what the prompt expects, or None."""
-        if not self.active:
-            return None
+    def image_want(
+        self, key: VisionKey, end: int, num_tokens: int, grid_thw: Sequence[int], dtype: mx.Dtype
+    ) -> ImageWant:
+        """What the reader must find in the image's file (`end`: where its tokens end)."""
+        name = _TO_FILE.get(dtype, str(dtype))
+        grid = tuple(grid_thw)
+        return ImageWant(self.vision_file_key(key), end, key.pixel_hash, num_tokens, grid, name)
+
+    def load_vision(self, read: ReadFeatures, dtype: mx.Dtype) -> VisionEntry:
+        """The image's features from their checked file (read by the reader thread): one copy
+        into new MLX arrays, the engine thread's whole part of a disk hit."""
         started = time.perf_counter()
-        file_key = self.vision_file_key(key)
-        found = self.store.get("vision", file_key)
-        if found is None:
-            return None
-        try:
-            meta, tensors = found.metadata, found.tensors
-            expect = {
-                "pixel_hash": key.pixel_hash,
-                "num_tokens": str(num_tokens),
-                "grid_thw": json.dumps(list(grid_thw)),
-            }
-            for name, want in expect.items():
-                if meta.get(name) != want:
-                    raise ValueError(f"{name} is {meta.get(name)!r}, expected {want!r}")
-            layers = int(meta["deepstack"])
-            if set(tensors) != {"features", *(f"deepstack.{i}" for i in range(layers))}:
-                raise ValueError(f"unexpected tensors {sorted(tensors)}")
-            features = to_array(tensors["features"], dtype, rows=num_tokens)
-            stack = tuple(
-                to_array(tensors[f"deepstack.{i}"], dtype, rows=num_tokens) for i in range(layers)
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            self.store.discard("vision", file_key, f"does not fit the request: {exc}")
-            return None
+        rows = read.num_tokens
+        features = to_array(read.features, dtype, rows=rows)
+        stack = tuple(to_array(layer, dtype, rows=rows) for layer in read.deepstack)
         mx.eval(features, list(stack))
         encoded = EncodedImage(features, stack or None)
         self.vision_hits += 1
         self.load_seconds["vision"] += time.perf_counter() - started
-        return VisionEntry(encoded, num_tokens, tuple(grid_thw), encoded.nbytes)  # type: ignore[arg-type]
+        return VisionEntry(encoded, rows, read.grid_thw, encoded.nbytes)  # type: ignore[arg-type]
 
     def stats(self) -> dict[str, Any]:
         """JSON-able counters (any thread)."""
         s = self.store.stats()
         kinds = {name: dataclasses.asdict(k) for name, k in s.kinds.items()}
-        kinds["vision"].update(
-            images_hit=self.vision_hits, load_seconds=self.load_seconds["vision"]
-        )
-        kinds["prefix"].update(
-            lookups_hit=self.prefix_hits,
-            tokens_hit=self.prefix_tokens,
-            load_seconds=self.load_seconds["prefix"],
-        )
+        reads = self.reader.stats()
+        read_seconds = reads.pop("read_seconds")
+        for kind in ("vision", "prefix"):
+            kinds[kind].update(
+                load_seconds=self.load_seconds[kind],
+                read_seconds=read_seconds[kind],  # type: ignore[index]
+            )
+        kinds["vision"].update(images_hit=self.vision_hits)
+        kinds["prefix"].update(lookups_hit=self.prefix_hits, tokens_hit=self.prefix_tokens)
         return {
             "enabled": True,
             "active": self.active,
@@ -205,6 +199,7 @@ class DiskTier:
             "entries": s.entries,
             "evictions": s.evictions,
             **self.writer.stats(),
+            **reads,
             **kinds,
         }
 

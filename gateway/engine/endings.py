@@ -126,6 +126,9 @@ class JobEndings:
         if self._jobs.pop(job.request_id, None) is None:
             return
         stage, job.stage = job.stage, Stage.DONE
+        if job.prefetch is not None:  # its disk read's buffers: not needed any more
+            job.prefetch.release()
+            job.prefetch = None
         if stage is Stage.QUEUED:
             self._waiting.remove(job)
             with self._count_lock:

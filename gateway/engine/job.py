@@ -10,6 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.engine.disk_reader import Prefetch
 from gateway.engine.output import OutputState
 from gateway.engine.prompt_forward import PrefillPlan
 from gateway.engine.request import EngineRequest, Sink
@@ -49,6 +50,20 @@ class Job:
     first_token_time: float | None = None
     sampler: Any = None
     grammar: Future[Any] | None = None  # the compiled grammar (structured output), once ready
+    prefetch: Prefetch | None = None  # its disk-tier read, until admitted (or cancelled)
+
+    def ready(self) -> bool:
+        """May it be admitted: its grammar compiled and its disk read done (if any)?"""
+        return (self.grammar is None or self.grammar.done()) and (
+            self.prefetch is None or self.prefetch.done()
+        )
+
+    def pending(self) -> list[Future[Any]]:
+        """What it waits for before admission."""
+        futures = [self.grammar] if self.grammar is not None else []
+        if self.prefetch is not None:
+            futures.append(self.prefetch.future)
+        return futures
 
     @property
     def request_id(self) -> str:

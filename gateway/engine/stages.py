@@ -68,14 +68,18 @@ class Stages(JobEndings):
                 self._fail(job, ErrorKind.INTERNAL, f"internal error starting the request: {exc}")
 
     def _next_ready(self) -> Job | None:
-        """The oldest waiting job whose grammar (if any) is compiled, taken off the queue.
-        With nothing else to do, waits a little for a compilation instead of spinning."""
-        for job in self._waiting:
-            if job.grammar is None or job.grammar.done():
-                self._waiting.remove(job)
-                return job
-        if not (self._batch.rows or self._prefilling or self._encoding or self._group):
-            wait([j.grammar for j in self._waiting if j.grammar], 0.05, FIRST_COMPLETED)
+        """The oldest waiting job whose grammar (if any) is compiled and disk read (if any)
+        done, taken off the queue. With nothing else to do, waits a little for one of them
+        instead of spinning."""
+        for attempt in range(2):
+            for job in self._waiting:
+                if job.ready():
+                    self._waiting.remove(job)
+                    return job
+            if attempt or self._batch.rows or self._prefilling or self._encoding or self._group:
+                return None
+            # Idle: wait, then admit what got ready in this step rather than the next.
+            wait([f for j in self._waiting for f in j.pending()], 0.05, FIRST_COMPLETED)
         return None
 
     def _start(self, job: Job) -> None:

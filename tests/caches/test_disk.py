@@ -35,6 +35,16 @@ def _store(root: Path, capacity: int = 10_000, namespace: str = NS, **kw: object
     return DiskStore(root, namespace, capacity, **kw)  # type: ignore[arg-type]
 
 
+def test_a_probe_counts_a_missing_file_as_a_miss(tmp_path: Path) -> None:
+    """Invariant: `probe` (a stat before planning a read) answers like `contains`, and a
+    missing file counts a miss as `get` would; a present one counts nothing (read later)."""
+    store = _store(tmp_path)
+    store.put("prefix", _key(1), _entry(1), {})
+    assert store.probe("prefix", _key(1)) and not store.probe("prefix", _key(2))
+    kinds = store.stats().kinds["prefix"]
+    assert (kinds.hits, kinds.misses) == (0, 1)
+
+
 def test_round_trip_and_restart(tmp_path: Path) -> None:
     """Invariant: what one store writes, a new store on the folder reads back (a restart),
     with its metadata; an absent key is a counted miss."""

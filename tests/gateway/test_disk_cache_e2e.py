@@ -92,6 +92,10 @@ def test_an_answer_survives_a_restart_exactly_and_is_served_from_disk(tmp_path: 
     assert disk["prefix"]["corrupt"] == 0 and disk["entries"] > 0
     assert metrics["vision_gateway_disk_cache_prefix_hits_total"] == disk["prefix"]["tokens_hit"]
     assert metrics['vision_gateway_disk_cache_file_reads_total{cache="prefix"}'] > 0
+    # The file reads ran on the reader thread; the engine thread only copied into MLX.
+    read_s = metrics['vision_gateway_disk_cache_read_seconds_total{cache="prefix"}']
+    assert read_s == disk["prefix"]["read_seconds"] > 0 and disk["prefix"]["load_seconds"] > 0
+    assert metrics["vision_gateway_disk_cache_read_held_bytes"] == disk["read_held_bytes"] == 0
     assert stats["prefix"]["hits"] == 0  # the memory tier did not have it: reported apart
 
 
