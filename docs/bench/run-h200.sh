@@ -56,6 +56,12 @@ for step in $STEPS; do
     structured)  # issue 13: what a grammar costs per decode step (engine alone)
       timeout 300 python3 -m gateway.bench.structured --model /tmp/m7b --batch 1 16 --tokens 256 \
         --repeat 3 --json "$OUT/structured-h200.json" 2>&1 | tee "$OUT/structured.log" ;;
+    soak)  # the same load in the foreground, for a call that must not leave the machine idle
+      timeout $(( ${SOAK_S:-420} + 120 )) python3 -m gateway bench load --model /tmp/m7b --clients 32 \
+        --seconds "${SOAK_S:-420}" ${SOAK_ARGS:-} --out "$OUT/load.json" --plot "$OUT/load.png" \
+        >"$OUT/load.log" 2>&1; tail -20 "$OUT/load.log" ;;
+    disk_load)  # what a KV disk hit costs the engine thread at 7B shapes (no model)
+      timeout 120 python3 -m gateway.bench.disk_load --repeats 7 2>&1 | tee "$OUT/disk_load.log" ;;
     soak_start)  # the engine process under load for SOAK_S s, detached: collect with soak_collect
       mkdir -p /tmp/soak
       setsid nohup python3 -m gateway bench load --model /tmp/m7b --clients 32 \
