@@ -34,7 +34,7 @@ from caches.hashing import pixel_hash
 from gateway.api.openai import parse_chat_request
 from gateway.api.prompt import PromptBuilder
 from gateway.engine.core import Engine
-from gateway.engine.request import ErrorEvent, Event, FinishEvent
+from gateway.engine.request import ErrorEvent, Event, FinishEvent, TokenEvent
 from gateway.media import DecodedImage
 
 log = logging.getLogger(__name__)
@@ -54,12 +54,16 @@ _BURST = (8, 40, 90, 200)  # words of each burst's prompts: one burst per padded
 @dataclass
 class _Done:
     event: threading.Event = field(default_factory=threading.Event)
+    token: threading.Event = field(default_factory=threading.Event)  # a first token came
     error: str | None = None
 
     def sink(self, event: Event) -> None:
         if isinstance(event, ErrorEvent):
             self.error = event.message
+        if isinstance(event, TokenEvent):
+            self.token.set()
         if isinstance(event, (FinishEvent, ErrorEvent)):
+            self.token.set()
             self.event.set()
 
 
@@ -104,7 +108,9 @@ class Warmup:
         self._wait([self._submit(["warm-up 0 ", "and a follow-up"], 2)])  # a prefix hit
         log.info("warm-up: decode at batch sizes 1..%d in %.1f s", rows, time.perf_counter() - t)
         if self.bursts:
-            t, largest = time.perf_counter(), min(rows, 8)
+            # A burst and its runner must fit in the engine's rows and queue (else EngineBusy).
+            capacity = self.engine.config.max_batch + self.engine.config.max_waiting
+            t, largest = time.perf_counter(), min(rows, 8, capacity - 1)
             self._bursts(largest)
             log.info("warm-up: bursts of 2..%d prompts in %.1f s", largest, time.perf_counter() - t)
         t = time.perf_counter()
@@ -129,14 +135,14 @@ class Warmup:
         vs 29 ms) and a wave of 16 took 1.59x the next; a size warmed here did not."""
         for words in _BURST:
             for size in range(2, largest + 1):
-                runner = self._submit([f"warm-up runner {words} {size}"], 6)
-                self._wait(
-                    [runner]
-                    + [
-                        self._submit([f"warm-up burst {size} {i} " + "word " * words], 2)
-                        for i in range(size)
-                    ]
-                )
+                runner = self._submit([f"warm-up runner {words} {size}"], 16)
+                if not runner.token.wait(self.timeout_s):  # decoding before the burst comes
+                    raise RuntimeError("warm-up did not finish in time")
+                burst = [
+                    self._submit([f"warm-up burst {size} {i} " + "word " * words], 2)
+                    for i in range(size)
+                ]
+                self._wait([runner, *burst])
 
     def _submit(
         self,

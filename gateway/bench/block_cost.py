@@ -13,7 +13,9 @@ variants interleaved per repetition (a lent VM drifts within minutes):
     raw_blocks     the same model, the prompt in blocks of `block` rows (last one partial)
     engine_blocks  the engine's prefill path (`VisionLanguageModel.prefill` on a plan from
                    `prefill_plan`), blocks of `block` rows, the last padded as the engine
-                   pads it (`Prefiller.final_rows`)
+                   pads it (`final_rows`); text blocks take the one-kernel rope (1bc88c4)
+    engine_blocks_mrope  the same with mlx-vlm's multimodal rope for every block (the path
+                   text blocks took before 1bc88c4, and image blocks take)
     textcore_blocks  the engine's decode model (`TextCore`: token ids, fused rope) in blocks
 
 Prints one JSON object: each variant's median total ms and per-block ms.
@@ -35,14 +37,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from gateway.bench.raw import load_text_model
 from gateway.bench.raw_measure import token_ids
 from gateway.engine.model import VisionLanguageModel
-from gateway.engine.prefill import MIN_FINAL_ROWS
-
-
-def _final_rows(real: int, block: int) -> int:
-    rows = MIN_FINAL_ROWS
-    while rows < real:
-        rows *= 2
-    return min(rows, block)
+from gateway.engine.prefill import final_rows
+from gateway.engine.prompt_forward import forward
 
 
 def _spans(n: int, block: int) -> list[tuple[int, int]]:
@@ -55,10 +51,10 @@ def variants(raw: Any, vlm: VisionLanguageModel, ids: list[int], block: int) -> 
 
     def timed(forwards: list[Callable[[], Any]]) -> list[float]:
         times = []
-        for forward in forwards:
+        for run in forwards:
             mx.synchronize()
             started = time.perf_counter()
-            mx.eval(forward())
+            mx.eval(run())
             times.append(1000 * (time.perf_counter() - started))
         return times
 
@@ -79,8 +75,19 @@ def variants(raw: Any, vlm: VisionLanguageModel, ids: list[int], block: int) -> 
         plan = vlm.prefill_plan(ids, [], [], 0, len(ids))
 
         def step(lo: int, hi: int) -> Callable[[], Any]:
-            rows = _final_rows(hi - lo, block)
+            rows = final_rows(hi - lo, block)
             return lambda: vlm.prefill(plan, cache, lo, hi, rows=rows)
+
+        return timed([step(lo, hi) for lo, hi in _spans(len(ids), block)])
+
+    def engine_blocks_mrope() -> list[float]:
+        cache = vlm.new_cache()
+        plan = vlm.prefill_plan(ids, [], [], 0, len(ids))
+        lm = vlm.model.language_model.model
+
+        def step(lo: int, hi: int) -> Callable[[], Any]:
+            rows = final_rows(hi - lo, block)
+            return lambda: forward(lm, plan, cache, lo, hi, rows, fast_text=False)
 
         return timed([step(lo, hi) for lo, hi in _spans(len(ids), block)])
 
@@ -99,6 +106,7 @@ def variants(raw: Any, vlm: VisionLanguageModel, ids: list[int], block: int) -> 
         "raw_one": raw_one,
         "raw_blocks": raw_blocks,
         "engine_blocks": engine_blocks,
+        "engine_blocks_mrope": engine_blocks_mrope,
         "textcore_blocks": textcore_blocks,
     }
 

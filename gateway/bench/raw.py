@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=5, help="timed repetitions (median)")
     p.add_argument("--decode-reps", type=int, default=3, help="timed decode waves (median)")
     args = p.parse_args(argv)
+    if args.decode_reps < 1 or args.reps < 1:
+        p.error("--reps and --decode-reps must be >= 1")
     settings = RawSettings(
         batches=tuple(args.batch),
         decode_tokens=args.decode_tokens,

@@ -7,7 +7,8 @@ encoding or prefilling). Per wave: its length (engine view: first step to the st
 its last row finished in), tokens decoded, the decode pace once every row has joined (ms per
 step, the figure comparable with raw mlx-lm's), and where the ramp went: steps until the last
 row joined, time in prefill, admission and event shipping, and the steps in which rows joined
-(each costs the generator one extra forward of the joining rows).
+(merging their caches into the batch; a row handed to mlx-lm's own prefill, without exact
+reuse, counts when handed over and costs that prefill a forward).
 """
 
 from __future__ import annotations

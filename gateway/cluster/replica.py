@@ -20,6 +20,7 @@ the ingress closing `events` (every request it was reading is cancelled).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import socket
@@ -54,6 +55,10 @@ class EngineReplica:
         )
         self.slot = slot
         self.started = time.time()
+        if config.step_trace is not None:  # one trace per replica, never interleaved
+            trace = config.step_trace
+            name = f"{trace.stem}.replica{slot}{trace.suffix}"
+            config = dataclasses.replace(config, step_trace=trace.with_name(name))
         self.engine: Any = (
             RemoteEngine(config, log_level) if engine_process else Engine(config, Metrics())
         )

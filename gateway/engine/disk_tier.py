@@ -54,10 +54,18 @@ _TO_FILE = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32"}
 _NUMPY = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}
 
 
+# The version of the files *and of how their KV was computed*: a stored block must come from
+# the same forward as the blocks computed after it, so a change to the prefill's kernels
+# (2: text ranges with the one-kernel rope, `prompt_forward.text_offset`) starts a new
+# namespace, as a new checkpoint does.
+FORMAT = "disk-tier-2"
+
+
 def namespace(model: Any, kv_dtype: str, block_tokens: int, exact: bool) -> str:
     """The fingerprint every file of this engine carries (see the module docstring)."""
     return fingerprint(
-        "disk-tier-1",
+        FORMAT,
+        getattr(getattr(model, "text_core", None), "fast_rope", None),
         model.fingerprint,
         model.processor_fingerprint,
         str(model.embed_dtype),

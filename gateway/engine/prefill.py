@@ -41,10 +41,22 @@ from gateway.engine.cache_ops import CacheOps
 from gateway.engine.job import Job
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.positions import rope_delta_at
-from gateway.engine.prompt_forward import GroupPart, PrefillPlan
+from gateway.engine.prompt_forward import GroupPart, PrefillPlan, text_offset
 from gateway.engine.text_core import logits_from_hidden
 
 MIN_FINAL_ROWS = 32  # the smallest forward a final partial block is padded to
+
+
+def final_rows(real: int, block: int) -> int:
+    """Query rows of a block forward holding `real` (1..block) prompt tokens: a whole block
+    is `block` rows; a final partial block the next power of two from MIN_FINAL_ROWS, at
+    most `block` (module doc)."""
+    if real >= block:
+        return block
+    rows = MIN_FINAL_ROWS
+    while rows < real:
+        rows *= 2
+    return min(rows, block)
 
 
 @dataclass(frozen=True)
@@ -137,20 +149,14 @@ class Prefiller:
                 return rows, None
 
     def final_rows(self, real: int) -> int:
-        """Query rows of a block forward holding `real` (1..block) prompt tokens: a whole
-        block is `block` rows; a final partial block the next power of two from
-        MIN_FINAL_ROWS, at most `block` (module doc)."""
-        if real >= self.block:
-            return self.block
-        rows = MIN_FINAL_ROWS
-        while rows < real:
-            rows *= 2
-        return min(rows, self.block)
+        """Query rows of a block forward holding `real` (1..block) prompt tokens
+        (`final_rows` below)."""
+        return final_rows(real, self.block)
 
     def final_block_groups(self, jobs: Sequence[Job]) -> list[list[Job]]:
         """Jobs (in the given order) whose next forward is their final, partial block, grouped
-        by (absolute position, query rows), groups of two or more only, ordered by their
-        first job. Such jobs may share one forward (`feed_final_blocks`)."""
+        by (absolute position, query rows, text or image block), groups of two or more only,
+        ordered by their first job. Such jobs may share one forward (`feed_final_blocks`)."""
         if not self.exact:
             return []
         groups: dict[tuple[int, int], list[Job]] = {}
@@ -166,7 +172,11 @@ class Prefiller:
                 continue
             if plan.deepstack is not None:  # Qwen3-VL image rows: fed alone (prefill_group)
                 continue
-            groups.setdefault((job.fed, self.final_rows(left)), []).append(job)
+            # Text blocks and image blocks take different rope kernels: never in one forward,
+            # so a request's path does not depend on what it is grouped with.
+            base = job.cached_tokens
+            text = text_offset(plan, job.fed - base, job.prompt_len - base) is not None
+            groups.setdefault((job.fed, self.final_rows(left), text), []).append(job)
         return [g for g in groups.values() if len(g) > 1]
 
     def feed_final_blocks(self, jobs: Sequence[Job]) -> list[FirstToken | Exception]:

@@ -1,6 +1,7 @@
 """A per-step trace of the engine loop, for finding where a wave's time goes.
 
-`serve --step-trace FILE` appends one JSON object per engine step to FILE:
+`serve --step-trace FILE` appends one JSON object per engine step with work to FILE (under
+`cluster`, each replica to FILE with `.replicaN` before the suffix):
 
     {"t": 12.345678,        # step start, seconds since the trace opened (perf_counter)
      "admit": 0.02, "encode": 0.0, "prefill": 4.1, "decode": 9.8, "ship": 0.1,  # ms per stage
@@ -46,6 +47,7 @@ class StepTrace:
         log.info("tracing engine steps to %s", path)
 
     def begin(self) -> None:
+        self._notes = {}
         now = time.perf_counter()
         self._record = {"t": round(now - self._origin, 6), **dict.fromkeys(STAGES, 0.0)}
         self._mark = now
@@ -61,7 +63,10 @@ class StepTrace:
         self._notes.setdefault(kind, []).append(request_id)
 
     def end(self, **counts: int) -> None:
-        self._pending.append(json.dumps({**self._record, **counts, **self._notes}))
+        """Close the step's record; an idle step (the loop wakes every 0.5 s with nothing
+        to do) leaves none."""
+        if self._notes or any(counts.values()):
+            self._pending.append(json.dumps({**self._record, **counts, **self._notes}))
         self._notes = {}
         if len(self._pending) >= self.flush_every:
             self.flush()

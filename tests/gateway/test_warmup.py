@@ -45,3 +45,13 @@ def test_warmup_covers_each_decode_path_and_leaves_caches_empty() -> None:
     assert {32, 64, 128, 256} <= sizes
     assert stats["vision"]["entries"] == 0 and stats["prefix"]["entries"] == 0
     assert stats["vision"]["hits"] == 0 and stats["prefix"]["hits"] == 0
+
+
+def test_bursts_fit_an_engine_without_a_queue() -> None:
+    """Invariant: the warm-up never submits more than the engine's rows and queue take (a
+    burst and its runner at --max-batch 2 --max-waiting 0), so start-up cannot fail on it."""
+    h = EngineHarness("qwen2_vl", max_batch=2, max_waiting=0)
+    try:
+        Warmup(h.engine, h.prompts, timeout_s=300, bursts=True).run([])
+    finally:
+        h.close()

@@ -20,7 +20,13 @@ def test_every_variant_covers_the_prompt_block_by_block(capsys) -> None:
     )  # fmt: skip
     out = json.loads(capsys.readouterr().out)
     assert len(out["raw_one"]["per_block_ms"]) == 1
-    for name in ("raw_blocks", "engine_blocks", "textcore_blocks"):
+    for name in ("raw_blocks", "engine_blocks", "engine_blocks_mrope", "textcore_blocks"):
         assert len(out[name]["per_block_ms"]) == 3, name  # 64 + 64 + 22 tokens
-    for name in ("raw_one", "raw_blocks", "engine_blocks", "textcore_blocks"):
+    for name in (
+        "raw_one",
+        "raw_blocks",
+        "engine_blocks",
+        "engine_blocks_mrope",
+        "textcore_blocks",
+    ):
         assert out[name]["total_ms"] > 0 and min(out[name]["per_block_ms"]) > 0, name
