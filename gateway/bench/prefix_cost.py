@@ -26,8 +26,7 @@ import mlx.core as mx
 
 from caches.prefix import ImageSpan, PrefixCache
 from caches.radix import Block
-from gateway.engine.cache_ops import assemble
-from gateway.engine.kv import RowKVCache
+from gateway.engine.kv import RowKVCache, assemble
 
 SHAPES = (  # name, layers, kv heads, head dim, dtype, tokens, block
     ("tiny (CPU default)", 2, 2, 16, mx.float32, 305, 32),

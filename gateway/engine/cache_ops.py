@@ -30,7 +30,7 @@ from gateway.engine.disk_plan import ReadPlan
 from gateway.engine.disk_reader import Prefetch, Prefetched
 from gateway.engine.disk_tier import DiskTier, open_disk_tier
 from gateway.engine.job import Job
-from gateway.engine.kv import RowKVCache
+from gateway.engine.kv import assemble
 from gateway.engine.model import VisionLanguageModel
 
 log = logging.getLogger(__name__)
@@ -329,34 +329,6 @@ class CacheOps:
 def delta_before(layouts: Sequence[Any], cut: int) -> int:
     """Rope delta of the images wholly before token `cut` (which may fall inside an image)."""
     return sum(i.rope_shift for i in layouts if i.end <= cut)
-
-
-def assemble(hit: PrefixHit, rope_delta: int, room: int = 0) -> list[RowKVCache]:
-    """A private cache over the hit's first `hit.tokens` tokens: each layer's blocks copied
-    into one new buffer with `room` free rows after them, so the prefill of the rest writes in
-    place (one copy of the prefix, as the old snapshot fork's first update made) and never
-    into a stored block. The batch's merge copies again anyway."""
-    out = []
-    for layer in zip(*hit.blocks):
-        keys = _join([k for k, _ in layer], hit.tokens, room)
-        values = _join([v for _, v in layer], hit.tokens, room)
-        cache = RowKVCache.from_arrays(keys, values, rope_delta)
-        cache.offset = hit.tokens
-        out.append(cache)
-    mx.eval([c.keys for c in out], [c.values for c in out])
-    return out
-
-
-def _join(blocks: list[mx.array], tokens: int, room: int) -> mx.array:
-    """(1, heads, tokens + room, dim): the blocks cut to `tokens` rows, then `room` zeros.
-    With no room and one block this is the stored array itself (or a view of it): its shape
-    equals the cache's length, so the next update reallocates instead of writing into it."""
-    extra = sum(b.shape[2] for b in blocks) - tokens
-    parts = [*blocks[:-1], blocks[-1][..., : blocks[-1].shape[2] - extra, :]]
-    if room > 0:
-        head = parts[0]
-        parts.append(mx.zeros((*head.shape[:2], room, head.shape[3]), dtype=head.dtype))
-    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2)
 
 
 def cache_stats(vision: VisionCache, prefix: PrefixCache) -> dict[str, dict[str, object]]:

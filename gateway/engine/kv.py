@@ -5,14 +5,17 @@ negative and fixed by every image before that text). mlx-lm's BatchGenerator cal
 with tokens only, so the delta must ride with each row's cache through every batch operation
 (merge, extend, filter, extract). Text rows have delta 0.
 
-These subclasses change nothing else about mlx-lm's caches. They are owned by the engine
-thread; none of their methods is thread-safe.
+These subclasses change nothing else about mlx-lm's caches. `assemble` builds a request's
+private cache from a prefix-cache hit's stored blocks. All owned by the engine thread; none
+of their methods is thread-safe.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
+
+from caches.prefix import PrefixHit
 
 
 class RowKVCache(KVCache):
@@ -141,3 +144,31 @@ def offset_positions(offsets: mx.array | int, length: int) -> mx.array:
     if isinstance(offsets, mx.array):
         return offsets.astype(mx.int32).reshape(-1, 1) + steps
     return steps + offsets
+
+
+def assemble(hit: PrefixHit, rope_delta: int, room: int = 0) -> list[RowKVCache]:
+    """A private cache over the hit's first `hit.tokens` tokens: each layer's blocks copied
+    into one new buffer with `room` free rows after them, so the prefill of the rest writes in
+    place (one copy of the prefix, as the old snapshot fork's first update made) and never
+    into a stored block. The batch's merge copies again anyway."""
+    out = []
+    for layer in zip(*hit.blocks):
+        keys = _join([k for k, _ in layer], hit.tokens, room)
+        values = _join([v for _, v in layer], hit.tokens, room)
+        cache = RowKVCache.from_arrays(keys, values, rope_delta)
+        cache.offset = hit.tokens
+        out.append(cache)
+    mx.eval([c.keys for c in out], [c.values for c in out])
+    return out
+
+
+def _join(blocks: list[mx.array], tokens: int, room: int) -> mx.array:
+    """(1, heads, tokens + room, dim): the blocks cut to `tokens` rows, then `room` zeros.
+    With no room and one block this is the stored array itself (or a view of it): its shape
+    equals the cache's length, so the next update reallocates instead of writing into it."""
+    extra = sum(b.shape[2] for b in blocks) - tokens
+    parts = [*blocks[:-1], blocks[-1][..., : blocks[-1].shape[2] - extra, :]]
+    if room > 0:
+        head = parts[0]
+        parts.append(mx.zeros((*head.shape[:2], room, head.shape[3]), dtype=head.dtype))
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2)
