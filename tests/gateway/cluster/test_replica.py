@@ -1,0 +1,32 @@
+"""An engine replica's body (gateway/cluster/replica.py) without Ray, on the tiny model.
+
+Pinned: with `--step-trace FILE`, each replica traces to its own file (FILE with
+`.replicaN` before the suffix), so replicas on one host never truncate or interleave each
+other's traces, and the file is the engine's trace.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from support import tiny_model
+
+from gateway.cluster.replica import EngineReplica
+from gateway.config import CacheConfig, EngineConfig
+
+
+def test_each_replica_traces_to_its_own_file(tmp_path: Path) -> None:
+    config = EngineConfig(
+        model=str(tiny_model("qwen2_vl")),
+        served_model_name="test",
+        warmup=False,
+        cache=CacheConfig(cache_dir=None),
+        step_trace=tmp_path / "steps.jsonl",
+    )
+    replica = EngineReplica(3, config, engine_process=False, log_level="warning")
+    try:
+        assert replica.engine._trace.path == tmp_path / "steps.replica3.jsonl"
+        assert (tmp_path / "steps.replica3.jsonl").exists()
+        assert not (tmp_path / "steps.jsonl").exists()
+    finally:
+        replica.engine.stop()
