@@ -23,7 +23,7 @@ from caches.hashing import pixel_hash
 from gateway.api.openai import parse_chat_request
 from gateway.api.prompt import PromptBuilder
 from gateway.bench.hotpath_report import Row
-from gateway.bench.raw_measure import RawSettings, steady_window, token_ids
+from gateway.bench.raw_measure import RawSettings, median_wave, steady_window, token_ids
 from gateway.config import CacheConfig, EngineConfig
 from gateway.engine.core import Engine
 from gateway.engine.request import (
@@ -200,9 +200,8 @@ class Profiler:
             self.log(f"engine: text first token {out['text_first_token_ms']:.1f} ms")
             for batch in settings.batches:
                 self.decode(batch, settings)  # warm-up, as the raw ceiling does
-                # The median wave of a few, as the raw ceiling (raw_measure.measure).
                 waves = [self.decode(batch, settings) for _ in range(settings.decode_reps)]
-                tok_s, step_ms, short = sorted(waves)[len(waves) // 2]
+                tok_s, step_ms, short = median_wave(waves)
                 out[f"decode_tok_s_b{batch}"] = tok_s
                 out[f"decode_step_ms_b{batch}"] = step_ms
                 out[f"decode_short_rows_b{batch}"] = short

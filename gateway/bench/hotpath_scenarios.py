@@ -27,6 +27,7 @@ from gateway.bench.hotpath_client import (
     together,
 )
 from gateway.bench.hotpath_report import Row, brief, failed, ratio
+from gateway.bench.raw_measure import median_wave
 
 Log = Callable[[str], None]
 STORY = (
@@ -296,13 +297,11 @@ class Scenarios:
     async def _decode_run(self, n: int, temperature: float, plain: bool) -> None:
         tokens = self.s.decode_tokens
         await self.decode_wave(n, min(16, tokens), temperature)  # warm-up: these shapes
-        # The median wave of a few (by aggregate tok/s), as raw's figure (raw_measure.measure).
         waves = [
             await self.decode_wave(n, tokens, temperature, plain=plain)
             for _ in range(self.s.decode_reps)
         ]
-        waves.sort(key=lambda w: aggregate_tok_s(w) or 0.0)
-        streams = waves[len(waves) // 2]
+        streams = median_wave(waves, key=lambda w: aggregate_tok_s(w) or 0.0)
         raw_agg = self.raw.get(f"decode_tok_s_b{n}")
         note = next((first_error(w) for w in waves if first_error(w)), None)
         note = note or self._early(streams, tokens)

@@ -11,10 +11,12 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
+
+T = TypeVar("T")
 
 Log = Callable[[str], None]
 
@@ -50,6 +52,13 @@ def steady_window(rows: Sequence[Sequence[float]], skip: int) -> tuple[int, floa
     closed = min(r[-1] for r in rows)
     tokens = sum(1 for r in rows for t in r if opened < t <= closed)
     return (tokens, closed - opened) if closed > opened else (0, 0.0)
+
+
+def median_wave(waves: Sequence[T], key: Callable[[T], Any] | None = None) -> T:
+    """The middle of `waves` ordered by `key` (default: the waves themselves, e.g. tuples
+    led by tok/s): the one figure reported of several decode waves. A lent GPU VM moves
+    14-40% within minutes, so raw, engine and HTTP figures each take the median wave."""
+    return sorted(waves, key=key)[len(waves) // 2]  # type: ignore[arg-type]
 
 
 def token_ids(n: int, vocab: int, salt: int) -> list[int]:
@@ -136,9 +145,8 @@ def measure(model: Any, settings: RawSettings, log: Log) -> dict[str, Any]:
     log(f"raw: prefill of {settings.prefix_tokens} tokens: {out['prefill_ms']:.1f} ms")
     for batch in settings.batches:
         decode(model, batch, settings, vocab)  # warm-up: this batch's shapes
-        # A lent GPU VM moves 14-40% within minutes: the median of a few waves, and the spread.
         waves = sorted(decode(model, batch, settings, vocab) for _ in range(settings.decode_reps))
-        tok_s, step_ms = waves[len(waves) // 2]
+        tok_s, step_ms = median_wave(waves)
         out[f"decode_tok_s_b{batch}"] = tok_s
         out[f"decode_step_ms_b{batch}"] = step_ms
         out[f"decode_tok_s_b{batch}_waves"] = [w[0] for w in waves]

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-STAGES = ("admit", "encode", "prefill", "decode", "ship")
+from gateway.engine.step_trace import STAGES
 
 
 def load(path: Path) -> list[dict[str, Any]]:
