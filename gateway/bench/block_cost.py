@@ -14,8 +14,9 @@ variants interleaved per repetition (a lent VM drifts within minutes):
     engine_blocks  the engine's prefill path (`VisionLanguageModel.prefill` on a plan from
                    `prefill_plan`), blocks of `block` rows, the last padded as the engine
                    pads it (`final_rows`); text blocks take the one-kernel rope (1bc88c4)
-    engine_blocks_mrope  the same with mlx-vlm's multimodal rope for every block (the path
-                   text blocks took before 1bc88c4, and image blocks take)
+    engine_blocks_mrope  the same with the multimodal rope for every block (the path image
+                   blocks take), its apply compiled (gateway/engine/compiled_mrope.py)
+    engine_blocks_mrope_eager  the same with mlx-vlm's eager apply (image blocks before it)
     textcore_blocks  the engine's decode model (`TextCore`: token ids, fused rope) in blocks
 
 Prints one JSON object: each variant's median total ms and per-block ms.
@@ -36,6 +37,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from gateway.bench.raw import load_text_model
 from gateway.bench.raw_measure import token_ids
+from gateway.engine.compiled_mrope import eager_mrope
 from gateway.engine.model import VisionLanguageModel
 from gateway.engine.prefill import final_rows
 from gateway.engine.prompt_forward import forward
@@ -91,6 +93,10 @@ def variants(raw: Any, vlm: VisionLanguageModel, ids: list[int], block: int) -> 
 
         return timed([step(lo, hi) for lo, hi in _spans(len(ids), block)])
 
+    def engine_blocks_mrope_eager() -> list[float]:
+        with eager_mrope():
+            return engine_blocks_mrope()
+
     def textcore_blocks() -> list[float]:
         cache = vlm.new_cache()
 
@@ -107,6 +113,7 @@ def variants(raw: Any, vlm: VisionLanguageModel, ids: list[int], block: int) -> 
         "raw_blocks": raw_blocks,
         "engine_blocks": engine_blocks,
         "engine_blocks_mrope": engine_blocks_mrope,
+        "engine_blocks_mrope_eager": engine_blocks_mrope_eager,
         "textcore_blocks": textcore_blocks,
     }
 

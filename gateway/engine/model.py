@@ -25,6 +25,7 @@ import numpy as np
 from PIL import Image
 
 from caches.hashing import fingerprint
+from gateway.engine.compiled_mrope import install_compiled_mrope
 from gateway.engine.detokenizer import ByteStreamDetokenizer, Detokenizer, byte_table
 from gateway.engine.image_processor import fast_image_processor, smart_resize
 from gateway.engine.kv import RowKVCache
@@ -104,6 +105,8 @@ class VisionLanguageModel:
         self.vocab_size: int = int(config.text_config.vocab_size)
         self.eos_token_ids: tuple[int, ...] = self._eos_ids()
         self.text_core = TextCore(self.model.language_model)
+        # Image blocks' mRoPE as one fused chain per layer (compiled_mrope.py): same values.
+        self.compiled_mrope = install_compiled_mrope(self.model.language_model)
         # The dtype the embedding *produces* (image features are cast to it): for a quantized
         # checkpoint `embed_tokens.weight` is the packed uint32 array, and casting features to
         # that truncated them to integers (see docs/caching.md, "quantized checkpoints").

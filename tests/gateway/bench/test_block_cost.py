@@ -20,13 +20,8 @@ def test_every_variant_covers_the_prompt_block_by_block(capsys) -> None:
     )  # fmt: skip
     out = json.loads(capsys.readouterr().out)
     assert len(out["raw_one"]["per_block_ms"]) == 1
-    for name in ("raw_blocks", "engine_blocks", "engine_blocks_mrope", "textcore_blocks"):
+    blocks = ("raw_blocks", "engine_blocks", "engine_blocks_mrope", "engine_blocks_mrope_eager")
+    for name in (*blocks, "textcore_blocks"):
         assert len(out[name]["per_block_ms"]) == 3, name  # 64 + 64 + 22 tokens
-    for name in (
-        "raw_one",
-        "raw_blocks",
-        "engine_blocks",
-        "engine_blocks_mrope",
-        "textcore_blocks",
-    ):
+    for name in ("raw_one", *blocks, "textcore_blocks"):
         assert out[name]["total_ms"] > 0 and min(out[name]["per_block_ms"]) > 0, name
