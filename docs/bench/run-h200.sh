@@ -60,6 +60,9 @@ for step in $STEPS; do
       timeout $(( ${SOAK_S:-420} + 120 )) python3 -m gateway bench load --model /tmp/m7b --clients 32 \
         --seconds "${SOAK_S:-420}" ${SOAK_ARGS:-} --out "$OUT/load.json" --plot "$OUT/load.png" \
         >"$OUT/load.log" 2>&1; tail -20 "$OUT/load.log" ;;
+    decode_life)  # decode waves between rounds of image turns: does the server's history slow it?
+      timeout "${LIFE_S:-300}" python3 -m gateway.bench.decode_life --model /tmp/m7b \
+        --server-arg=--step-trace="$OUT/life-steps.jsonl" 2>&1 | tee "$OUT/decode_life.log" ;;
     disk_load)  # what a KV disk hit costs the engine thread at 7B shapes (no model)
       timeout 120 python3 -m gateway.bench.disk_load --repeats 7 2>&1 | tee "$OUT/disk_load.log" ;;
     soak_start)  # the engine process under load for SOAK_S s, detached: collect with soak_collect

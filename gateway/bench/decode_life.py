@@ -1,0 +1,151 @@
+"""Does decode slow down over a server's life? Decode waves between rounds of image turns.
+
+    python -m gateway.bench.decode_life --model DIR [--rounds 3] [--streams 1 16]
+        [--image-size 1024] [--conversations 3] [--turns 5] [--server-arg=FLAG ...]
+
+Why: in one H200 run (docs/performance.md §8g) the hotpath bench's 1-stream decode, which
+comes after its image conversations, stepped at 18-19 ms where a fresh server steps at 7-9.
+This bench separates "the server's history" from "the VM at that minute": one server, and
+per round, for each stream count, a warm wave then `--waves` timed waves of `--tokens` greedy
+tokens (EOS ignored, read by a plain SSE client), then `--conversations` new images of
+`--image-size` pixels by path, each for `--turns` turns (the caches fill with image KV and
+vision features). A server whose decode degrades with its history shows falling tok/s
+round by round; pass `--server-arg=--step-trace=FILE` for the engine's own step times
+(`python -m gateway.bench.steps FILE`).
+
+Prints one JSON line per round and stream count, then a summary line: each stream count's
+tok/s in the last round over the first (1.0: no change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from PIL import Image
+
+from gateway.bench.hotpath_client import aggregate_tok_s, plain_stream, together
+from gateway.bench.server import LocalServer
+
+QUERIES, HITS = (
+    "vision_gateway_vision_cache_queries_total",
+    "vision_gateway_vision_cache_hits_total",
+)
+STORY = "Tell a long story about the sea, the wind and a lighthouse."
+
+
+def _user(content: Any) -> dict[str, Any]:
+    return {"role": "user", "content": content}
+
+
+async def _wave(http: httpx.AsyncClient, n: int, tokens: int, salt: str) -> float | None:
+    """`n` concurrent greedy streams of `tokens` tokens: aggregate tok/s (None on an error)."""
+
+    def one(i: int) -> Any:
+        prompt = [_user(f"Story {salt}{i:03d}. {STORY}")]
+        return plain_stream(http, prompt, tokens, temperature=0, ignore_eos=True)
+
+    streams = await together(n, one)
+    errors = [s.error for s in streams if s.error]
+    if errors:
+        raise RuntimeError(f"decode wave failed: {errors[0]}")
+    return aggregate_tok_s(streams)
+
+
+async def _conversation(http: httpx.AsyncClient, image: Path, turns: int) -> None:
+    """One image by path, asked `turns` questions in one conversation (8 tokens each)."""
+    messages = [
+        _user([
+            {"type": "image_url", "image_url": {"url": str(image)}},
+            {"type": "text", "text": "Describe the picture."},
+        ])
+    ]  # fmt: skip
+    for turn in range(turns):
+        reply = await plain_stream(http, messages, 8, temperature=0, ignore_eos=True)
+        if reply.error:
+            raise RuntimeError(f"image turn {turn + 1} failed: {reply.error}")
+        messages += [{"role": "assistant", "content": reply.text or "OK."}]
+        messages += [_user(f"And what about detail {turn}?")]
+
+
+def _noise_png(folder: Path, size: int, seed: int) -> Path:
+    path = folder / f"life-{size}-{seed}.png"
+    pixels = np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
+    Image.fromarray(pixels, "RGB").save(path)
+    return path
+
+
+async def _vision_misses(base_url: str) -> float:
+    """Images the server's vision cache did not hold so far (each one went through the tower)."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
+        text = (await client.get("/metrics")).text
+    counts = {QUERIES: 0.0, HITS: 0.0}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in counts:
+            counts[name] = float(value)
+    return counts[QUERIES] - counts[HITS]
+
+
+async def run(base_url: str, args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
+    """The rounds against a running server; one record per round and stream count, with the
+    images encoded so far by the rounds' conversations (`images_encoded`)."""
+    records = []
+    before = await _vision_misses(base_url)
+    async with httpx.AsyncClient(base_url=base_url + "/v1", timeout=600) as http:
+        for round_ in range(args.rounds):
+            encoded = await _vision_misses(base_url) - before
+            for n in args.streams:
+                await _wave(http, n, min(16, args.tokens), "w")  # these shapes, once
+                waves = [await _wave(http, n, args.tokens, "d") for _ in range(args.waves)]
+                tok_s = statistics.median(w or 0.0 for w in waves)
+                record = {"round": round_, "streams": n, "tok_s": tok_s, "waves": waves,
+                          "images_encoded": encoded}  # fmt: skip
+                print(json.dumps(record), flush=True)
+                records.append(record)
+            for k in range(args.conversations):
+                image = _noise_png(folder, args.image_size, 1000 * round_ + k)
+                await _conversation(http, image, args.turns)
+    return records
+
+
+def summary(records: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Per stream count: median tok/s of the last round over the first."""
+    out: dict[str, float | None] = {}
+    for n in sorted({r["streams"] for r in records}):
+        rounds = [r["tok_s"] for r in records if r["streams"] == n]
+        out[f"streams_{n}_last_over_first"] = rounds[-1] / rounds[0] if rounds[0] else None
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m gateway.bench.decode_life", description=__doc__)
+    p.add_argument("--model", required=True, help="local checkpoint dir")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--streams", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--waves", type=int, default=2, help="timed waves per stream count")
+    p.add_argument("--image-size", type=int, default=1024)
+    p.add_argument("--conversations", type=int, default=3, help="new images per round")
+    p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--server-arg", action="append", default=[], help="an extra serve flag")
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="decode-life-") as folder:
+        flags = ["--model", args.model, "--served-model-name", "bench"]
+        server = LocalServer([*flags, "--allowed-media-dir", folder, *args.server_arg])
+        try:
+            records = asyncio.run(run(server.base_url, args, Path(folder)))
+        finally:
+            server.stop()
+    print(json.dumps({"summary": summary(records)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
