@@ -97,6 +97,12 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="run only the scenarios whose name starts with NAME (repeatable; e.g. 'decode')",
     )
+    p.add_argument(
+        "--no-raw-after",
+        dest="raw_after",
+        action="store_false",
+        help="skip re-measuring raw decode after the server (the drift check)",
+    )
     p.set_defaults(run=_hotpath)
 
     add_table_parsers(kinds, _common)
@@ -257,6 +263,7 @@ def _hotpath(args: argparse.Namespace) -> None:
         settings = replace(settings, budget_s=args.budget_s)
     if args.only:
         settings = replace(settings, only=tuple(args.only))
+    settings = replace(settings, raw_after=args.raw_after)
     started = time.perf_counter()
 
     def log(line: str) -> None:

@@ -6,7 +6,10 @@ One command, in this order:
 2. a `vision-gateway serve` subprocess, measured through HTTP with the streaming `openai`
    client (`hotpath_scenarios`): first requests after start, cold and warm image TTFT, text
    first token, decode at several stream counts, concurrency waves, batched images;
-3. one table (and JSON, optionally a PNG) where every figure is a ratio to raw MLX measured in
+3. raw decode again, after the server (`--no-raw-after` skips it): a lent VM can slow down
+   2-3x for minutes (docs/performance.md §8g), and a decode ratio means something only when
+   raw's figures before and after agree (`raw_drift_b*` rows, flagged beyond 15%);
+4. one table (and JSON, optionally a PNG) where every figure is a ratio to raw MLX measured in
    the same run, or, where raw has no counterpart, a ratio with a target.
 """
 
@@ -22,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gateway.bench.hotpath_report import Row, failed, report
+from gateway.bench.hotpath_report import Row, brief, failed, ratio, report
 
 Log = Callable[[str], None]
 TEMPLATE_TOKENS = 24  # chat template + question around an image, roughly (raw prefix length)
@@ -48,6 +51,9 @@ class HotpathSettings:
     max_batch: int = 32  # the server's --max-batch
     budget_s: float = 330.0  # scenarios not started this long after the bench began: skipped
     only: tuple[str, ...] = ()  # run only scenarios whose name starts with one of these
+    # Measure raw decode again after the server (a lent VM drifts: the ratios hold only if
+    # raw's figures before and after agree; see `drift_rows`).
+    raw_after: bool = True
 
 
 QUICK = HotpathSettings(
@@ -92,9 +98,12 @@ def image_prompt_tokens(root: Path, size: int) -> int:
     return (h // (patch * merge)) * (w // (patch * merge)) + TEMPLATE_TOKENS
 
 
-def run_raw(root: Path, settings: HotpathSettings, log: Log, quick: bool) -> dict[str, Any]:
+def run_raw(
+    root: Path, settings: HotpathSettings, log: Log, quick: bool, decode_only: bool = False
+) -> dict[str, Any]:
     """The raw ceiling's JSON from `python -m gateway.bench.raw` ({"error": ...} if it
-    failed: the bench then reports gateway figures without ratios)."""
+    failed: the bench then reports gateway figures without ratios). `decode_only`: the decode
+    figures alone (the re-check after the server)."""
     try:
         prefix = image_prompt_tokens(root, settings.image_size)
     except (OSError, ValueError) as exc:
@@ -104,6 +113,7 @@ def run_raw(root: Path, settings: HotpathSettings, log: Log, quick: bool) -> dic
     cmd += ["--batch", *map(str, settings.streams), "--prefix-tokens", str(prefix)]
     cmd += ["--decode-tokens", str(settings.decode_tokens), "--reps", str(2 if quick else 5)]
     cmd += ["--decode-reps", str(settings.decode_reps)]
+    cmd += ["--decode-only"] if decode_only else []
     log(f"raw ceiling: {' '.join(cmd[1:])}")
     try:  # stderr (progress) goes straight to our terminal
         done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, timeout=300)
@@ -112,6 +122,31 @@ def run_raw(root: Path, settings: HotpathSettings, log: Log, quick: bool) -> dic
         return json.loads(done.stdout.strip().splitlines()[-1])
     except Exception as exc:  # noqa: BLE001 - reported; the gateway figures still count
         return {"error": f"raw ceiling failed: {type(exc).__name__}: {exc}"}
+
+
+DRIFT_TOLERANCE = 0.15  # raw before vs after beyond this: the call's decode ratios are suspect
+
+
+def drift_rows(
+    before: dict[str, Any], after: dict[str, Any], streams: tuple[int, ...]
+) -> list[Row]:
+    """Raw decode after the server over raw before, per batch size: within 1 +- 0.15 the
+    machine held still; outside it the decode ratios of this call measure the VM, not the
+    gateway (the note says so)."""
+    rows = []
+    for n in streams:
+        key = f"decode_tok_s_b{n}"
+        drift = ratio(after.get(key), before.get(key)) if "error" not in after else None
+        note = after.get("error", "") or (
+            "the machine drifted: decode ratios of this call are suspect"
+            if drift is not None and abs(drift - 1) > DRIFT_TOLERANCE
+            else f"raw {before.get(key) or 0:.0f} -> {after.get(key) or 0:.0f} tok/s"
+        )
+        rows.append(
+            Row(f"raw_drift_b{n}", f"raw decode {n} rows: after the server / before", "x",
+                drift, note=note)
+        )  # fmt: skip
+    return rows
 
 
 def _server_args(
@@ -204,6 +239,12 @@ def run(
         )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - the raw figures are still worth reporting
         rows, details = [failed("server", "server start / scenarios", "-", exc)], {}
+    if settings.raw_after and "error" not in raw and any(r.key.startswith("decode_") for r in rows):
+        after = run_raw(root, settings, log, quick, decode_only=True)
+        meta["raw_after"] = after
+        rows = [*rows, *drift_rows(raw, after, settings.streams)]
+        for row in rows[-len(settings.streams) :]:
+            log(f"  {brief(row)}; {row.note}")
     final = payload(rows, details)
     save(final)
     return final

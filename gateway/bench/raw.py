@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--text-tokens", type=int, default=30, help="text first-token prompt")
     p.add_argument("--reps", type=int, default=5, help="timed repetitions (median)")
     p.add_argument("--decode-reps", type=int, default=3, help="timed decode waves (median)")
+    p.add_argument("--decode-only", action="store_true", help="decode figures alone")
     args = p.parse_args(argv)
     if args.decode_reps < 1 or args.reps < 1:
         p.error("--reps and --decode-reps must be >= 1")
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         text_tokens=args.text_tokens,
         reps=args.reps,
         decode_reps=args.decode_reps,
+        decode_only=args.decode_only,
     )
 
     def log(line: str) -> None:

@@ -36,6 +36,7 @@ class RawSettings:
     prefill_chunk: int = 512  # prefix fill chunk (as the gateway's default --prefill-chunk)
     reps: int = 5  # timed repetitions per figure (the median is reported)
     warmups: int = 2  # untimed repetitions first
+    decode_only: bool = False  # skip the TTFT and prefill figures (a drift re-check)
 
 
 def steady_window(rows: Sequence[Sequence[float]], skip: int) -> tuple[int, float]:
@@ -132,17 +133,8 @@ def measure(model: Any, settings: RawSettings, log: Log) -> dict[str, Any]:
     """All raw figures for `model`; keys end in their unit (_ms, _tok_s)."""
     vocab = int(model.args.vocab_size)
     out: dict[str, Any] = {"settings": settings.__dict__ | {"batches": list(settings.batches)}}
-    text = token_ids(settings.text_tokens, vocab, 3)
-    out["text_first_token_ms"] = cold_ms(model, text, settings)
-    log(f"raw: text first token ({len(text)} tokens): {out['text_first_token_ms']:.1f} ms")
-    out["warm_ttft_ms"] = warm_ttft_ms(model, settings, vocab)
-    log(
-        f"raw: warm TTFT floor (prefix {settings.prefix_tokens} + {settings.suffix_tokens}): "
-        f"{out['warm_ttft_ms']:.1f} ms"
-    )
-    prompt = token_ids(settings.prefix_tokens, vocab, 5)
-    out["prefill_ms"] = cold_ms(model, prompt, settings)
-    log(f"raw: prefill of {settings.prefix_tokens} tokens: {out['prefill_ms']:.1f} ms")
+    if not settings.decode_only:
+        _latencies(model, settings, vocab, out, log)
     for batch in settings.batches:
         decode(model, batch, settings, vocab)  # warm-up: this batch's shapes
         waves = sorted(decode(model, batch, settings, vocab) for _ in range(settings.decode_reps))
@@ -156,3 +148,18 @@ def measure(model: Any, settings: RawSettings, log: Log) -> dict[str, Any]:
             f"(median; {spread})"
         )
     return out
+
+
+def _latencies(model: Any, settings: RawSettings, vocab: int, out: dict, log: Log) -> None:
+    """Text first token, warm-TTFT floor and prefill, into `out`."""
+    text = token_ids(settings.text_tokens, vocab, 3)
+    out["text_first_token_ms"] = cold_ms(model, text, settings)
+    log(f"raw: text first token ({len(text)} tokens): {out['text_first_token_ms']:.1f} ms")
+    out["warm_ttft_ms"] = warm_ttft_ms(model, settings, vocab)
+    log(
+        f"raw: warm TTFT floor (prefix {settings.prefix_tokens} + {settings.suffix_tokens}): "
+        f"{out['warm_ttft_ms']:.1f} ms"
+    )
+    prompt = token_ids(settings.prefix_tokens, vocab, 5)
+    out["prefill_ms"] = cold_ms(model, prompt, settings)
+    log(f"raw: prefill of {settings.prefix_tokens} tokens: {out['prefill_ms']:.1f} ms")

@@ -1,7 +1,8 @@
 """`bench hotpath --quick` and `bench engine --raw` end to end on the tiny model (CPU).
 
 Pinned: every figure is present, positive, and paired with raw MLX (a ratio) or a target; the
-raw ceiling ran first in the same command; the JSON and the plot are written.
+raw ceiling ran first in the same command, and its decode again after the server (the drift
+check, a ratio of raw to raw); the JSON and the plot are written.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ TARGET_ROWS = (
     "new_size_first_vs_later",
     "image_batch_gain",
 )
+DRIFT_ROWS = ("raw_drift_b1", "raw_drift_b4")
 
 
 def test_hotpath_quick_reports_every_figure(tmp_path, capsys) -> None:
@@ -53,7 +55,7 @@ def test_hotpath_quick_reports_every_figure(tmp_path, capsys) -> None:
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
     rows = {r["key"]: r for r in data["rows"]}
-    assert set(RAW_ROWS) | set(TARGET_ROWS) | {"server_ready_s"} == set(rows), printed
+    assert set(RAW_ROWS) | set(TARGET_ROWS) | set(DRIFT_ROWS) | {"server_ready_s"} == set(rows)
     for key in RAW_ROWS:
         row = rows[key]
         assert row["gateway"] > 0 and row["raw"] > 0, row
@@ -62,6 +64,13 @@ def test_hotpath_quick_reports_every_figure(tmp_path, capsys) -> None:
     for key in TARGET_ROWS:
         assert rows[key]["gateway"] > 0 and rows[key]["met"] is not None, rows[key]
     assert data["raw"]["decode_tok_s_b4"] > 0 and data["raw"]["settings"]["batches"] == [1, 4]
+    after = data["raw_after"]
+    assert after["decode_tok_s_b4"] > 0 and "warm_ttft_ms" not in after  # decode only
+    for key in DRIFT_ROWS:
+        batch = key.rsplit("b", 1)[1]
+        want = after[f"decode_tok_s_b{batch}"] / data["raw"][f"decode_tok_s_b{batch}"]
+        assert rows[key]["gateway"] == want and rows[key]["raw"] is None, rows[key]
+    assert printed.index("server ready") < printed.index("raw decode 4 rows: after")
     assert data["details"]["clean_shutdown"] is True
     assert data["machine"]["cpus"] and data["model"] == model and data["args"]["quick"] == "True"
     assert data["seconds"] < 240

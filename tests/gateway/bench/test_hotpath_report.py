@@ -163,3 +163,17 @@ def test_scenarios_past_the_budget_are_skipped_not_run() -> None:
     assert rows and all(r.gateway is None and r.note.startswith("SKIPPED") for r in rows)
     assert completions.calls == []
     bench.files.close()
+
+
+def test_drift_rows_flag_a_machine_that_moved() -> None:
+    """Invariant: raw decode after / before per batch; beyond 15% the note says the call's
+    decode ratios are suspect; a failed re-check leaves the ratio empty with its error."""
+    from gateway.bench.hotpath import drift_rows
+
+    before = {"decode_tok_s_b1": 100.0, "decode_tok_s_b16": 1000.0}
+    rows = drift_rows(before, {"decode_tok_s_b1": 95.0, "decode_tok_s_b16": 700.0}, (1, 16))
+    assert [r.key for r in rows] == ["raw_drift_b1", "raw_drift_b16"]
+    assert rows[0].gateway == 0.95 and "drifted" not in rows[0].note
+    assert rows[1].gateway == 0.7 and "drifted" in rows[1].note
+    failed = drift_rows(before, {"error": "raw ceiling exited with 1"}, (1,))
+    assert failed[0].gateway is None and failed[0].note == "raw ceiling exited with 1"

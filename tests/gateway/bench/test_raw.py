@@ -127,6 +127,18 @@ def test_measure_gives_every_figure() -> None:
     assert out["settings"]["batches"] == [1, 2]
 
 
+def test_decode_only_skips_the_latency_figures() -> None:
+    """Invariant: `decode_only` (the hotpath's drift re-check) measures decode alone."""
+    settings = RawSettings(
+        batches=(2,), decode_tokens=4, skip_tokens=2, prompt_tokens=8, reps=1, warmups=1,
+        decode_only=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    out = measure(load_text_model(tiny_model("qwen2_vl")), settings, lines.append)
+    assert out["decode_tok_s_b2"] > 0 and len(lines) == 1
+    assert not {"text_first_token_ms", "warm_ttft_ms", "prefill_ms"} & set(out)
+
+
 def test_cli_prints_json_on_stdout(capsys) -> None:
     from gateway.bench.raw import main
 
