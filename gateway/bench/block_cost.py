@@ -19,7 +19,8 @@ variants interleaved per repetition (a lent VM drifts within minutes):
     engine_blocks_mrope_eager  the same with mlx-vlm's eager apply (image blocks before it)
     textcore_blocks  the engine's decode model (`TextCore`: token ids, fused rope) in blocks
 
-Prints one JSON object: each variant's median total ms and per-block ms.
+Prints one JSON object: each variant's median total ms and per-block ms, whether the compiled
+mRoPE is installed and whether it is bit-identical to the eager apply on this device.
 """
 
 from __future__ import annotations
@@ -118,6 +119,27 @@ def variants(raw: Any, vlm: VisionLanguageModel, ids: list[int], block: int) -> 
     }
 
 
+def mrope_identical(vlm: VisionLanguageModel, ids: list[int], block: int) -> bool:
+    """The first block's hidden states and KV through the multimodal rope, compiled against
+    mlx-vlm's eager apply: bit-identical on this backend? (Pinned on CPU by the tests; this
+    checks the device the bench runs on.)"""
+    lm = vlm.model.language_model.model
+    plan = vlm.prefill_plan(ids, [], [], 0, len(ids))
+    hi = min(block, len(ids))
+
+    def run() -> list[mx.array]:
+        cache = vlm.new_cache()
+        hidden = forward(lm, plan, cache, 0, hi, final_rows(hi, block), fast_text=False)
+        out = [hidden, *cache[-1].state]
+        mx.eval(out)
+        return out
+
+    compiled = run()
+    with eager_mrope():
+        eager = run()
+    return all(mx.array_equal(a, b).item() for a, b in zip(compiled, eager, strict=True))
+
+
 def measure(model_dir: str, prompt_tokens: int, block: int, reps: int) -> dict[str, Any]:
     vlm = VisionLanguageModel(model_dir)
     raw = load_text_model(model_dir)
@@ -131,6 +153,10 @@ def measure(model_dir: str, prompt_tokens: int, block: int, reps: int) -> dict[s
                 samples[name].append(times)
         print(f"block_cost: round {rep + 1}/{reps + 2}", file=sys.stderr, flush=True)
     out: dict[str, Any] = {"prompt_tokens": prompt_tokens, "block": block, "reps": reps}
+    # Without the compiled apply (another arch, or Metal's fused kernel) both mRoPE variants
+    # run the same code.
+    out["compiled_mrope"] = vlm.compiled_mrope
+    out["mrope_bit_identical"] = mrope_identical(vlm, ids, block)
     for name, rounds in samples.items():
         totals = [sum(r) for r in rounds]
         per_block = [statistics.median(col) for col in zip(*rounds)]

@@ -9,9 +9,9 @@ This bench separates "the server's history" from "the VM at that minute": one se
 per round, for each stream count, a warm wave then `--waves` timed waves of `--tokens` greedy
 tokens (EOS ignored, read by a plain SSE client), then `--conversations` new images of
 `--image-size` pixels by path, each for `--turns` turns (the caches fill with image KV and
-vision features). A server whose decode degrades with its history shows falling tok/s
-round by round; pass `--server-arg=--step-trace=FILE` for the engine's own step times
-(`python -m gateway.bench.steps FILE`).
+vision features; none after the last round). A server whose decode degrades with its
+history shows falling tok/s round by round; pass `--server-arg=--step-trace=FILE` for the
+engine's own step times (`python -m gateway.bench.steps FILE`).
 
 Prints one JSON line per round and stream count, then a summary line: each stream count's
 tok/s in the last round over the first (1.0: no change).
@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,9 @@ def _user(content: Any) -> dict[str, Any]:
     return {"role": "user", "content": content}
 
 
-async def _wave(http: httpx.AsyncClient, n: int, tokens: int, salt: str) -> float | None:
-    """`n` concurrent greedy streams of `tokens` tokens: aggregate tok/s (None on an error)."""
+async def _wave(http: httpx.AsyncClient, n: int, tokens: int, salt: str) -> float:
+    """`n` concurrent greedy streams of `tokens` tokens: aggregate tok/s. Raises when a
+    stream fails or shows no tokens (a wave that cannot be timed is not a zero)."""
 
     def one(i: int) -> Any:
         prompt = [_user(f"Story {salt}{i:03d}. {STORY}")]
@@ -56,7 +58,10 @@ async def _wave(http: httpx.AsyncClient, n: int, tokens: int, salt: str) -> floa
     errors = [s.error for s in streams if s.error]
     if errors:
         raise RuntimeError(f"decode wave failed: {errors[0]}")
-    return aggregate_tok_s(streams)
+    tok_s = aggregate_tok_s(streams)
+    if tok_s is None:
+        raise RuntimeError("decode wave could not be timed (no content chunks)")
+    return tok_s
 
 
 async def _conversation(http: httpx.AsyncClient, image: Path, turns: int) -> None:
@@ -104,12 +109,17 @@ async def run(base_url: str, args: argparse.Namespace, folder: Path) -> list[dic
             encoded = await _vision_misses(base_url) - before
             for n in args.streams:
                 await _wave(http, n, min(16, args.tokens), "w")  # these shapes, once
-                waves = [await _wave(http, n, args.tokens, "d") for _ in range(args.waves)]
-                tok_s = statistics.median(w or 0.0 for w in waves)
+                # New prompts per wave: every timed wave equally cold for the prefix cache.
+                waves = [
+                    await _wave(http, n, args.tokens, f"d{round_}.{w}.") for w in range(args.waves)
+                ]
+                tok_s = statistics.median(waves)
                 record = {"round": round_, "streams": n, "tok_s": tok_s, "waves": waves,
                           "images_encoded": encoded}  # fmt: skip
                 print(json.dumps(record), flush=True)
                 records.append(record)
+            if round_ == args.rounds - 1:
+                break  # the history after the last waves would affect nothing measured
             for k in range(args.conversations):
                 image = _noise_png(folder, args.image_size, 1000 * round_ + k)
                 await _conversation(http, image, args.turns)
@@ -137,11 +147,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--server-arg", action="append", default=[], help="an extra serve flag")
     args = p.parse_args(argv)
+    if args.rounds < 1 or args.waves < 1:
+        p.error("--rounds and --waves must be >= 1")
     with tempfile.TemporaryDirectory(prefix="decode-life-") as folder:
         flags = ["--model", args.model, "--served-model-name", "bench"]
         server = LocalServer([*flags, "--allowed-media-dir", folder, *args.server_arg])
         try:
             records = asyncio.run(run(server.base_url, args, Path(folder)))
+        except RuntimeError:
+            print(server.log(), file=sys.stderr)  # why the server refused or failed
+            raise
         finally:
             server.stop()
     print(json.dumps({"summary": summary(records)}), flush=True)

@@ -16,15 +16,17 @@ tests/gateway/engine/test_compiled_mrope.py). Qwen3-VL's interleaved style is al
 compiled function in mlx-vlm and is left alone. A new input shape costs one re-trace (ms of
 Python), not a new kernel: the generated kernels do not depend on the sizes.
 
-The swap is process-wide (a module attribute), idempotent, and only for mlx-vlm modules whose
-function has the expected signature; `eager_mrope()` restores the original inside a block
-(the bench's A/B).
+The swap is process-wide (a module attribute), idempotent, thread-safe, and only for mlx-vlm
+modules whose function has the expected signature; `eager_mrope()` restores the original
+inside a block (the bench's A/B). Where mlx-vlm's `fused_apply` is on (Metal), the models
+call their own kernel and never this function: installing is then harmless and unused.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -38,12 +40,17 @@ _UNFUSED_MODULES = frozenset(
     {"mlx_vlm.models.qwen2_vl.language", "mlx_vlm.models.qwen2_5_vl.language"}
 )
 _installed: dict[str, Callable[..., Any]] = {}  # module name -> the original function
+_lock = threading.Lock()  # two engines loading at once must not wrap the wrapper
 
 
 def _compiled(original: Callable[..., Any]) -> Callable[..., Any]:
+    """`original` under `mx.compile` for `unqueeze_dim == 1` (how the models call it); other
+    values run `original` eagerly. The result's `__wrapped__` is `original`."""
     fused = mx.compile(lambda q, k, cos, sin: original(q, k, cos, sin, 1))
 
-    def apply(q: mx.array, k: mx.array, cos: mx.array, sin: mx.array, unqueeze_dim: int = 1):
+    def apply(
+        q: mx.array, k: mx.array, cos: mx.array, sin: mx.array, unqueeze_dim: int = 1
+    ) -> tuple[mx.array, mx.array]:
         if unqueeze_dim != 1:  # never called so by the models; keep the original's meaning
             return original(q, k, cos, sin, unqueeze_dim)
         return fused(q, k, cos, sin)
@@ -54,20 +61,23 @@ def _compiled(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def install_compiled_mrope(language_model: nn.Module) -> bool:
     """Compile the multimodal rope apply of `language_model`'s mlx-vlm module. Returns True
-    when it is (now or already) compiled, False when the module is not one this knows (it is
-    then left alone). Process-wide; call before the model runs, from the MLX thread."""
+    when the compiled apply is installed (now or before), False when the module is not one
+    this knows (it is then left alone). Process-wide and thread-safe; call before the model
+    runs (a forward already traced keeps the function it saw)."""
     name = type(language_model).__module__
-    if name in _installed:
+    with _lock:
+        if name in _installed:
+            return True
+        module = sys.modules.get(name)
+        original = getattr(module, _NAME, None) if module is not None else None
+        if name not in _UNFUSED_MODULES or original is None:
+            return False
+        params = list(inspect.signature(original).parameters)
+        if params != ["q", "k", "cos", "sin", "unqueeze_dim"]:
+            return False  # a different mlx-vlm: do not guess what its function means
+        _installed[name] = original
+        setattr(module, _NAME, _compiled(original))
         return True
-    module = sys.modules.get(name)
-    original = getattr(module, _NAME, None) if module is not None else None
-    if name not in _UNFUSED_MODULES or original is None:
-        return False
-    if list(inspect.signature(original).parameters) != ["q", "k", "cos", "sin", "unqueeze_dim"]:
-        return False  # a different mlx-vlm: do not guess what its function means
-    _installed[name] = original
-    setattr(module, _NAME, _compiled(original))
-    return True
 
 
 @contextmanager

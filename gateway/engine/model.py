@@ -106,7 +106,8 @@ class VisionLanguageModel:
         self.eos_token_ids: tuple[int, ...] = self._eos_ids()
         self.text_core = TextCore(self.model.language_model)
         # Image blocks' mRoPE as one fused chain per layer (compiled_mrope.py): same values.
-        self.compiled_mrope = install_compiled_mrope(self.model.language_model)
+        # A lazy copy (the HTTP process's prompt side) never runs a forward: left alone.
+        self.compiled_mrope = not lazy and install_compiled_mrope(self.model.language_model)
         # The dtype the embedding *produces* (image features are cast to it): for a quantized
         # checkpoint `embed_tokens.weight` is the packed uint32 array, and casting features to
         # that truncated them to integers (see docs/caching.md, "quantized checkpoints").

@@ -19,6 +19,7 @@ def test_every_variant_covers_the_prompt_block_by_block(capsys) -> None:
          "--block", "64", "--reps", "1"]
     )  # fmt: skip
     out = json.loads(capsys.readouterr().out)
+    assert out["compiled_mrope"] is True and out["mrope_bit_identical"] is True
     assert len(out["raw_one"]["per_block_ms"]) == 1
     blocks = ("raw_blocks", "engine_blocks", "engine_blocks_mrope", "engine_blocks_mrope_eager")
     for name in (*blocks, "textcore_blocks"):
