@@ -265,6 +265,25 @@ class DiskStore:
             self._evictions += evicted
             self._scanned_at = self._clock()
 
+    def clear(self) -> int:
+        """Remove every entry of this namespace (other namespaces, i.e. other models sharing
+        the folder, keep theirs); returns how many files went. A write racing the clear may
+        land after it (the caller flushes its writer first)."""
+        removed = 0
+        try:
+            with open(self._lock_path, "a+b") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                for folder, _, names in os.walk(self.base / self.namespace):
+                    for name in names:
+                        if name.endswith(SUFFIX):
+                            with contextlib.suppress(FileNotFoundError):
+                                (Path(folder) / name).unlink()
+                                removed += 1
+        except OSError as exc:
+            log.warning("disk cache: clearing %s failed: %s", self.base / self.namespace, exc)
+        self.enforce_budget(force=True)  # recount what the whole folder holds now
+        return removed
+
     def _scan(self) -> Iterator[tuple[float, int, Path]]:
         """(mtime, size, path) of every entry of every namespace; stale temporary files of
         dead writers are removed on the way."""

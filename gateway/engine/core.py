@@ -170,8 +170,13 @@ class Engine(Stages):
         return [True] * len(images) if ops is None else ops.needs_pixels(prompt_ids, images)
 
     def clear_caches(self) -> None:
+        """Empty the vision and prefix caches and this model's disk tier (a cleared server
+        answers the next request cold, as `/v1/cache/clear` promises). Any thread."""
         self.vision_cache.clear()
         self.prefix_cache.clear()
+        disk = getattr(getattr(self, "_cache_ops", None), "disk", None)
+        if disk is not None:
+            disk.clear()
         if self._grammars is not None:
             self._grammars.cache.clear()
 

@@ -130,6 +130,13 @@ class DiskTier:
     def activate(self) -> None:
         self.active = True
 
+    def clear(self, timeout: float = 30.0) -> int:
+        """Remove this model's entries from the disk (what is queued is written first, so it
+        cannot reappear after the clear); returns the files removed. Any thread."""
+        self.writer.flush(timeout)
+        self._touched.clear()
+        return self.store.clear()
+
     def close(self, timeout: float = 30.0) -> None:
         """Write what is queued (up to `timeout` s; the rest is lost, never half-written) and
         stop the reader (not waited for long: it only reads)."""

@@ -200,3 +200,18 @@ def test_processes_sharing_a_folder_never_corrupt_it(tmp_path: Path) -> None:
     for path in files:
         _, meta = decode(path.read_bytes())
         assert path.name == meta["key"] + ".safetensors"
+
+
+def test_clear_removes_this_namespace_only(tmp_path: Path) -> None:
+    """Invariant: `clear` removes every entry of the store's namespace (later lookups miss,
+    stats count none of them) and leaves another namespace's entries in the folder."""
+    store, other = _store(tmp_path), _store(tmp_path, namespace="other22")
+    for i in range(3):
+        store.put("vision", _key(i), _entry(i), {})
+    store.put("prefix", _key(9), _entry(9), {})
+    other.put("vision", _key(1), _entry(1), {})
+    assert store.clear() == 4
+    assert not any(store.contains(k, _key(i)) for k in ("vision", "prefix") for i in (0, 1, 9))
+    assert store.get("vision", _key(0)) is None
+    assert store.stats().entries == 1  # the other namespace's file, still in the folder
+    assert other.get("vision", _key(1)) is not None

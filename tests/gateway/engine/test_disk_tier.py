@@ -5,7 +5,8 @@ disk (KV blocks; and image features when the KV cannot be reused) with token ids
 bit for bit equal to an engine without caches, on all three architectures (Qwen3-VL carries
 deepstack features); damaged, truncated and foreign files are misses that are removed, and
 the answer is still exact; another weight dtype of the same model reads none of the files;
-the warm-up neither reads nor writes the disk.
+the warm-up neither reads nor writes the disk; clearing the caches clears this model's disk
+entries too (the next request is cold, exactly as uncached).
 """
 
 from __future__ import annotations
@@ -172,6 +173,28 @@ def test_the_warm_up_neither_reads_nor_writes_the_disk(tmp_path: Path) -> None:
         _ask(h, "Another question?")
         h.engine._cache_ops.disk.writer.flush()
         assert _files(tmp_path, "vision") and _files(tmp_path, "prefix")
+    finally:
+        h.close()
+
+
+def test_clearing_the_caches_clears_the_disk_tier(tmp_path: Path) -> None:
+    """Invariant: after `clear_caches` (`POST /v1/cache/clear`) a repeat question is cold in
+    memory and on disk (no hit of either kind) and its tokens and logprobs equal the first
+    answer's; a repeat before the clear was a hit."""
+    h = _restart("qwen2_vl", tmp_path)
+    try:
+        first, _ = _ask(h)
+        _, admitted = _ask(h)
+        assert admitted.cached_tokens > 0  # the image's KV: the tower was not needed
+        h.engine._cache_ops.disk.writer.flush()
+        assert _files(tmp_path, "vision") and _files(tmp_path, "prefix")
+        h.engine.clear_caches()
+        assert _files(tmp_path) == []
+        again, admitted = _ask(h)
+        assert admitted.vision_hits == admitted.cached_tokens == 0
+        assert admitted.vision_misses == 1  # the tower ran again
+        assert admitted.vision_disk_hits == admitted.disk_cached_tokens == 0
+        assert again.token_ids == first.token_ids and again.logprobs == first.logprobs
     finally:
         h.close()
 
