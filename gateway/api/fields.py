@@ -33,6 +33,8 @@ def opt_int(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
         # 64 bits into floats), and a rounded value must not slip into range.
         if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
             value = int(value)
+        elif isinstance(value, float) and value.is_integer():  # a huge integer, rounded
+            raise invalid(f"`{name}` must be an integer between {lo} and {hi}", name)
         else:
             raise invalid(f"`{name}` must be an integer", name)
     if not lo <= value <= hi:

@@ -105,18 +105,49 @@ def decode_rgb(data: bytes, max_pixels: int) -> Image.Image:
     except Image.DecompressionBombError as exc:
         raise _pixel_limit_error(f"is too large to decode safely ({exc})", max_pixels) from None
     except UnidentifiedImageError:
-        raise invalid(
-            "could not decode image: not a supported image format (supported: "
-            f"{', '.join(supported_formats())})",
-            code=DECODE_CODE,
-        ) from None
+        raise invalid(_unidentified_message(data), code=DECODE_CODE) from None
     except _EXPECTED_ERRORS as exc:
-        raise invalid(f"could not decode image: {exc}", code=DECODE_CODE) from None
+        known = _known_format(data)
+        damaged = f"the {known} data is truncated or corrupt ({exc})" if known else str(exc)
+        raise invalid(f"could not decode image: {damaged}", code=DECODE_CODE) from None
     except Exception as exc:
         log.exception("unexpected error from Pillow while decoding an image")
         raise invalid(
             f"could not decode image: {type(exc).__name__}: {exc}", code=DECODE_CODE
         ) from None
+
+
+# Leading bytes of the supported formats: a file that starts like one but does not open is
+# damaged (truncated, corrupt), not of an unsupported format, and the message says so.
+_SIGNATURES = {
+    b"\x89PNG\r\n\x1a\n": "PNG",
+    b"\xff\xd8\xff": "JPEG",
+    b"GIF87a": "GIF",
+    b"GIF89a": "GIF",
+    b"BM": "BMP",
+    b"II*\x00": "TIFF",
+    b"MM\x00*": "TIFF",
+}
+
+
+def _known_format(data: bytes) -> str | None:
+    """The supported format `data` starts like, if any (by its leading bytes)."""
+    known = next((f for sig, f in _SIGNATURES.items() if data.startswith(sig)), None)
+    if known is None and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        known = "WEBP"
+    return known if known in supported_formats() else None
+
+
+def _unidentified_message(data: bytes) -> str:
+    """Why Pillow could not identify `data`: a damaged file of a known format, or a format
+    we do not decode."""
+    known = _known_format(data)
+    if known is not None:
+        return f"could not decode image: the {known} data is truncated or corrupt"
+    return (
+        "could not decode image: not a supported image format (supported: "
+        f"{', '.join(supported_formats())})"
+    )
 
 
 def _apply_exif_orientation(image: Image.Image) -> Image.Image:

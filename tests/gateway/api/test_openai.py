@@ -132,3 +132,19 @@ def test_video_url_parts_keep_their_place_among_images() -> None:
         with pytest.raises(APIError) as caught:
             parse_chat_request(_with(messages=[message]))
         assert caught.value.status == 400 and caught.value.param == param
+
+
+def test_an_integer_beyond_64_bits_gets_the_range_not_a_type_error() -> None:
+    """Invariant: a seed too large for the JSON parser's integers (it arrives as a float) is
+    refused with the allowed range, not with 'must be an integer'; a fraction still is."""
+    for too_big in (float(2**64), 1e23):
+        with pytest.raises(APIError) as caught:
+            parse_chat_request(
+                {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": too_big}
+            )
+        assert caught.value.param == "seed" and "between" in caught.value.message
+    with pytest.raises(APIError) as caught:
+        parse_chat_request(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": 0.5}
+        )
+    assert caught.value.message == "`seed` must be an integer"

@@ -270,6 +270,20 @@ def test_undecodable_bytes_are_a_400_with_the_reason() -> None:
         assert err.message.startswith("could not decode image")
 
 
+def test_a_damaged_file_of_a_known_format_is_not_called_unsupported() -> None:
+    """Invariant: bytes that start like a supported format but do not open are reported as
+    truncated or corrupt data of that format; bytes of no known format name the formats we
+    decode."""
+    loader = MediaLoader(MediaConfig())
+    for payload, name in ((b"GIF89a", "GIF"), (b"\x89PNG\r\n\x1a\n\x00", "PNG"),
+                          (b"RIFF\x10\x00\x00\x00WEBPVP8 ", "WEBP")):  # fmt: skip
+        err = load_error(loader, data_uri(payload))
+        assert (err.status, err.code) == (400, "image_decode_failed")
+        assert f"the {name} data is truncated or corrupt" in err.message, err.message
+    err = load_error(loader, data_uri(b"not an image at all"))
+    assert "not a supported image format (supported: PNG" in err.message
+
+
 # --- data URIs -------------------------------------------------------------------------------
 
 
