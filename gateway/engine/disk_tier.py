@@ -130,9 +130,11 @@ class DiskTier:
     def activate(self) -> None:
         self.active = True
 
-    def clear(self, timeout: float = 30.0) -> int:
-        """Remove this model's entries from the disk (what is queued is written first, so it
-        cannot reappear after the clear); returns the files removed. Any thread."""
+    def clear(self, timeout: float = 5.0) -> int:
+        """Remove this model's entries from the disk; returns the files removed. Any thread.
+        What is queued is written first (up to `timeout` s, short: under load the queue keeps
+        filling, and the HTTP call waiting on this must not time out), so entries queued
+        before the clear do not reappear after it, unless the wait ran out."""
         self.writer.flush(timeout)
         self._touched.clear()
         return self.store.clear()
