@@ -241,8 +241,7 @@ class DiskStore:
             if not (force or due or self._bytes > self.capacity_bytes):
                 return
         try:
-            with open(self._lock_path, "a+b") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
+            with self._folder_lock():
                 files = sorted(self._scan(), key=lambda f: f[0])  # oldest use first
                 total = sum(size for _, size, _ in files)
                 evicted = 0
@@ -271,8 +270,7 @@ class DiskStore:
         land after it (the caller flushes its writer first)."""
         removed = 0
         try:
-            with open(self._lock_path, "a+b") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+            with self._folder_lock():
                 for folder, _, names in os.walk(self.base / self.namespace):
                     for name in names:
                         if name.endswith(SUFFIX):
@@ -283,6 +281,14 @@ class DiskStore:
             log.warning("disk cache: clearing %s failed: %s", self.base / self.namespace, exc)
         self.enforce_budget(force=True)  # recount what the whole folder holds now
         return removed
+
+    @contextlib.contextmanager
+    def _folder_lock(self) -> Iterator[None]:
+        """The whole folder's exclusive lock, across processes (scans and mass deletes run
+        under it); raises OSError if the lock file cannot be opened."""
+        with open(self._lock_path, "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
+            yield
 
     def _scan(self) -> Iterator[tuple[float, int, Path]]:
         """(mtime, size, path) of every entry of every namespace; stale temporary files of

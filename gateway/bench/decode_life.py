@@ -24,15 +24,17 @@ import asyncio
 import json
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
-from PIL import Image
 
-from gateway.bench.hotpath_client import aggregate_tok_s, plain_stream, together
+from gateway.bench.hotpath_client import (
+    ImageFiles,
+    aggregate_tok_s,
+    image_turn,
+    plain_stream,
+    together,
+)
 from gateway.bench.server import LocalServer
 
 QUERIES, HITS = (
@@ -64,14 +66,9 @@ async def _wave(http: httpx.AsyncClient, n: int, tokens: int, salt: str) -> floa
     return tok_s
 
 
-async def _conversation(http: httpx.AsyncClient, image: Path, turns: int) -> None:
+async def _conversation(http: httpx.AsyncClient, image: str, turns: int) -> None:
     """One image by path, asked `turns` questions in one conversation (8 tokens each)."""
-    messages = [
-        _user([
-            {"type": "image_url", "image_url": {"url": str(image)}},
-            {"type": "text", "text": "Describe the picture."},
-        ])
-    ]  # fmt: skip
+    messages = [image_turn(image, "Describe the picture.")]
     for turn in range(turns):
         reply = await plain_stream(http, messages, 8, temperature=0, ignore_eos=True)
         if reply.error:
@@ -80,33 +77,22 @@ async def _conversation(http: httpx.AsyncClient, image: Path, turns: int) -> Non
         messages += [_user(f"And what about detail {turn}?")]
 
 
-def _noise_png(folder: Path, size: int, seed: int) -> Path:
-    path = folder / f"life-{size}-{seed}.png"
-    pixels = np.random.default_rng(seed).integers(0, 256, (size, size, 3), dtype=np.uint8)
-    Image.fromarray(pixels, "RGB").save(path)
-    return path
-
-
-async def _vision_misses(base_url: str) -> float:
+def _vision_misses(server: LocalServer) -> float:
     """Images the server's vision cache did not hold so far (each one went through the tower)."""
-    async with httpx.AsyncClient(base_url=base_url, timeout=60) as client:
-        text = (await client.get("/metrics")).text
-    counts = {QUERIES: 0.0, HITS: 0.0}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in counts:
-            counts[name] = float(value)
-    return counts[QUERIES] - counts[HITS]
+    samples = server.metrics()
+    return samples.get(QUERIES, 0.0) - samples.get(HITS, 0.0)
 
 
-async def run(base_url: str, args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
+async def run(
+    server: LocalServer, args: argparse.Namespace, files: ImageFiles
+) -> list[dict[str, Any]]:
     """The rounds against a running server; one record per round and stream count, with the
     images encoded so far by the rounds' conversations (`images_encoded`)."""
     records = []
-    before = await _vision_misses(base_url)
-    async with httpx.AsyncClient(base_url=base_url + "/v1", timeout=600) as http:
+    before = _vision_misses(server)
+    async with httpx.AsyncClient(base_url=server.base_url + "/v1", timeout=600) as http:
         for round_ in range(args.rounds):
-            encoded = await _vision_misses(base_url) - before
+            encoded = _vision_misses(server) - before
             for n in args.streams:
                 await _wave(http, n, min(16, args.tokens), "w")  # these shapes, once
                 # New prompts per wave: every timed wave equally cold for the prefix cache.
@@ -121,7 +107,7 @@ async def run(base_url: str, args: argparse.Namespace, folder: Path) -> list[dic
             if round_ == args.rounds - 1:
                 break  # the history after the last waves would affect nothing measured
             for k in range(args.conversations):
-                image = _noise_png(folder, args.image_size, 1000 * round_ + k)
+                image = files.path(args.image_size, 1000 * round_ + k)
                 await _conversation(http, image, args.turns)
     return records
 
@@ -149,16 +135,19 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.rounds < 1 or args.waves < 1:
         p.error("--rounds and --waves must be >= 1")
-    with tempfile.TemporaryDirectory(prefix="decode-life-") as folder:
-        flags = ["--model", args.model, "--served-model-name", "bench"]
-        server = LocalServer([*flags, "--allowed-media-dir", folder, *args.server_arg])
+    files = ImageFiles()
+    flags = ["--model", args.model, "--served-model-name", "bench"]
+    try:
+        server = LocalServer([*flags, "--allowed-media-dir", str(files.root), *args.server_arg])
         try:
-            records = asyncio.run(run(server.base_url, args, Path(folder)))
+            records = asyncio.run(run(server, args, files))
         except RuntimeError:
             print(server.log(), file=sys.stderr)  # why the server refused or failed
             raise
         finally:
             server.stop()
+    finally:
+        files.close()
     print(json.dumps({"summary": summary(records)}), flush=True)
 
 
