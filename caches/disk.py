@@ -3,7 +3,7 @@ process that serves from it, with a byte budget kept by least-recent use.
 
 Layout: `<root>/v1/<namespace>/<kind>/<key[:2]>/<key>.safetensors`. The namespace is the
 fingerprint of everything that makes a file usable (model config and weights, dtypes,
-processor settings, KV block size; gateway/engine/disk_tier.py builds it), so another model
+processor settings, KV block size; gateway/engine/disk/tier.py builds it), so another model
 or dtype looks in another folder and never reads these files; each file also names its
 namespace, kind and key in its metadata, and a file that disagrees is treated as foreign.
 

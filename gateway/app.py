@@ -24,17 +24,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api import anthropic, openai, responses_api
+from gateway.api.anthropic import parse as anthropic
 from gateway.api.http import authorize, internal_error
-from gateway.api.openai_responses import render_error
+from gateway.api.openai import parse as openai
+from gateway.api.openai.render import render_error
 from gateway.api.pipeline import ChatPipeline
-from gateway.api.prompt import PromptBuilder
-from gateway.api.streams import LoopDelivery
+from gateway.api.responses import routes as responses_api
 from gateway.config import EngineConfig, MediaConfig, ServerConfig
 from gateway.engine.core import Engine
-from gateway.engine.model import VisionLanguageModel
-from gateway.engine.process import EngineUnavailable, RemoteEngine
+from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.remote.client import EngineUnavailable, RemoteEngine
 from gateway.errors import APIError
+from gateway.frontend.prompt import PromptBuilder
+from gateway.frontend.streams import LoopDelivery
 from gateway.media import MediaLoader
 from gateway.metrics import EdgeMetrics, Metrics
 from gateway.warmup import Warmup

@@ -368,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_cluster_parser(_serve_parser, sub)
     _make_model_parser(sub)
-    from gateway.bench.cli import add_bench_parser
+    from bench.cli import add_bench_parser
 
     add_bench_parser(sub)
     return parser

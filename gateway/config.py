@@ -166,7 +166,7 @@ class EngineConfig:
 
 @dataclass(frozen=True)
 class ResponsesConfig:
-    """Bounds of the Responses API's stored conversations (gateway.api.responses_store):
+    """Bounds of the Responses API's stored conversations (gateway.api.responses.store):
     `max_stored` 0 stores nothing (`previous_response_id` then always 404s); `ttl_s` 0: no
     expiry. Bytes count texts, rendered bodies and the kept decoded images (3 bytes/pixel)."""
 

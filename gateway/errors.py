@@ -2,8 +2,8 @@
 
 Anything the client can fix raises `APIError` with a 4xx status and a message that says what
 to change. Each API renders it in its own shape: OpenAI's `{"error": {"message", "type",
-"param", "code"}}` (gateway.api.openai_responses) or Anthropic's `{"type": "error", "error":
-{"type", "message"}}` (gateway.api.anthropic_responses).
+"param", "code"}}` (gateway.api.openai.render) or Anthropic's `{"type": "error", "error":
+{"type", "message"}}` (gateway.api.anthropic.render).
 """
 
 from __future__ import annotations

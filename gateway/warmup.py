@@ -31,10 +31,10 @@ import numpy as np
 from PIL import Image
 
 from caches.hashing import pixel_hash
-from gateway.api.openai import parse_chat_request
-from gateway.api.prompt import PromptBuilder
+from gateway.api.openai.parse import parse_chat_request
 from gateway.engine.core import Engine
 from gateway.engine.request import ErrorEvent, Event, FinishEvent, TokenEvent
+from gateway.frontend.prompt import PromptBuilder
 from gateway.media import DecodedImage
 
 log = logging.getLogger(__name__)

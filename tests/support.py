@@ -23,8 +23,8 @@ from PIL import Image
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from bench.server import LocalServer  # noqa: E402
 from caches.hashing import pixel_hash  # noqa: E402
-from gateway.bench.server import LocalServer  # noqa: E402
 from gateway.media import DecodedImage  # noqa: E402
 
 MODEL_ROOT = Path(os.environ.get("VISION_GATEWAY_TEST_MODELS", "/tmp/vision-gateway-test-models"))
@@ -167,9 +167,9 @@ class EngineHarness:
     def __init__(
         self, arch: str = "qwen2_vl", weights: str = "float32", **engine_kwargs: object
     ) -> None:
-        from gateway.api.prompt import PromptBuilder
         from gateway.config import CacheConfig, EngineConfig
         from gateway.engine.core import Engine
+        from gateway.frontend.prompt import PromptBuilder
         from gateway.metrics import Metrics
 
         caches = engine_kwargs.pop("cache", CacheConfig())
@@ -186,7 +186,7 @@ class EngineHarness:
         self._ids = 0
 
     def submit(self, body: dict, images: list[Image.Image] | tuple = ()) -> Run:
-        from gateway.api.openai import parse_chat_request
+        from gateway.api.openai.parse import parse_chat_request
 
         return self.submit_chat(parse_chat_request(body), images)
 

@@ -90,7 +90,7 @@ benches() {  # name, label, port, model name
 # Raw mlx-lm BatchGenerator on the same weights, once, with no server running.
 if [[ " $SCENARIOS " == *" concurrency "* ]] && [ ! -f "$OUT/raw.json" ]; then
   log "raw mlx-lm BatchGenerator ceiling"
-  .venv/bin/python -m gateway.bench.raw --model "$MODEL" --batch 1 2 4 8 16 32 \
+  .venv/bin/python -m bench.raw --model "$MODEL" --batch 1 2 4 8 16 32 \
     --decode-tokens 128 --prefix-tokens 80 --reps 3 >"$OUT/raw.json"
 fi
 
@@ -120,7 +120,7 @@ for scenario in $SCENARIOS; do
   [ -n "$files" ] || continue
   extra=()
   [ "$scenario" = concurrency ] && extra=(--ttft-plot "$OUT/$scenario-ttft.png")
-  .venv/bin/python -m gateway.bench.compare $files --markdown "$OUT/$scenario.md" \
+  .venv/bin/python -m bench.compare $files --markdown "$OUT/$scenario.md" \
     --plot "$OUT/$scenario.png" "${extra[@]}"
 done
 log "done: $OUT"

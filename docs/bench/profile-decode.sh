@@ -26,8 +26,8 @@ engine=$(pgrep -P $server -f spawn_main | head -1)
 echo "server $server, engine process $engine"
 python3 - "$PORT" "$STREAMS" "$TOKENS" "$SAMPLE_S" "$OUT" "$server" "$engine" <<'PY'
 import asyncio, json, subprocess, sys, time, urllib.request
-from gateway.bench.sse import ChatClient
-from gateway.bench.hotpath_client import aggregate_tok_s, median
+from bench.sse import ChatClient
+from bench.hotpath_client import aggregate_tok_s, median
 port, streams, tokens, sample_s, out, server, engine = sys.argv[1:]
 streams, tokens, sample_s = int(streams), int(tokens), float(sample_s)
 url = f"http://127.0.0.1:{port}"

@@ -8,7 +8,7 @@
 #   bash .whl/install.sh && OUT=$OUT bash docs/bench/run-h200-tables.sh
 # Everything lands in $OUT: <scenario>.json / .md / .log, server.log, make-model.log.
 # Plots: matplotlib is not on that machine; make them here from the JSON:
-#   python -m gateway.bench.compare $OUT/resolution.json --plot docs/bench/resolution-h200.png
+#   python -m bench.compare $OUT/resolution.json --plot docs/bench/resolution-h200.png
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -28,7 +28,7 @@ fi
 # Raw first, server not yet loaded: the ceiling is measured on an otherwise idle GPU.
 if [[ " $STEPS " == *" concurrency "* ]]; then
   stamp "raw mlx-lm BatchGenerator ceiling"
-  timeout 240 python3 -m gateway.bench.raw --model "$M" --batch 1 2 4 8 16 32 --decode-tokens 128 \
+  timeout 240 python3 -m bench.raw --model "$M" --batch 1 2 4 8 16 32 --decode-tokens 128 \
     --prefix-tokens 1400 --reps 3 >"$OUT/raw.json" 2>"$OUT/raw.log" || tail -5 "$OUT/raw.log"
 fi
 stamp "starting the server"

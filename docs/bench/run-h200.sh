@@ -35,9 +35,9 @@ for step in $STEPS; do
       timeout "${HOTPATH_S:-400}" python3 -m gateway bench hotpath --model /tmp/m7b \
         --server-arg=--cudnn-attention --out "$OUT/hotpath-cudnn.json" 2>&1 | tee "$OUT/hotpath-cudnn.log" ;;
     tower)
-      timeout 120 python3 -m gateway.bench.vision_tower /tmp/m7b --sizes 448 1024 2>&1 | tee "$OUT/tower.log" ;;
+      timeout 120 python3 -m bench.vision_tower /tmp/m7b --sizes 448 1024 2>&1 | tee "$OUT/tower.log" ;;
     decode_ab)
-      timeout 300 python3 -m gateway.bench.decode_ab --model /tmp/m7b --streams 1 16 32 \
+      timeout 300 python3 -m bench.decode_ab --model /tmp/m7b --streams 1 16 32 \
         --variant=default --variant=--in-process-engine 2>&1 | tee "$OUT/decode_ab.log" ;;
     exact)  # issue 14: what exact reuse costs in the engine (default: on, 256-row blocks on a
       # GPU; against off and 32-row blocks), then cached == uncached through the server
@@ -51,20 +51,20 @@ for step in $STEPS; do
           --out "$OUT/repeat${flags//-/_}.json" 2>&1 | tail -25
       done 2>&1 | tee -a "$OUT/exact.log" ;;
     invariance)  # batched == single: a shared final-block forward and whole requests
-      timeout 240 python3 -m gateway.bench.invariance --model /tmp/m7b --requests 16 --tokens 64 \
+      timeout 240 python3 -m bench.invariance --model /tmp/m7b --requests 16 --tokens 64 \
         --lengths 20 120 --out "$OUT/invariance.json" 2>&1 | tail -30 | tee "$OUT/invariance.log" ;;
     structured)  # issue 13: what a grammar costs per decode step (engine alone)
-      timeout 300 python3 -m gateway.bench.structured --model /tmp/m7b --batch 1 16 --tokens 256 \
+      timeout 300 python3 -m bench.structured --model /tmp/m7b --batch 1 16 --tokens 256 \
         --repeat 3 --json "$OUT/structured-h200.json" 2>&1 | tee "$OUT/structured.log" ;;
     soak)  # the same load in the foreground, for a call that must not leave the machine idle
       timeout $(( ${SOAK_S:-420} + 120 )) python3 -m gateway bench load --model /tmp/m7b --clients 32 \
         --seconds "${SOAK_S:-420}" ${SOAK_ARGS:-} --out "$OUT/load.json" --plot "$OUT/load.png" \
         >"$OUT/load.log" 2>&1; tail -20 "$OUT/load.log" ;;
     decode_life)  # decode waves between rounds of image turns: does the server's history slow it?
-      timeout "${LIFE_S:-300}" python3 -m gateway.bench.decode_life --model /tmp/m7b \
+      timeout "${LIFE_S:-300}" python3 -m bench.decode_life --model /tmp/m7b \
         --server-arg=--step-trace="$OUT/life-steps.jsonl" 2>&1 | tee "$OUT/decode_life.log" ;;
     disk_load)  # what a KV disk hit costs the engine thread at 7B shapes (no model)
-      timeout 120 python3 -m gateway.bench.disk_load --repeats 7 2>&1 | tee "$OUT/disk_load.log" ;;
+      timeout 120 python3 -m bench.disk_load --repeats 7 2>&1 | tee "$OUT/disk_load.log" ;;
     soak_start)  # the engine process under load for SOAK_S s, detached: collect with soak_collect
       mkdir -p /tmp/soak
       setsid nohup python3 -m gateway bench load --model /tmp/m7b --clients 32 \
@@ -75,7 +75,7 @@ for step in $STEPS; do
       while pgrep -f "bench load" >/dev/null; do sleep 5; done
       cp /tmp/soak/* "$OUT/"; tail -15 "$OUT/load.log" ;;
     block_cost)  # one prefill forward by path (cold prefill: blocks vs one forward)
-      timeout 200 python3 -m gateway.bench.block_cost --model /tmp/m7b --reps 4 \
+      timeout 200 python3 -m bench.block_cost --model /tmp/m7b --reps 4 \
         >"$OUT/block-cost.json" 2>"$OUT/block-cost.log"; cat "$OUT/block-cost.json" ;;
     engine)
       timeout "${ENGINE_S:-150}" python3 -m gateway bench engine --raw --model /tmp/m7b --image-size 1024 \

@@ -23,7 +23,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from gateway.bench.server import LocalServer
+from bench.server import LocalServer
 
 
 def clip(seed: int, frames: int, size: int) -> str:

@@ -21,16 +21,16 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 
 from gateway.api.body_budget import BodyBudget
-from gateway.api.chat import ChatRequest, ImagePart, VideoPart
 from gateway.api.http import authorize, read_json, unless_disconnected
-from gateway.api.prompt import Media, PromptBuilder, UnsupportedImage
-from gateway.api.streams import EventStream, LoopDelivery
-from gateway.cluster.affinity import affinity_key
 from gateway.config import MIB, ServerConfig
 from gateway.engine.core import Engine
-from gateway.engine.process import EngineUnavailable, RemoteEngine
+from gateway.engine.remote.client import EngineUnavailable, RemoteEngine
 from gateway.engine.request import AdmittedEvent, EngineBusy, ErrorEvent, ErrorKind
 from gateway.errors import APIError, invalid
+from gateway.frontend.affinity import affinity_key
+from gateway.frontend.chat import ChatRequest, ImagePart, VideoPart
+from gateway.frontend.prompt import Media, PromptBuilder, UnsupportedImage
+from gateway.frontend.streams import EventStream, LoopDelivery
 from gateway.media import DecodedImage, MediaLoader
 from gateway.metrics import EdgeMetrics
 

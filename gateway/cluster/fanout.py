@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from gateway.cluster.stats import merge_cache_stats, merge_entries, merge_metrics
-from gateway.engine.process import EngineUnavailable
+from gateway.engine.remote.client import EngineUnavailable
 
 log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 30.0  # a replica's answer to a stats/metrics call

@@ -30,10 +30,10 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.api.prompt import PromptBuilder
-from gateway.api.streams import EventStream, LoopDelivery
 from gateway.config import EngineConfig
 from gateway.engine.request import EngineRequest, ErrorEvent, Event, FinishEvent, Usage
+from gateway.frontend.prompt import PromptBuilder
+from gateway.frontend.streams import EventStream, LoopDelivery
 
 log = logging.getLogger(__name__)
 EARLY_CANCELS = 1024  # cancels that arrived before their request, remembered
@@ -47,7 +47,7 @@ class EngineReplica:
         self, slot: int, config: EngineConfig, engine_process: bool, log_level: str
     ) -> None:
         from gateway.engine.core import Engine
-        from gateway.engine.process import RemoteEngine
+        from gateway.engine.remote.client import RemoteEngine
         from gateway.metrics import Metrics
 
         logging.basicConfig(

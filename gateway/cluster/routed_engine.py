@@ -35,7 +35,7 @@ from caches.prefix import ImageSpan
 from gateway.cluster.fanout import ReplicaQueries, await_response, describe_error
 from gateway.cluster.router import AffinityRouter, NoReplica
 from gateway.config import EngineConfig
-from gateway.engine.process import EngineUnavailable
+from gateway.engine.remote.client import EngineUnavailable
 from gateway.engine.request import (
     AdmittedEvent,
     EngineBusy,
@@ -90,7 +90,7 @@ class RoutedEngine(ReplicaQueries):
     def start(self, timeout: float | None = None) -> None:
         """Load the prompt side here and wait until every replica answers (model loaded and
         warmed up there)."""
-        from gateway.engine.model import VisionLanguageModel
+        from gateway.engine.model.vlm import VisionLanguageModel
 
         self.model = VisionLanguageModel(self.config.model, lazy=True)
         self.open(timeout)

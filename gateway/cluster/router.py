@@ -2,7 +2,7 @@
 
 Requests about the same image (or the same conversation) should land on the replica whose
 caches already hold it, so each request carries a cheap affinity key computed at the ingress
-(`gateway.cluster.affinity`). The key is hashed onto a ring of virtual nodes (`vnodes` per
+(`gateway.frontend.affinity`). The key is hashed onto a ring of virtual nodes (`vnodes` per
 slot); the request goes to the first slot clockwise from the key. A hot key must not pin one
 replica, so the walk skips any slot whose in-flight load would exceed
 `max(min_load, ceil(load_factor * (total in flight + 1) / slots up))` (Mirrokni, Thorup,

@@ -19,19 +19,19 @@ from caches.prefix import ImageSpan, PrefixCache, PrefixHit
 from caches.radix import Block
 from caches.vision import VisionCache, VisionEntry, VisionKey
 from gateway.config import CPU_KV_BLOCK_TOKENS, GPU_KV_BLOCK_TOKENS, CacheConfig
-from gateway.engine.disk_kv import (
+from gateway.engine.disk.kv import (
     BlockLayers,
     block_wants,
     extend_hit,
     queue_blocks,
     touch_blocks,
 )
-from gateway.engine.disk_plan import ReadPlan
-from gateway.engine.disk_reader import Prefetch, Prefetched
-from gateway.engine.disk_tier import DiskTier, open_disk_tier
-from gateway.engine.job import Job
-from gateway.engine.kv import assemble
-from gateway.engine.model import VisionLanguageModel
+from gateway.engine.disk.plan import ReadPlan
+from gateway.engine.disk.reader import Prefetch, Prefetched
+from gateway.engine.disk.tier import DiskTier, open_disk_tier
+from gateway.engine.model.kv import assemble
+from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.scheduler.job import Job
 
 log = logging.getLogger(__name__)
 

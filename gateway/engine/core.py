@@ -9,7 +9,7 @@ is one scheduling step:
     prefill  up to `prefill_chunk_tokens` prompt tokens of the requests being prefilled
              (4x when nothing decodes or a burst is a quarter of the batch), oldest
              first; a request whose prompt is complete gets its first token from the
-             prefill logits and joins the batch (see gateway.engine.prefill)
+             prefill logits and joins the batch (see gateway.engine.scheduler.prefill)
     decode   one batched step of every running row; emit tokens; finish rows
 
 so a running stream waits at most one vision unit plus one prefill budget between two tokens.
@@ -42,10 +42,15 @@ from caches.prefix import ImageSpan, PrefixCache
 from caches.vision import VisionCache
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import CacheOps, cache_stats
-from gateway.engine.decode_batch import DecodeBatch
-from gateway.engine.encode_group import EncodeGroup
-from gateway.engine.grammar import Grammars
-from gateway.engine.inbox import (
+from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.request import (
+    EngineBusy,
+    EngineRequest,
+    ErrorKind,
+)
+from gateway.engine.scheduler.decode_batch import DecodeBatch
+from gateway.engine.scheduler.encode_group import EncodeGroup
+from gateway.engine.scheduler.inbox import (
     Cancel,
     Message,
     ResetCaches,
@@ -53,17 +58,12 @@ from gateway.engine.inbox import (
     Submit,
     disable_cudnn_attention,
 )
-from gateway.engine.job import Job, Sink
-from gateway.engine.model import VisionLanguageModel
-from gateway.engine.output import OutputState
-from gateway.engine.prefill import Prefiller
-from gateway.engine.request import (
-    EngineBusy,
-    EngineRequest,
-    ErrorKind,
-)
-from gateway.engine.stages import Stages
-from gateway.engine.step_trace import StepTrace
+from gateway.engine.scheduler.job import Job, Sink
+from gateway.engine.scheduler.prefill import Prefiller
+from gateway.engine.scheduler.stages import Stages
+from gateway.engine.scheduler.step_trace import StepTrace
+from gateway.engine.tokens.grammar import Grammars
+from gateway.engine.tokens.output import OutputState
 from gateway.metrics import CacheCollector, Metrics
 
 log = logging.getLogger(__name__)

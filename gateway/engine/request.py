@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.engine.positions import ImageLayout
+from gateway.engine.model.positions import ImageLayout
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ def test_help_shows_each_default_once_and_never_none(capsys: pytest.CaptureFixtu
 def test_every_flag_has_help() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    for name in ("serve", "make-model"):  # bench flags: gateway/bench/cli.py
+    for name in ("serve", "make-model"):  # bench flags: bench/cli.py
         command = sub.choices[name]  # type: ignore[union-attr]
         for action in command._actions:
             assert action.help, f"{name} {action.option_strings or action.dest} has no help"
@@ -85,7 +85,7 @@ def test_a_plot_without_matplotlib_fails_before_the_bench_runs(
         lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a),
     )
     ran = []
-    from gateway.bench import cli as bench_cli
+    from bench import cli as bench_cli
 
     monkeypatch.setattr(bench_cli, "_load", lambda args: ran.append(args))
     with pytest.raises(SystemExit) as exit_info:

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from support import ServerProcess, data_uri, noise_png, tiny_model
 
-from gateway.bench.server import LocalServer
+from bench.server import LocalServer
 
 pytestmark = [
     pytest.mark.skipif(

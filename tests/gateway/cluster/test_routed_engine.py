@@ -17,7 +17,7 @@ from ray.exceptions import ActorDiedError  # noqa: E402
 from gateway.cluster.routed_engine import RoutedEngine  # noqa: E402
 from gateway.cluster.router import AffinityRouter  # noqa: E402
 from gateway.config import EngineConfig  # noqa: E402
-from gateway.engine.process import EngineUnavailable  # noqa: E402
+from gateway.engine.remote.client import EngineUnavailable  # noqa: E402
 from gateway.engine.request import (  # noqa: E402
     AdmittedEvent,
     EngineBusy,

@@ -99,7 +99,7 @@ def test_many_sampled_rows_draw_together_as_they_would_alone(
     """Invariant: sampled rows (temperature, top-k, top-p, each with its own seed) and greedy
     rows decoding in one batch give each request the tokens it gets alone, and the batch draws
     all rows in one sampler call per step (not one call per row)."""
-    from gateway.engine import sampling
+    from gateway.engine.tokens import sampling
 
     bodies = [
         chat_body("tell me a story", max_tokens=12, temperature=0.7, seed=1),

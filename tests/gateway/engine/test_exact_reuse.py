@@ -18,7 +18,7 @@ import pytest
 from support import EngineHarness, chat_body, conversation, noise_image, tiny_model
 
 from gateway.config import CacheConfig
-from gateway.engine.model import VisionLanguageModel
+from gateway.engine.model.vlm import VisionLanguageModel
 
 ARCHS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 VARIANTS = [(arch, w) for w in ("bfloat16", "q4", "q8") for arch in ARCHS]

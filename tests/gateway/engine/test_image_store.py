@@ -11,7 +11,7 @@ import random
 from PIL import Image
 
 from gateway.engine.image_store import ImageStore
-from gateway.engine.positions import ImageLayout
+from gateway.engine.model.positions import ImageLayout
 from gateway.engine.request import EngineRequest, ImageInput, SamplingParams
 
 

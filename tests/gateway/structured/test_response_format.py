@@ -11,7 +11,7 @@ import copy
 
 import pytest
 
-from gateway.api.openai import parse_chat_request
+from gateway.api.openai.parse import parse_chat_request
 from gateway.errors import APIError
 from gateway.structured.response_format import MAX_SCHEMA_BYTES, response_format_grammar
 from gateway.structured.schema_check import MAX_DEPTH, close_objects

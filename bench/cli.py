@@ -1,0 +1,282 @@
+"""`vision-gateway bench ...`: argparse -> bench runs.
+
+Each bench starts its own server(s) on 127.0.0.1 (a subprocess of this installation), so the
+numbers include HTTP, JSON, image decoding and hashing, exactly what a client sees. The
+client-side ones (repeat-image, stall, load and the tables in `cli_tables`) can instead measure
+any OpenAI-compatible server with `--base-url URL --model NAME`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    from bench.cli_tables import add_table_parsers, add_target_options
+
+    bench = sub.add_parser("bench", help="benchmarks against a local server")
+    kinds = bench.add_subparsers(dest="bench", required=True)
+
+    p = kinds.add_parser("repeat-image", help="TTFT of repeat questions, caches on/off/ablation")
+    _common(p)
+    add_target_options(p)
+    p.add_argument("--images", type=int, default=3, help="distinct images (conversations)")
+    p.add_argument("--image-size", type=int, default=448)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument(
+        "--configs",
+        default="none,vision only,prefix only,both",
+        help="comma-separated cache configurations to run: none, vision only, prefix only, both "
+        "(with --base-url: the one configuration the server runs)",
+    )
+    p.add_argument("--plot", type=Path, help="write a PNG plot (needs matplotlib)")
+    p.add_argument("--markdown", type=Path, help="write the markdown table")
+    p.set_defaults(run=_repeat_image)
+
+    p = kinds.add_parser("stall", help="inter-token gaps of text streams while an image joins")
+    _common(p)
+    add_target_options(p)
+    p.add_argument("--streams", type=int, default=4)
+    p.add_argument("--image-size", type=int, nargs="+", default=[448])
+    p.add_argument("--prefill-chunk", type=int, nargs="+", default=[512])
+    p.add_argument("--max-tokens", type=int, default=160, help="per text stream")
+    p.add_argument("--markdown", type=Path, help="write the markdown table")
+    p.set_defaults(run=_stall)
+
+    p = kinds.add_parser("load", help="N clients mixing text and image requests for M seconds")
+    _common(p)
+    add_target_options(p)
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--seconds", type=float, default=120.0)
+    p.add_argument("--image-pool", type=int, default=24, help="distinct images in rotation")
+    p.add_argument("--image-size", type=int, default=112)
+    p.add_argument("--kv-cache-mb", type=float, default=8, help="small, so eviction happens")
+    p.add_argument("--vision-cache-mb", type=float, default=2)
+    p.add_argument("--label", default="this run", help="this run's name in --out and plots")
+    p.add_argument("--plot", type=Path, help="write RSS over time as a PNG (needs matplotlib)")
+    p.add_argument(
+        "--compare",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="earlier --out files whose RSS series go on the same plot",
+    )
+    p.set_defaults(run=_load)
+
+    p = kinds.add_parser("engine", help="engine alone (no HTTP): TTFT stages and decode steps")
+    _common(p)
+    p.add_argument("--image-size", type=int, default=448)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 32])
+    p.add_argument("--decode-tokens", type=int, default=128, help="timed tokens per row")
+    p.add_argument("--reps", type=int, default=5, help="repetitions per figure (median)")
+    p.add_argument(
+        "--raw",
+        action="store_true",
+        help="first measure raw MLX on the same weights (no gateway) and print ratios",
+    )
+    p.set_defaults(run=_engine)
+
+    p = kinds.add_parser(
+        "hotpath", help="raw MLX ceiling, then the server through HTTP: every figure a ratio"
+    )
+    _common(p)
+    p.add_argument("--quick", action="store_true", help="tiny sizes (CPU, tests)")
+    p.add_argument("--plot", type=Path, help="write the ratios as a PNG (needs matplotlib)")
+    p.add_argument("--budget-s", type=float, help="skip scenarios not started by then (s)")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run only the scenarios whose name starts with NAME (repeatable; e.g. 'decode')",
+    )
+    p.add_argument(
+        "--no-raw-after",
+        dest="raw_after",
+        action="store_false",
+        help="skip re-measuring raw decode after the server (the drift check)",
+    )
+    p.set_defaults(run=_hotpath)
+
+    add_table_parsers(kinds, _common)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="model dir or hub id (default: the embedded tiny model)")
+    p.add_argument("--server-arg", action="append", default=[], help="extra serve flag")
+    p.add_argument("--out", type=Path, help="write results as JSON")
+
+
+def _quiet_clients() -> None:
+    """The benches make thousands of requests: keep httpx's per-request INFO lines out."""
+    import logging
+
+    for name in ("httpx", "httpx2", "openai"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _model(args: argparse.Namespace) -> str:
+    _quiet_clients()
+    if args.model:
+        return args.model
+    from gateway.offline_model import ensure_model
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return str(ensure_model(progress=lambda m: print(f"embedded model: {m}")))
+
+
+def machine() -> dict[str, Any]:
+    import mlx.core as mx
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "mlx_device": str(mx.default_device()),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def _server(model: str, extra: list[str]) -> Any:
+    from bench.server import LocalServer
+
+    return LocalServer(["--model", model, "--served-model-name", "bench", *extra])
+
+
+def _repeat_image(args: argparse.Namespace) -> None:
+    from bench.cli_client import repeat_image
+
+    repeat_image(args)
+
+
+def _stall(args: argparse.Namespace) -> None:
+    from bench.cli_client import stall
+
+    stall(args)
+
+
+def _load(args: argparse.Namespace) -> None:
+    import asyncio
+
+    from bench.load import plot_rss, run_load
+
+    if args.clients > 256 or args.seconds > 3600:
+        raise SystemExit("bench load is bounded: at most 256 clients and 3600 s")
+    from bench.cli_tables import open_target
+
+    extra = ["--kv-cache-mb", str(args.kv_cache_mb), "--vision-cache-mb", str(args.vision_cache_mb)]
+    with open_target(args, [*extra, "--max-waiting", str(4 * args.clients)]) as (server, be, _):
+        print(f"{args.clients} clients for {args.seconds:.0f} s against {server.base_url}")
+        report = asyncio.run(
+            run_load(server, be.model, args.clients, args.seconds, args.image_pool, args.image_size)
+        )
+        server_stats = server.metrics()
+        clean = server.stop()  # None for a --base-url server (not ours to stop)
+    model = args.model or be.details.get("model_card", {}).get("root")
+    summary = report.summary()
+    summary["clean_shutdown"] = clean
+    summary["decode_steps"] = server_stats.get("vision_gateway_decode_steps_total")
+    summary["generation_tokens"] = server_stats.get("vision_gateway_generation_tokens_total")
+    for gauge in ("active", "cache", "peak"):  # MLX's own memory, to read RSS against
+        value = server_stats.get(f"vision_gateway_mlx_{gauge}_bytes", 0.0)
+        summary[f"mlx_{gauge}_mb_at_end"] = round(value / 2**20, 1)
+    print(json.dumps(summary, indent=2))
+    summary["label"] = args.label
+    summary["rss_mb_series"] = report.rss_series()
+    if args.out:
+        args.out.write_text(json.dumps({"machine": machine(), "model": model, **summary}, indent=2))
+    if args.plot:
+        series = {}
+        for earlier in args.compare:
+            data = json.loads(earlier.read_text())
+            series[data.get("label", earlier.stem)] = data.get("rss_mb_series", [])
+        series[args.label] = summary["rss_mb_series"]
+        if plot_rss(series, str(args.plot)):
+            print(f"plot: {args.plot}")
+
+
+def _engine_cache_config(model: str, serve_flags: list[str]) -> Any:
+    """The cache settings (exact reuse, block size, budgets) that `serve` would build from
+    these flags: `bench engine --server-arg` measures the engine under them (the disk tier
+    only if they name a --cache-dir, as bench.server.LocalServer does)."""
+    from bench.server import memory_only_unless_asked
+    from gateway.cli import build_parser, configs_from_args
+
+    flags = memory_only_unless_asked(serve_flags)
+    args = build_parser().parse_args(["serve", "--model", model, *flags])
+    return configs_from_args(args)[1].cache
+
+
+def _engine(args: argparse.Namespace) -> None:
+    import gc
+
+    import mlx.core as mx
+
+    from bench.engine_profile import Profiler
+    from bench.raw_measure import RawSettings
+
+    model = _model(args)
+    settings = RawSettings(
+        batches=tuple(args.batch), decode_tokens=args.decode_tokens, reps=args.reps
+    )
+    raw: dict[str, Any] = {}
+    if args.raw:
+        from bench import hotpath
+        from bench import raw as raw_bench
+
+        root = hotpath.model_dir(model)
+        prefix = hotpath.image_prompt_tokens(root, args.image_size)
+        raw = raw_bench.run(root, replace(settings, prefix_tokens=prefix), log=print)
+        gc.collect()
+        mx.clear_cache()  # the raw model's buffers, before the engine loads its own copy
+    cache = _engine_cache_config(model, args.server_arg)
+    profiler = Profiler(model, max_batch=max(64, *args.batch), cache=cache)
+    results = profiler.run(args.image_size, settings)
+    if raw:
+        from bench.engine_profile import compare_rows
+        from bench.hotpath_report import table
+
+        print(table(compare_rows(results, raw)))
+    else:
+        for key, value in results.items():
+            print(f"{key:28s} {value:10.2f}")
+    if args.out:
+        payload = {"machine": machine(), "model": model, "server_args": args.server_arg,
+                   **results, "raw": raw}  # fmt: skip
+        args.out.write_text(json.dumps(payload, indent=2))
+
+
+def _hotpath(args: argparse.Namespace) -> None:
+    from bench import hotpath
+    from bench.hotpath_report import Row, plot
+
+    settings = hotpath.QUICK if args.quick else hotpath.HotpathSettings()
+    if args.budget_s is not None:
+        settings = replace(settings, budget_s=args.budget_s)
+    if args.only:
+        settings = replace(settings, only=tuple(args.only))
+    settings = replace(settings, raw_after=args.raw_after)
+    started = time.perf_counter()
+
+    def log(line: str) -> None:
+        print(f"[{time.perf_counter() - started:6.1f} s] {line}", flush=True)
+
+    def save(payload: dict[str, Any]) -> None:  # after every step: a kill loses little
+        payload["args"] = {k: str(v) for k, v in vars(args).items() if k != "run"}
+        if args.out:
+            args.out.write_text(json.dumps(payload, indent=2))
+
+    payload = hotpath.run(_model(args), settings, log, args.server_arg, args.quick, save)
+    print(payload["table"], flush=True)
+    if args.out:
+        print(f"json: {args.out}")
+    if args.plot and plot([Row.from_dict(r) for r in payload["rows"]], str(args.plot)):
+        print(f"plot: {args.plot}")

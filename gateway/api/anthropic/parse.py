@@ -1,0 +1,231 @@
+"""The Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`
+bodies -> `ChatRequest`, and the routes that run them through the shared pipeline (bodies and
+SSE events are in `gateway.api.anthropic.render`).
+
+What is accepted: `system` (a string or text blocks), `messages` with text and image blocks
+(`base64` with `media_type`, or `url`), a final assistant message as a prefill, `max_tokens`
+(required), `stop_sequences`, `temperature`, `top_p`, `top_k`, `metadata`, `stream`.
+Features this server cannot honour (tools, documents, extended thinking, ...) are refused with
+a 400 that names the field, never ignored; so are unknown fields, as the API itself does.
+Parsing is pure; errors are rendered as Anthropic error objects.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.api import fields
+from gateway.api.anthropic.render import collect, render_error, sse_stream
+from gateway.api.http import unless_disconnected, with_errors
+from gateway.api.pipeline import ChatPipeline, ClientGone
+from gateway.errors import invalid
+from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, Part, TextPart
+
+MAX_STOP_SEQUENCES = 16
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+_ACCEPTED = frozenset(
+    {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
+     "top_p", "top_k", "metadata", "service_tier"}
+)  # fmt: skip
+_REFUSED = {
+    "tools": "tool use",
+    "tool_choice": "tool use",
+    "thinking": "extended thinking",
+    "mcp_servers": "MCP servers",
+    "container": "code execution containers",
+    "context_management": "context management",
+}
+_BLOCK_FEATURES = {
+    "document": "documents",
+    "search_result": "search results",
+    "tool_use": "tool use",
+    "tool_result": "tool use",
+    "server_tool_use": "tool use",
+    "thinking": "extended thinking",
+    "redacted_thinking": "extended thinking",
+    "container_upload": "code execution containers",
+}
+
+
+def parse_messages_request(body: Any, count_only: bool = False) -> ChatRequest:
+    """Validate a decoded JSON body. `count_only`: a count_tokens body (no `max_tokens`,
+    no sampling fields)."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    _refuse_unsupported(body)
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("`model` is required and must be a string", "model")
+    messages, prefill = _messages(body.get("messages"))
+    system = _system(body.get("system"))
+    metadata = body.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise invalid('`metadata` must be an object (e.g. {"user_id": "..."})', "metadata")
+    max_tokens = fields.opt_int(body, "max_tokens", 1, 1_000_000)
+    if max_tokens is None and not count_only:
+        raise invalid("`max_tokens` is required: the most tokens to generate", "max_tokens")
+    top_p = fields.opt_num(body, "top_p", 0.0, 1.0, default=1.0)
+    if top_p == 0.0:
+        raise invalid("`top_p` must be greater than 0 (use temperature 0 for greedy)", "top_p")
+    return ChatRequest(
+        model=model,
+        messages=system + messages,
+        max_tokens=max_tokens,
+        temperature=fields.opt_num(body, "temperature", 0.0, 1.0, default=1.0),
+        top_p=top_p,
+        top_k=fields.opt_int(body, "top_k", 0, 1_000_000) or 0,
+        seed=None,
+        stop=fields.stop_strings(
+            body.get("stop_sequences"), "stop_sequences", MAX_STOP_SEQUENCES, False
+        ),
+        logprobs=False,
+        top_logprobs=0,
+        stream=fields.opt_bool(body, "stream", False),
+        include_usage=True,
+        prefill=prefill,
+    )
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for name, feature in _REFUSED.items():
+        if body.get(name) is not None:
+            raise invalid(f"`{name}`: {feature} is not supported by this server", name)
+    for name in body:
+        if name not in _ACCEPTED:
+            raise invalid(f"`{name}`: unknown field (extra inputs are not permitted)", name)
+
+
+def _system(raw: Any) -> tuple[ChatMessage, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, str):
+        return (ChatMessage("system", (TextPart(fields.text(raw, "system")),)),) if raw else ()
+    if not isinstance(raw, list):
+        raise invalid("`system` must be a string or an array of text blocks", "system")
+    parts = []
+    for i, block in enumerate(raw):
+        where = f"system[{i}]"
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise invalid(f'`{where}` must be a text block: {{"type": "text", ...}}', where)
+        parts.append(TextPart(_block_text(block, where)))
+    return (ChatMessage("system", tuple(parts)),) if parts else ()
+
+
+def _messages(raw: Any) -> tuple[tuple[ChatMessage, ...], str]:
+    """The messages, and the text of a final assistant message (the prefill) split off."""
+    if not isinstance(raw, list) or not raw:
+        raise invalid("`messages` must be a non-empty array", "messages")
+    out = []
+    for i, msg in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise invalid(f"`{where}` must be an object with `role` and `content`", where)
+        role = msg.get("role")
+        if role not in ("user", "assistant"):
+            raise invalid(f"`{where}.role` must be 'user' or 'assistant'", f"{where}.role")
+        out.append(ChatMessage(role, _content(msg.get("content"), f"{where}.content", role)))
+    prefill = ""
+    if out[-1].role == "assistant":
+        last = out.pop()
+        prefill = "".join(p.text for p in last.parts if isinstance(p, TextPart))
+        if not out:
+            raise invalid("`messages` must contain a user message", "messages")
+    return tuple(out), prefill
+
+
+def _content(raw: Any, where: str, role: str) -> tuple[Part, ...]:
+    if isinstance(raw, str):
+        return (TextPart(fields.text(raw, where)),)
+    if not isinstance(raw, list):
+        raise invalid(f"`{where}` must be a string or an array of content blocks", where)
+    parts: list[Part] = []
+    for j, block in enumerate(raw):
+        at = f"{where}[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        kind = kind if isinstance(kind, str) else None  # e.g. a list: unhashable, and wrong
+        if kind == "text":
+            parts.append(TextPart(_block_text(block, at)))
+        elif kind == "image":
+            if role != "user":
+                raise invalid(f"`{at}`: images are only accepted in user messages", at)
+            parts.append(_image(block.get("source"), f"{at}.source"))
+        elif kind in _BLOCK_FEATURES:
+            raise invalid(
+                f"`{at}.type`: {kind!r} blocks ({_BLOCK_FEATURES[kind]}) are not supported by "
+                "this server; send text and image blocks",
+                f"{at}.type",
+            )
+        else:
+            raise invalid(f"`{at}.type` must be 'text' or 'image'", f"{at}.type")
+    return tuple(parts)
+
+
+def _block_text(block: dict[str, Any], at: str) -> str:
+    if not isinstance(block.get("text"), str):
+        raise invalid(f"`{at}.text` must be a string", f"{at}.text")
+    return fields.text(block["text"], f"{at}.text")
+
+
+def _image(source: Any, at: str) -> ImagePart:
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        media_type = source.get("media_type")
+        if media_type not in IMAGE_MEDIA_TYPES:
+            raise invalid(
+                f"`{at}.media_type` must be one of {', '.join(IMAGE_MEDIA_TYPES)}",
+                f"{at}.media_type",
+            )
+        data = source.get("data")
+        if not isinstance(data, str) or not data:
+            raise invalid(f"`{at}.data` must be a non-empty base64 string", f"{at}.data")
+        return ImagePart(f"data:{media_type};base64,{data}", f"{at}.data")
+    if kind == "url":
+        url = source.get("url")
+        if not isinstance(url, str) or not url:
+            raise invalid(f"`{at}.url` must be an http(s) URL", f"{at}.url")
+        return ImagePart(url, f"{at}.url")
+    if kind == "file":
+        raise invalid(f"`{at}`: the Files API is not supported by this server", f"{at}.type")
+    raise invalid(
+        f"`{at}.type` must be 'base64' (with `media_type` and `data`) or 'url'", f"{at}.type"
+    )
+
+
+def routes(pipeline: ChatPipeline) -> list[Route]:
+    """The Anthropic routes over `pipeline`; their errors are Anthropic error objects."""
+
+    @with_errors(render_error)
+    async def messages(request: Request) -> Response:
+        try:
+            admission = await pipeline.admit(request, parse_messages_request, "msg_")
+        except ClientGone:
+            return Response(status_code=499)
+        request_id = admission.request_id
+        headers = {**admission.headers(), "request-id": request_id}
+        if admission.chat.stream:
+            body = sse_stream(admission, lambda: pipeline.cancel(request_id))
+            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        result = await unless_disconnected(request, collect(admission))
+        if result is None:
+            pipeline.cancel(request_id)
+            return Response(status_code=499)
+        return JSONResponse(result, headers=headers)
+
+    @with_errors(render_error)
+    async def count_tokens(request: Request) -> Response:
+        start = time.perf_counter()
+        tokens = await pipeline.count_tokens(
+            request, lambda body: parse_messages_request(body, count_only=True)
+        )
+        timing = f"count;dur={1000 * (time.perf_counter() - start):.1f}"
+        return JSONResponse({"input_tokens": tokens}, headers={"server-timing": timing})
+
+    return [
+        Route("/v1/messages", messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
+    ]

@@ -1,0 +1,181 @@
+"""The OpenAI Chat Completions API: `POST /v1/chat/completions` bodies -> `ChatRequest`, and
+the route that runs them through the shared pipeline (bodies and SSE chunks are in
+`gateway.api.openai.render`).
+
+Parsing is pure; every user mistake is an `APIError` whose message names the field (`param`)
+and says what to change; errors are rendered as OpenAI error objects.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.api import fields
+from gateway.api.http import unless_disconnected, with_errors
+from gateway.api.openai.render import collect, render_error, sse_stream
+from gateway.api.pipeline import ChatPipeline, ClientGone
+from gateway.errors import invalid
+from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, Part, TextPart, VideoPart
+from gateway.structured.response_format import response_format_grammar
+
+ROLES = ("system", "developer", "user", "assistant")
+MAX_STOP_STRINGS = 16
+MAX_TOP_LOGPROBS = 20
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """Validate a decoded JSON body. Unknown fields are ignored, as OpenAI clients send extras
+    (e.g. `user`); fields we cannot honour are refused rather than silently ignored."""
+    if not isinstance(body, dict):
+        raise invalid("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("`model` is required and must be a string", "model")
+    messages = _messages(body.get("messages"))
+    _refuse_unsupported(body)
+    max_tokens = fields.opt_int(body, "max_completion_tokens", 1, 1_000_000)
+    if max_tokens is None:
+        max_tokens = fields.opt_int(body, "max_tokens", 1, 1_000_000)
+    temperature = fields.opt_num(body, "temperature", 0.0, 2.0, default=1.0)
+    top_p = fields.opt_num(body, "top_p", 0.0, 1.0, default=1.0)
+    if top_p == 0.0:
+        raise invalid("`top_p` must be greater than 0 (use temperature 0 for greedy)", "top_p")
+    top_k = fields.opt_int(body, "top_k", -1, 1_000_000) or 0
+    seed = fields.opt_int(body, "seed", -(2**63), 2**64 - 1)
+    logprobs = fields.opt_bool(body, "logprobs", False)
+    top_logprobs = fields.opt_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
+    if top_logprobs and not logprobs:
+        raise invalid("`top_logprobs` requires `logprobs: true`", "top_logprobs")
+    stream = fields.opt_bool(body, "stream", False)
+    ignore_eos = fields.opt_bool(body, "ignore_eos", False)
+    include_usage = False
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise invalid("`stream_options` must be an object", "stream_options")
+        include_usage = bool(options.get("include_usage", False))
+    n = fields.opt_int(body, "n", 1, 128) or 1
+    if n != 1:
+        raise invalid("`n` > 1 is not supported; send n separate requests", "n")
+    return ChatRequest(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=max(top_k, 0),
+        seed=None if seed is None else seed % (2**63),
+        stop=fields.stop_strings(body.get("stop"), "stop", MAX_STOP_STRINGS, True),
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+        stream=stream,
+        include_usage=include_usage,
+        ignore_eos=ignore_eos,
+        grammar=response_format_grammar(body.get("response_format")),
+    )
+
+
+def _messages(raw: Any) -> tuple[ChatMessage, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise invalid("`messages` must be a non-empty array", "messages")
+    out = []
+    for i, msg in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise invalid(f"`{where}` must be an object with `role` and `content`", where)
+        role = msg.get("role")
+        if role not in ROLES:
+            raise invalid(f"`{where}.role` must be one of {', '.join(ROLES)}", f"{where}.role")
+        role = "system" if role == "developer" else role
+        parts = _content(msg.get("content"), f"{where}.content", allow_images=role == "user")
+        out.append(ChatMessage(role, parts))
+    return tuple(out)
+
+
+def _content(raw: Any, where: str, allow_images: bool) -> tuple[Part, ...]:
+    if isinstance(raw, str):
+        return (TextPart(fields.text(raw, where)),)
+    if not isinstance(raw, list):
+        raise invalid(f"`{where}` must be a string or an array of content parts", where)
+    parts: list[Part] = []
+    for j, part in enumerate(raw):
+        at = f"{where}[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text":
+            if not isinstance(part.get("text"), str):
+                raise invalid(f"`{at}.text` must be a string", f"{at}.text")
+            parts.append(TextPart(fields.text(part["text"], f"{at}.text")))
+        elif kind == "image_url":
+            if not allow_images:
+                raise invalid(f"`{at}`: images are only accepted in user messages", at)
+            url = _media_url(part, at, "image_url", "image")
+            parts.append(ImagePart(url, f"{at}.image_url.url"))
+        elif kind == "video_url":  # vLLM's convention for video input
+            if not allow_images:
+                raise invalid(f"`{at}`: videos are only accepted in user messages", at)
+            url = _media_url(part, at, "video_url", "video")
+            parts.append(VideoPart(url, f"{at}.video_url.url"))
+        else:
+            raise invalid(f"`{at}.type` must be 'text', 'image_url' or 'video_url'", f"{at}.type")
+    return tuple(parts)
+
+
+def _media_url(part: dict[str, Any], at: str, key: str, mime: str) -> str:
+    """The URL of an `image_url` or `video_url` part: an object with `url`, or the URL
+    string itself."""
+    value = part.get(key)
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise invalid(
+            f"`{at}.{key}.url` must be a string: an http(s) URL, a data:{mime}/... URI or a "
+            "file path",
+            f"{at}.{key}.url",
+        )
+    return url
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = body.get(name)
+        if value not in (None, 0, 0.0):
+            raise invalid(f"`{name}` is not supported by this server; omit it or send 0", name)
+    if body.get("tools") or body.get("functions"):
+        raise invalid("tool calling is not supported by this server", "tools")
+
+
+def routes(pipeline: ChatPipeline) -> list[Route]:
+    """The OpenAI chat route over `pipeline`; its errors are OpenAI error objects."""
+
+    @with_errors(render_error)
+    async def chat_completions(request: Request) -> Response:
+        try:
+            admission = await pipeline.admit(request, parse_chat_request, "chatcmpl-")
+        except ClientGone:
+            return Response(status_code=499)
+        chat, request_id = admission.chat, admission.request_id
+        created = int(time.time())
+        headers = admission.headers()
+        if chat.stream:
+            body = sse_stream(
+                admission.stream,
+                request_id,
+                created,
+                chat.model,
+                chat.include_usage,
+                lambda: pipeline.cancel(request_id),
+            )
+            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        result = await unless_disconnected(
+            request, collect(admission.stream, request_id, created, chat.model, chat.logprobs)
+        )
+        if result is None:
+            pipeline.cancel(request_id)
+            return Response(status_code=499)
+        return JSONResponse(result, headers=headers)
+
+    return [Route("/v1/chat/completions", chat_completions, methods=["POST"])]

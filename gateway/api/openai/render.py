@@ -1,0 +1,199 @@
+"""OpenAI response bodies on the wire: `chat.completion` JSON, `chat.completion.chunk` SSE
+streams and error objects.
+
+Pure formatting over engine events (see gateway.engine.request); no engine or cache access.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.responses import Response
+
+from gateway.api.http import json_response
+from gateway.api.pipeline import engine_error
+from gateway.api.sse import DONE, sse_data
+from gateway.engine.request import ErrorEvent, FinishEvent, TokenEvent, TokenLogprob, Usage
+from gateway.errors import APIError
+from gateway.frontend.streams import EventStream
+
+
+def error_body(error: APIError) -> dict[str, Any]:
+    """`{"error": {"message", "type", "param", "code"}}`."""
+    return {
+        "error": {
+            "message": error.message,
+            "type": error.type,
+            "param": error.param,
+            "code": error.code,
+        }
+    }
+
+
+def render_error(error: APIError) -> Response:
+    """An APIError as OpenAI's error response (status, body, headers such as Retry-After)."""
+    return json_response(error_body(error), error.status, error.headers)
+
+
+async def sse_stream(
+    stream: EventStream,
+    request_id: str,
+    created: int,
+    model: str,
+    usage: bool,
+    on_abandon: Callable[[], None],
+) -> AsyncIterator[str]:
+    """OpenAI chat.completion.chunk events until [DONE]. `on_abandon` runs if the client goes
+    away before the end (the generator is closed early), to free the request's row.
+
+    Events that are already waiting are written together (one chunk per token still, but
+    one transport write), so a busy loop does not fall further behind the engine."""
+    done = False
+
+    def token_chunk(event: TokenEvent) -> str:
+        if not (event.text or event.logprobs):
+            return ""  # held back (a possible stop string, a partial character)
+        delta = {"content": event.text}
+        return sse_data(chunk_body(request_id, created, model, delta, None, list(event.logprobs)))
+
+    def final_chunks(event: FinishEvent) -> str:
+        out = []
+        if event.text:
+            out.append(sse_data(chunk_body(request_id, created, model, {"content": event.text})))
+        out.append(sse_data(chunk_body(request_id, created, model, {}, event.finish_reason)))
+        if usage:
+            out.append(sse_data(usage_chunk_body(request_id, created, model, event.usage)))
+        return "".join(out) + DONE
+
+    try:
+        yield sse_data(chunk_body(request_id, created, model, {"role": "assistant", "content": ""}))
+        while not done:
+            out: list[str] = []
+            for event in await stream.get_ready():
+                if isinstance(event, TokenEvent):
+                    out.append(token_chunk(event))
+                elif isinstance(event, FinishEvent):
+                    done = True
+                    out.append(final_chunks(event))
+                    break
+                elif isinstance(event, ErrorEvent):
+                    done = True
+                    out.append(sse_data(error_body(engine_error(event))) + DONE)
+                    break
+            text = "".join(out)
+            if text:
+                yield text
+    finally:
+        if not done:
+            on_abandon()
+
+
+async def collect(
+    stream: EventStream, request_id: str, created: int, model: str, want_logprobs: bool
+) -> dict[str, Any]:
+    pieces: list[str] = []
+    logprobs: list[Any] = []
+    while True:
+        event = await stream.get()
+        if isinstance(event, TokenEvent):
+            pieces.append(event.text)
+            logprobs.extend(event.logprobs)
+        elif isinstance(event, FinishEvent):
+            pieces.append(event.text)
+            text = "".join(pieces)
+            lps = logprobs if want_logprobs else None
+            return completion_body(
+                request_id, created, model, text, event.finish_reason, event.usage, lps
+            )
+        elif isinstance(event, ErrorEvent):
+            raise engine_error(event)
+
+
+def usage_dict(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def logprob_list(entries: list[TokenLogprob] | tuple[TokenLogprob, ...]) -> list[dict[str, Any]]:
+    """Token logprobs in OpenAI's wire shape (chat `logprobs.content`, Responses deltas)."""
+    return [
+        {
+            "token": e.token,
+            "logprob": e.logprob,
+            "bytes": list(e.bytes),
+            "top_logprobs": [
+                {"token": t, "logprob": lp, "bytes": list(b)} for t, _, lp, b in e.top
+            ],
+        }
+        for e in entries
+    ]
+
+
+def logprobs_dict(entries: list[TokenLogprob]) -> dict[str, Any]:
+    return {"content": logprob_list(entries)}
+
+
+def completion_body(
+    request_id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str,
+    usage: Usage,
+    logprobs: list[TokenLogprob] | None,
+) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": logprobs_dict(logprobs) if logprobs is not None else None,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": usage_dict(usage),
+    }
+
+
+def chunk_body(
+    request_id: str,
+    created: int,
+    model: str,
+    delta: dict[str, Any],
+    finish_reason: str | None = None,
+    logprobs: list[TokenLogprob] | None = None,
+) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "delta": delta,
+                "logprobs": logprobs_dict(logprobs) if logprobs else None,
+                "finish_reason": finish_reason,
+            }
+        ],
+    }
+
+
+def usage_chunk_body(request_id: str, created: int, model: str, usage: Usage) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage_dict(usage),
+    }

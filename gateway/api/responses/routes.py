@@ -1,0 +1,226 @@
+"""The OpenAI Responses API: `POST /v1/responses` (plain and streamed), and
+`GET`/`DELETE /v1/responses/{id}` and `POST /v1/responses/{id}/cancel` over the stored
+conversations.
+
+A turn runs through the shared pipeline like a chat completion (gateway.api.responses.turn
+builds its conversation); the engine's prefix cache then finds the KV of the conversation so
+far, and the stored decoded images spare the turn any image read, decode or hash. Errors are
+OpenAI error objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from gateway.api.http import authorize, unless_disconnected, with_errors
+from gateway.api.openai.render import render_error
+from gateway.api.pipeline import Admission, ChatPipeline, ClientGone, engine_error
+from gateway.api.responses.render import (
+    STATUS_BY_FINISH,
+    EventWriter,
+    ResponseMeta,
+    error_event,
+    response_body,
+)
+from gateway.api.responses.store import ResponseStore, StoredResponse
+from gateway.api.responses.turn import Turn, not_found, owner_of
+from gateway.config import ServerConfig
+from gateway.engine.request import ErrorEvent, FinishEvent, TokenEvent, TokenLogprob, Usage
+from gateway.errors import APIError
+
+CANCEL_WAIT_S = 30.0
+
+
+@dataclass
+class Outcome:
+    """A response's engine events folded up: text, logprobs, then a finish or an error."""
+
+    pieces: list[str] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    usage: Usage | None = None
+    status: str | None = None  # set when done
+    error: APIError | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status is not None
+
+    def add(self, event: object) -> tuple[str, tuple[TokenLogprob, ...]]:
+        """Fold `event` in; returns the text and logprobs it adds (a stream's delta)."""
+        if isinstance(event, TokenEvent):
+            self.pieces.append(event.text)
+            self.logprobs.extend(event.logprobs)
+            return event.text, event.logprobs
+        if isinstance(event, FinishEvent):
+            self.pieces.append(event.text)
+            self.usage, self.status = event.usage, STATUS_BY_FINISH[event.finish_reason]
+            return event.text, ()
+        if isinstance(event, ErrorEvent):
+            self.error, self.status = engine_error(event), "failed"
+        return "", ()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+@dataclass
+class Running:
+    """A response being generated: its owner, and its final body once done."""
+
+    owner: str
+    meta: ResponseMeta
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    body: dict[str, Any] | None = None
+
+
+class ResponsesAPI:
+    """The routes over one pipeline and one store. Event loop only."""
+
+    def __init__(self, pipeline: ChatPipeline, server: ServerConfig) -> None:
+        self.pipeline = pipeline
+        self.api_key = server.api_key
+        self.store = ResponseStore(server.responses)
+        self.running: dict[str, Running] = {}
+
+    def routes(self) -> list[Route]:
+        one = "/v1/responses/{response_id}"
+        return [
+            Route("/v1/responses", with_errors(render_error)(self.create), methods=["POST"]),
+            Route(one, with_errors(render_error)(self.retrieve), methods=["GET"]),
+            Route(one, with_errors(render_error)(self.delete), methods=["DELETE"]),
+            Route(f"{one}/cancel", with_errors(render_error)(self.cancel), methods=["POST"]),
+        ]
+
+    async def create(self, request: Request) -> Response:
+        turn = Turn(self.pipeline, self.store, self.running, owner_of(request, self.api_key))
+        try:
+            admission = await self.pipeline.admit(request, turn.parse, "resp_", turn.resolve)
+        except ClientGone:
+            return Response(status_code=499)
+        assert turn.request is not None
+        meta = ResponseMeta(
+            admission.request_id, f"msg_{uuid.uuid4().hex}", int(time.time()), turn.request
+        )
+        run = self.running[meta.response_id] = Running(turn.owner, meta)
+        headers = admission.headers()
+        if turn.request.stream:
+            body = self._stream(admission, turn, run)
+            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        outcome = Outcome()
+        finished = await unless_disconnected(request, self._drain(admission, outcome))
+        if finished is None:
+            self.pipeline.cancel(meta.response_id)
+            self._finish(turn, run, outcome)
+            return Response(status_code=499)
+        if outcome.error is not None:
+            self._finish(turn, run, outcome)
+            raise outcome.error
+        return JSONResponse(self._finish(turn, run, outcome), headers=headers)
+
+    @staticmethod
+    async def _drain(admission: Admission, outcome: Outcome) -> bool:
+        while not outcome.done:
+            outcome.add(await admission.stream.get())
+        return True
+
+    async def _stream(self, admission: Admission, turn: Turn, run: Running) -> AsyncIterator[str]:
+        writer = EventWriter(run.meta)
+        outcome = Outcome()
+        try:
+            yield writer.opening()
+            while not outcome.done:
+                out: list[str] = []
+                for event in await admission.stream.get_ready():
+                    text, logprobs = outcome.add(event)
+                    if text or logprobs:
+                        out.append(writer.delta(text, logprobs if turn.request.logprobs else ()))
+                    if outcome.done:
+                        break
+                if outcome.error is not None:
+                    self._finish(turn, run, outcome)
+                    out.append(error_event(outcome.error, writer.sequence))
+                elif outcome.done:
+                    out.append(writer.closing(self._finish(turn, run, outcome)))
+                if out:
+                    yield "".join(out)
+        finally:
+            if not outcome.done:  # the client went away: free the row, keep what was said
+                self.pipeline.cancel(run.meta.response_id)
+                self._finish(turn, run, outcome)
+
+    def _finish(self, turn: Turn, run: Running, outcome: Outcome) -> dict[str, Any]:
+        """The final body; stored (with the conversation) when the request asked for it."""
+        request = run.meta.request
+        status = outcome.status or "cancelled"
+        logprobs = outcome.logprobs if request.logprobs else None
+        body = response_body(run.meta, status, outcome.text, logprobs, outcome.usage, outcome.error)
+        if request.store:
+            entry = StoredResponse(
+                run.meta.response_id, run.owner, body, turn.conversation(outcome.text)
+            )
+            self.store.put(entry, turn.image_map())
+        run.body = body
+        self.running.pop(run.meta.response_id, None)
+        run.done.set()
+        return body
+
+    def _owner(self, request: Request) -> str:
+        authorize(request, self.api_key)
+        return owner_of(request, self.api_key)
+
+    async def retrieve(self, request: Request) -> Response:
+        owner, response_id = self._owner(request), request.path_params["response_id"]
+        run = self.running.get(response_id)
+        if run is not None and run.owner == owner:
+            return JSONResponse(response_body(run.meta, "in_progress"))
+        stored = self.store.get(response_id, owner)
+        if stored is None:
+            raise not_found(response_id)
+        return JSONResponse(stored.body)
+
+    async def delete(self, request: Request) -> Response:
+        owner, response_id = self._owner(request), request.path_params["response_id"]
+        run = self.running.get(response_id)
+        if run is not None and run.owner == owner:
+            raise _conflict(f"response '{response_id}' is in progress; cancel it first")
+        if not self.store.delete(response_id, owner):
+            raise not_found(response_id)
+        return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    async def cancel(self, request: Request) -> Response:
+        """Stop a running response (its row is freed; what was generated is kept) and answer
+        its final body, status `cancelled`; 409 for one that has already finished."""
+        owner, response_id = self._owner(request), request.path_params["response_id"]
+        run = self.running.get(response_id)
+        if run is not None and run.owner == owner:
+            self.pipeline.cancel(response_id)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(run.done.wait(), CANCEL_WAIT_S)
+            return JSONResponse(run.body or response_body(run.meta, "cancelled"))
+        stored = self.store.get(response_id, owner)
+        if stored is None:
+            raise not_found(response_id)
+        raise _conflict(
+            f"response '{response_id}' is already {stored.body['status']}; only a running "
+            "response can be cancelled"
+        )
+
+
+def _conflict(message: str) -> APIError:
+    return APIError(409, message, "invalid_request_error", None, "response_state_conflict")
+
+
+def routes(pipeline: ChatPipeline, server: ServerConfig) -> list[Route]:
+    """The Responses API's routes over `pipeline`; stored state bounded by `server.responses`."""
+    return ResponsesAPI(pipeline, server).routes()

@@ -1,0 +1,161 @@
+"""One Responses-API turn: the conversation it continues, the images it needs, and what is
+stored when it ends.
+
+`Turn.parse` runs inside the pipeline (after the API key check): it parses the body, looks
+up `previous_response_id` in the store (scoped to the caller's key) and builds the whole
+conversation as one `ChatRequest`: this turn's instructions, every stored message (images by
+content hash), then the new input, exactly as Chat Completions would render the same
+conversation sent in full. `Turn.resolve` hands the pipeline the stored decoded images and
+loads only the new ones. `Turn.conversation` is what a continuation of this turn needs.
+Event loop only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Container
+from dataclasses import replace
+from typing import Any
+
+from starlette.requests import Request
+
+from gateway.api.pipeline import ChatPipeline
+from gateway.api.responses.parse import ResponsesRequest, parse_responses_request
+from gateway.api.responses.store import HeldImage, ResponseStore
+from gateway.errors import APIError
+from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, TextPart
+from gateway.media import DecodedImage
+
+CONTINUABLE = ("completed", "incomplete")
+
+
+def owner_of(request: Request, api_key: str | None) -> str:
+    """The scope of stored responses: a digest of the key the caller presented ('' when the
+    server has no key). Called after `authorize`, so the presented key is a valid one."""
+    if api_key is None:
+        return ""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    given = token.strip() if scheme.lower() == "bearer" else ""
+    given = given or request.headers.get("x-api-key", "").strip()
+    return hashlib.sha256(given.encode("utf-8", "replace")).hexdigest()[:32]
+
+
+def not_found(response_id: str, param: str | None = None) -> APIError:
+    return APIError(
+        404,
+        f"no response with id '{response_id}' is stored here: it was never stored "
+        "(`store: false`), was deleted, expired or was evicted (--responses-max-stored, "
+        "--responses-store-mb, --responses-ttl-s), or belongs to another API key; send the "
+        "conversation in full instead",
+        "invalid_request_error",
+        param,
+        "response_not_found",
+    )
+
+
+class Turn:
+    """The state of one `POST /v1/responses` while the pipeline admits it."""
+
+    def __init__(
+        self, pipeline: ChatPipeline, store: ResponseStore, running: Container[str], owner: str
+    ) -> None:
+        self._pipeline = pipeline
+        self._store = store
+        self._running = running
+        self.owner = owner
+        self.request: ResponsesRequest | None = None
+        self.history: tuple[ChatMessage, ...] = ()
+        self.images: list[DecodedImage] = []
+
+    def parse(self, body: Any) -> ChatRequest:
+        r = self.request = parse_responses_request(body)
+        if r.previous_response_id is not None:
+            self.history = self._continued(r.previous_response_id)
+        system = (ChatMessage("system", (TextPart(r.instructions),)),) if r.instructions else ()
+        return ChatRequest(
+            model=r.model,
+            messages=(*system, *self.history, *r.input),
+            max_tokens=r.max_output_tokens,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=0,
+            seed=r.seed,
+            stop=(),
+            logprobs=r.logprobs,
+            top_logprobs=r.top_logprobs,
+            stream=r.stream,
+            include_usage=True,
+            grammar=r.grammar,
+        )
+
+    def _continued(self, response_id: str) -> tuple[ChatMessage, ...]:
+        where = "previous_response_id"
+        if response_id in self._running:
+            raise APIError(
+                409,
+                f"response '{response_id}' is still in progress; continue it once it has finished",
+                "invalid_request_error",
+                where,
+                "response_in_progress",
+            )
+        previous = self._store.get(response_id, self.owner)
+        if previous is None:
+            raise not_found(response_id, where)
+        status = previous.body["status"]
+        if status not in CONTINUABLE:
+            raise APIError(
+                409,
+                f"response '{response_id}' is {status}; only a completed or incomplete "
+                "response can be continued",
+                "invalid_request_error",
+                where,
+                "response_not_continuable",
+            )
+        return previous.messages
+
+    async def resolve(self, chat: ChatRequest) -> list[DecodedImage]:
+        """The request's images: stored ones from the store's pool (taken before any await,
+        so an eviction meanwhile cannot lose them), new ones through the media loader."""
+        held: list[DecodedImage | None] = []
+        for part in chat.images:
+            image = self._store.image(part.content_hash) if isinstance(part, HeldImage) else None
+            if isinstance(part, HeldImage) and image is None:
+                raise APIError(
+                    409,
+                    "an image of the stored conversation is no longer held; send the "
+                    "conversation in full",
+                    "invalid_request_error",
+                    "previous_response_id",
+                    "response_state_gone",
+                )
+            held.append(image)
+        fresh = iter(
+            await self._pipeline.load_images(
+                [p for p in chat.images if not isinstance(p, HeldImage)]
+            )
+        )
+        self.images = [image if image is not None else next(fresh) for image in held]
+        return self.images
+
+    def conversation(self, answer: str) -> tuple[ChatMessage, ...]:
+        """Every message up to and including `answer`, instructions excluded, this turn's
+        images replaced by their content hash (the store keeps the decoded images)."""
+        assert self.request is not None
+        hashes = iter(i.content_hash for i in self.images[self._held_count() :])
+        new = tuple(
+            replace(m, parts=tuple(_held(p, hashes) for p in m.parts)) for m in self.request.input
+        )
+        return (*self.history, *new, ChatMessage("assistant", (TextPart(answer),)))
+
+    def _held_count(self) -> int:
+        return sum(isinstance(p, HeldImage) for m in self.history for p in m.parts)
+
+    def image_map(self) -> dict[str, DecodedImage]:
+        return {i.content_hash: i for i in self.images}
+
+
+def _held(part: TextPart | ImagePart, hashes: Any) -> TextPart | ImagePart:
+    if isinstance(part, ImagePart) and not isinstance(part, HeldImage):
+        return HeldImage(url="", param=part.param, content_hash=next(hashes))
+    return part

@@ -1,0 +1,144 @@
+"""What one request wants from the disk tier (`ReadPlan`), and the checks that turn a file
+read back into something the request can use (`ReadBlock`, `ReadFeatures`).
+
+The engine thread builds a plan when a request arrives (cheap: the blocks' keys and what each
+must say, the images the memory cache lacks); the reader (gateway/engine/disk/reader.py)
+reads and checks the files off the engine thread; at admission the engine thread only copies
+the checked tensors into MLX arrays (gateway/engine/disk/kv.py, disk_tier.py).
+
+A file that fails a check here does not fit the request (another prompt's block under a
+colliding key, a stale rope delta, other shapes): the caller removes it and the read stops,
+a miss, exactly as for a damaged file. No MLX, no I/O; pure functions on immutable values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from caches.disk_format import RawTensor
+
+
+@dataclass(frozen=True)
+class BlockWant:
+    """KV block `index` of the prompt: its file `key`, the key items it must hold and the rope
+    delta after it."""
+
+    index: int
+    key: str
+    items: tuple[int | str, ...]
+    rope_delta: int
+
+
+@dataclass(frozen=True)
+class ImageWant:
+    """An image's features: its file `key`, the prompt token where its run ends (`end`), and
+    what the file must say: pixel hash, token count, grid, dtype (safetensors name)."""
+
+    key: str
+    end: int
+    pixel_hash: str
+    num_tokens: int
+    grid_thw: tuple[int, ...]
+    dtype: str
+
+
+@dataclass(frozen=True)
+class ReadPlan:
+    """Blocks to read in order (consecutive indices, stopping at the first missing or unfit
+    one), of `block_tokens` tokens and `layers` layers; then the features of each image of
+    `images` whose run ends past what the memory hit (`covered`, tokens) and the blocks read
+    cover. Empty (`bool` False) when there is nothing to read."""
+
+    blocks: tuple[BlockWant, ...]
+    block_tokens: int
+    layers: int
+    covered: int
+    images: tuple[ImageWant, ...]
+
+    def __bool__(self) -> bool:
+        return bool(self.blocks or self.images)
+
+    def covered_after(self, blocks_read: int) -> int:
+        """Prompt tokens a hit covers once the first `blocks_read` blocks were read."""
+        if blocks_read == 0:
+            return self.covered
+        return max(self.covered, (self.blocks[0].index + blocks_read) * self.block_tokens)
+
+
+@dataclass(frozen=True)
+class ReadBlock:
+    """A checked KV block: per layer (keys, values) as raw tensors, its byte size, rope delta
+    after it and the content hashes of the images starting in it."""
+
+    index: int
+    key: str
+    layers: tuple[tuple[RawTensor, RawTensor], ...]
+    nbytes: int
+    rope_delta: int
+    images: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReadFeatures:
+    """An image's checked features (and Qwen3-VL's deepstack layers), raw."""
+
+    key: str
+    num_tokens: int
+    grid_thw: tuple[int, ...]
+    features: RawTensor
+    deepstack: tuple[RawTensor, ...]
+
+
+def check_block(
+    want: BlockWant, block: int, layers: int, meta: Mapping[str, str],
+    tensors: Mapping[str, RawTensor],
+) -> ReadBlock:  # fmt: skip
+    """The block as the request wants it, or ValueError/KeyError/TypeError/RecursionError
+    where the file disagrees (the metadata is not covered by the checksum). Its dtype is
+    fixed by the namespace: the model and its embeddings' dtype."""
+    k = want.index
+    if int(meta["block_index"]) != k or int(meta["block_tokens"]) != block:
+        raise ValueError(f"block {meta['block_index']} of {meta['block_tokens']}, expected {k}")
+    if json.loads(meta["token_key"]) != list(want.items):
+        raise ValueError("token key differs from the prompt's")
+    if int(meta["rope_delta"]) != want.rope_delta:
+        raise ValueError(f"rope delta {meta['rope_delta']}, expected {want.rope_delta}")
+    if set(tensors) != {f"{kv}.{i}" for kv in "kv" for i in range(layers)}:
+        raise ValueError(f"{len(tensors)} tensors for {layers} layers")
+    pairs, nbytes = [], 0
+    for i in range(layers):
+        kk, vv = tensors[f"k.{i}"], tensors[f"v.{i}"]
+        if len(kk.shape) != 4 or kk.shape[2] != block or vv.shape[2] != block:
+            raise ValueError(f"layer {i}: shapes {kk.shape} {vv.shape}")
+        pairs.append((kk, vv))
+        nbytes += kk.nbytes + vv.nbytes
+    images = json.loads(meta["images"])
+    if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
+        raise ValueError(f"images {meta['images'][:100]!r}: not a list of content hashes")
+    return ReadBlock(k, want.key, tuple(pairs), nbytes, want.rope_delta, tuple(images))
+
+
+def check_features(
+    want: ImageWant, meta: Mapping[str, str], tensors: Mapping[str, RawTensor]
+) -> ReadFeatures:
+    """The image's features as the request wants them, or ValueError/KeyError/TypeError."""
+    expect = {
+        "pixel_hash": want.pixel_hash,
+        "num_tokens": str(want.num_tokens),
+        "grid_thw": json.dumps(list(want.grid_thw)),
+    }
+    for name, value in expect.items():
+        if meta.get(name) != value:
+            raise ValueError(f"{name} is {meta.get(name)!r}, expected {value!r}")
+    layers = int(meta["deepstack"])
+    if set(tensors) != {"features", *(f"deepstack.{i}" for i in range(layers))}:
+        raise ValueError(f"unexpected tensors {sorted(tensors)}")
+    arrays = (tensors["features"], *(tensors[f"deepstack.{i}"] for i in range(layers)))
+    for tensor in arrays:
+        if tensor.dtype != want.dtype:
+            raise ValueError(f"dtype {tensor.dtype}, expected {want.dtype}")
+        if len(tensor.shape) != 2 or tensor.shape[0] != want.num_tokens:
+            raise ValueError(f"shape {tensor.shape}, expected {want.num_tokens} rows")
+    return ReadFeatures(want.key, want.num_tokens, want.grid_thw, arrays[0], arrays[1:])

@@ -1,0 +1,355 @@
+"""Adapter over an mlx-vlm Qwen-VL model: the only module that knows mlx-vlm's internals.
+
+Two kinds of methods:
+- prompt side (`render`, `tokenize`, `preprocess`, `layout_prompt`): tokenizer and numpy work,
+  safe to call from worker threads (the tokenizer is guarded by a lock);
+- engine side (`encode_image`, `prefill`, `text_core`, `new_cache`): MLX work, called only on
+  the engine thread.
+
+mlx-vlm is used for loading, the image processor, the vision tower and the language model; the
+caching, positions and batching are ours (see shared design notes: mlx-vlm's own vision/prefix
+caches and batch generator do not handle Qwen-VL image reuse).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Generator, Sequence
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from PIL import Image
+
+from caches.hashing import fingerprint
+from gateway.engine.model.compiled_mrope import install_compiled_mrope
+from gateway.engine.model.image_processor import fast_image_processor, smart_resize
+from gateway.engine.model.kv import RowKVCache
+from gateway.engine.model.positions import ImageLayout
+from gateway.engine.model.prompt_forward import (
+    GroupPart,
+    PrefillPlan,
+    forward,
+    forward_group,
+    plan_inputs,
+)
+from gateway.engine.model.text_core import TextCore
+from gateway.engine.model.video_layout import VideoLayout, VideoTokens, expand_video
+from gateway.engine.model.video_processor import (
+    VideoFrames,
+    group_times,
+    seconds_per_patch,
+    video_grid,
+    video_patches,
+)
+from gateway.engine.model.vision import EncodedImage, VisionEncoder
+from gateway.engine.tokens.detokenizer import ByteStreamDetokenizer, Detokenizer, byte_table
+from gateway.engine.tokens.output import IncrementalDetokenizer
+
+log = logging.getLogger(__name__)
+
+SUPPORTED_ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+_PROCESSOR_KEYS = (
+    "min_pixels",
+    "max_pixels",
+    "patch_size",
+    "merge_size",
+    "temporal_patch_size",
+    "image_mean",
+    "image_std",
+    "do_resize",
+    "do_rescale",
+    "rescale_factor",
+    "do_normalize",
+    "do_convert_rgb",
+    "size",
+    "resample",
+)
+
+
+class VisionLanguageModel:
+    """A loaded Qwen-VL checkpoint. Construct on the thread that will own MLX."""
+
+    def __init__(self, path: str, lazy: bool = False) -> None:
+        """`lazy`: leave the weights unread (a prompt-side copy in a process that never runs
+        the model: tokenizer, processor and config only cost memory)."""
+        from mlx_vlm import load  # slow import: only when a model is actually loaded
+
+        self.path = path
+        self.model, self.processor = load(path, lazy=lazy)
+        config = self.model.config
+        self.arch: str = config.model_type
+        if self.arch not in SUPPORTED_ARCHS:
+            raise ValueError(f"unsupported model type {self.arch!r}; supported: {SUPPORTED_ARCHS}")
+        self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        self.image_processor = self.processor.image_processor
+        self.merge_size: int = config.vision_config.spatial_merge_size
+        self.image_token_id: int = int(config.image_token_id)
+        self.video_token_id: int = int(config.video_token_id)
+        self.vision_start_id: int = int(config.vision_start_token_id)
+        self.vision_end_id: int = int(getattr(config, "vision_end_token_id", 0) or 0) or int(
+            self.tokenizer.convert_tokens_to_ids("<|vision_end|>")
+        )
+        self._video_tokens = VideoTokens(
+            self.video_token_id, self.vision_start_id, self.vision_end_id, self.merge_size
+        )
+        # Qwen2.5-VL: time-axis positions per second of video (None: time axis = patch index).
+        self.tokens_per_second: float | None = (
+            float(getattr(config.vision_config, "tokens_per_second", 2))
+            if self.arch == "qwen2_5_vl"
+            else None
+        )
+        self.vocab_size: int = int(config.text_config.vocab_size)
+        self.eos_token_ids: tuple[int, ...] = self._eos_ids()
+        self.text_core = TextCore(self.model.language_model)
+        # Image blocks' mRoPE as one fused chain per layer (compiled_mrope.py): same values.
+        # A lazy copy (the HTTP process's prompt side) never runs a forward: left alone.
+        self.compiled_mrope = not lazy and install_compiled_mrope(self.model.language_model)
+        # The dtype the embedding *produces* (image features are cast to it): for a quantized
+        # checkpoint `embed_tokens.weight` is the packed uint32 array, and casting features to
+        # that truncated them to integers (see docs/caching.md, "quantized checkpoints").
+        embed = self.model.language_model.model.embed_tokens
+        self.embed_dtype = embed(mx.array([0], dtype=mx.int32)).dtype
+        self.vision = VisionEncoder(self.model.vision_tower, self.arch, self.embed_dtype)
+        self.vision_dtype = self.vision.dtype
+        self.fingerprint = self._model_fingerprint()
+        self.processor_fingerprint = fingerprint(
+            *((k, _plain(getattr(self.image_processor, k, None))) for k in _PROCESSOR_KEYS)
+        )
+        self._tokenizer_lock = threading.Lock()
+        self._byte_table = byte_table(self.tokenizer, self.vocab_size)
+        if self._byte_table is None:
+            log.info("tokenizer is not plain byte-level BPE: generic streaming detokenizer")
+
+    # ----- prompt side (any thread) -----------------------------------------------------------
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        """Apply the chat template. Image parts are `{"type": "image"}` and stay in place."""
+        with self._tokenizer_lock:
+            return self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True
+            )
+
+    def tokenize(self, text: str) -> list[int]:
+        with self._tokenizer_lock:
+            # verbose=False: no "Token indices sequence length is longer than ..." warning; the
+            # prompt builder refuses over-long prompts itself, against --max-context.
+            return list(self.tokenizer.encode(text, add_special_tokens=False, verbose=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        with self._tokenizer_lock:
+            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    def new_detokenizer(self) -> Detokenizer:
+        """A streaming detokenizer for one request (any thread; the result is not shared)."""
+        if self._byte_table is not None:
+            return ByteStreamDetokenizer(self._byte_table)
+        return IncrementalDetokenizer(self.decode)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, special tokens included (for logprobs)."""
+        with self._tokenizer_lock:
+            return self.tokenizer.decode([token_id])
+
+    def preprocess(self, image: Any) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """PIL RGB image -> (pixel_values, grid_thw in patches). Thread-safe.
+
+        `gateway.engine.model.image_processor` gives the checkpoint processor's exact output,
+        faster;
+        the processor itself runs for configs it does not reproduce (logged once) and inputs
+        other than RGB PIL images.
+        """
+        fast = fast_image_processor(self.image_processor)
+        if isinstance(image, VideoFrames):
+            return video_patches(self._video_processor(), image)
+        if fast is not None and isinstance(image, Image.Image) and image.mode == "RGB":
+            return fast(image)
+        out = self.image_processor(images=[image], return_tensors="np")
+        pixels = np.asarray(out["pixel_values"])
+        grid = tuple(int(x) for x in np.asarray(out["image_grid_thw"]).reshape(-1)[:3])
+        return pixels, grid  # type: ignore[return-value]
+
+    def image_grid(self, width: int, height: int) -> tuple[int, int, int]:
+        """The (t, h, w) patch grid `preprocess` would give, without touching pixels.
+        Raises ValueError for an aspect ratio over 200 (the processors refuse those too)."""
+        fast = fast_image_processor(self.image_processor)
+        if fast is not None:
+            return fast.grid(width, height)
+        ip = self.image_processor
+        size = getattr(ip, "size", None) or {}
+        min_px = getattr(ip, "min_pixels", None) or size.get("shortest_edge")
+        max_px = getattr(ip, "max_pixels", None) or size.get("longest_edge")
+        patch = int(ip.patch_size)
+        h, w = smart_resize(height, width, patch * int(ip.merge_size), min_px, max_px)
+        return (1, h // patch, w // patch)
+
+    def _video_processor(self):  # noqa: ANN202 - QwenImageProcessor
+        fast = fast_image_processor(self.image_processor)
+        if fast is None:
+            raise ValueError("this model's image processor is not one the video path supports")
+        return fast
+
+    def video_grid(self, frames: int, width: int, height: int) -> tuple[int, int, int]:
+        """The (t, h, w) patch grid of a clip (see `gateway.engine.model.video_processor`)."""
+        return video_grid(self._video_processor(), frames, width, height)
+
+    def video_layout(self, grid: tuple[int, int, int], times: Sequence[float]) -> VideoLayout:
+        """How a clip with this grid and these frame times sits in this model's prompt."""
+        tps = self._video_processor().spec.temporal_patch_size
+        scale = 1.0
+        if self.tokens_per_second is not None:
+            scale = seconds_per_patch(tuple(times), tps) * self.tokens_per_second
+        stamps = group_times(tuple(times), tps) if self.arch == "qwen3_vl" else None
+        return VideoLayout(grid, scale, None if stamps is None else tuple(stamps))
+
+    def video_clip(
+        self,
+        frames: np.ndarray,
+        times: Sequence[float],
+        grid: tuple[int, int, int],
+        block: int | None = None,
+    ) -> VideoFrames:
+        """The frames the engine preprocesses for a clip of this grid: all of them, or those
+        of temporal patch `block` (Qwen3-VL's per-patch inputs), resized as in the whole clip."""
+        spec = self._video_processor().spec
+        size = (grid[1] * spec.patch_size, grid[2] * spec.patch_size)
+        if block is None:
+            return VideoFrames(frames, tuple(times), size)
+        n = spec.temporal_patch_size
+        lo, hi = block * n, min((block + 1) * n, len(frames))
+        return VideoFrames(frames[lo:hi], tuple(times[lo:hi]), size)
+
+    def layout_prompt(
+        self, ids: Sequence[int], grids: Sequence[tuple[int, int, int] | VideoLayout]
+    ) -> tuple[list[int], list[ImageLayout]]:
+        """Expand each image placeholder into its run of `num_tokens` placeholders and each
+        video placeholder into its block(s) (`gateway.engine.model.video_layout`); `grids` holds one
+        entry per image (a grid) or video (a `VideoLayout`), in prompt order. A video gives
+        `VideoLayout.blocks` layouts."""
+        videos = sum(isinstance(g, VideoLayout) for g in grids)
+        expected = (
+            sum(1 for i in ids if i == self.image_token_id),
+            sum(1 for i in ids if i == self.video_token_id),
+        )
+        if expected != (len(grids) - videos, videos):
+            raise ValueError(
+                f"prompt has {expected[0]} image and {expected[1]} video placeholders for "
+                f"{len(grids) - videos} images and {videos} videos"
+            )
+        out: list[int] = []
+        layouts: list[ImageLayout] = []
+        items = iter(grids)
+        m = self.merge_size
+        for token in ids:
+            if token not in (self.image_token_id, self.video_token_id):
+                out.append(token)
+                continue
+            item = next(items)
+            if isinstance(item, VideoLayout):
+                if token != self.video_token_id:
+                    raise ValueError("images and videos are not in prompt order")
+                expand_video(out, layouts, item, self._video_tokens, self.tokenize)
+                continue
+            if token != self.image_token_id:
+                raise ValueError("images and videos are not in prompt order")
+            t, h, w = item
+            layout = ImageLayout(start=len(out), t=t, h=h // m, w=w // m)
+            layouts.append(layout)
+            out.extend([self.image_token_id] * layout.num_tokens)
+        return out, layouts
+
+    # ----- engine side (engine thread only) ---------------------------------------------------
+
+    def new_cache(self, rope_delta: int = 0) -> list[RowKVCache]:
+        return [RowKVCache(rope_delta) for _ in self.text_core.layers]
+
+    def encode_image(
+        self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
+    ) -> EncodedImage:
+        """Run the vision tower on one image, all at once."""
+        return self.vision.encode(pixel_values, grid_thw)
+
+    def encode_steps(
+        self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
+    ) -> Generator[None, None, EncodedImage]:
+        """The vision tower one unit per `next()` (see `VisionEncoder.steps`)."""
+        return self.vision.steps(pixel_values, grid_thw)
+
+    def encode_steps_many(
+        self,
+        images: Sequence[tuple[np.ndarray, tuple[int, int, int]]],
+        stepwise: Callable[[], bool] = lambda: True,
+    ) -> Generator[None, None, list[EncodedImage]]:
+        """Several images through the tower in one call, one unit per `next()` while
+        `stepwise()` (see `VisionEncoder.steps_many`); returns each image's features."""
+        return self.vision.steps_many(images, stepwise)
+
+    def prefill_plan(
+        self,
+        prompt_ids: Sequence[int],
+        layouts: Sequence[ImageLayout],
+        encoded: Sequence[EncodedImage | None],
+        start: int,
+        end: int,
+    ) -> PrefillPlan:
+        """Inputs for prefilling prompt tokens [start, end) (`prompt_forward.plan_inputs`)."""
+        embed = self.model.language_model.model.embed_tokens
+        visual = (self.image_token_id, self.video_token_id)
+        return plan_inputs(embed, visual, prompt_ids, layouts, encoded, start, end)
+
+    def prefill(
+        self, plan: PrefillPlan, cache: list[RowKVCache], lo: int, hi: int, rows: int = 0
+    ) -> mx.array:
+        """Feed plan tokens [lo, hi) into `cache`, padded to `rows` query rows
+        (`prompt_forward.forward`); the hidden states, lazily."""
+        lm, fast = self.model.language_model.model, self.text_core.fast_rope
+        return forward(lm, plan, cache, lo, hi, rows, fast_text=fast)
+
+    def prefill_group(self, parts: Sequence[GroupPart], rows: int) -> mx.array:
+        """Several requests' ranges at the same positions in one forward
+        (`prompt_forward.forward_group`); the hidden states (len(parts), rows, hidden)."""
+        lm, fast = self.model.language_model.model, self.text_core.fast_rope
+        return forward_group(lm, parts, rows, fast_text=fast)
+
+    # ----- helpers ----------------------------------------------------------------------------
+
+    def _eos_ids(self) -> tuple[int, ...]:
+        ids: set[int] = set()
+        eos = getattr(self.model.config, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif eos:
+            ids.update(int(e) for e in eos)
+        if getattr(self.tokenizer, "eos_token_id", None) is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        for special in ("<|im_end|>", "<|endoftext|>"):
+            tid = self.tokenizer.convert_tokens_to_ids(special)
+            if isinstance(tid, int) and tid >= 0 and tid != self.tokenizer.unk_token_id:
+                ids.add(tid)
+        return tuple(sorted(ids))
+
+    def _model_fingerprint(self) -> str:
+        root = Path(self.path)
+        parts: list[object] = [self.arch]
+        config = root / "config.json"
+        if config.is_file():
+            parts.append(json.dumps(json.loads(config.read_text()), sort_keys=True))
+            for f in sorted(root.glob("*.safetensors")):
+                st = f.stat()
+                parts.append((f.name, st.st_size, st.st_mtime_ns))
+        else:
+            parts.append(self.path)
+        return fingerprint(*parts)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return tuple(sorted((k, _plain(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return repr(value)

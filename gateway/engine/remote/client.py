@@ -1,0 +1,256 @@
+"""The engine in its own process, behind the same interface as `Engine`.
+
+Why: on a GPU the decode step is bound by the Python that builds and launches it (raw mlx-lm
+needs ~7.5-8.8 ms of CPU per step for a 7B model at 1-16 rows, while the GPU needs ~3-4 ms),
+and one process has one GIL. Every SSE chunk the HTTP edge writes (~100-200 us of Python:
+JSON, Starlette, uvicorn, the socket) was GIL time taken out of the engine's step: 16 streams
+ran at 0.62x of raw on an H200. vLLM split its API server from its engine core for the same
+reason. Here `vision-gateway serve` stays one command: the HTTP process spawns one engine
+process and talks to it over two pipes.
+
+Wire protocol (pickled tuples over `multiprocessing` connections):
+    HTTP -> engine   ("submit", EngineRequest) | ("cancel", request_id) | ("stop",)
+                     | ("call", call_id, method, args)
+    engine -> HTTP   ("ready", on_gpu) | ("load_failed", message) | ("events", [(id, Event), ...])
+                     | ("reply", call_id, ok, value) | ("stopped",)
+Events are shipped once per engine step, as one message, by the engine thread.
+
+In the engine process (`gateway.engine.remote.main`) a small pool prepares image pixels
+(preprocessing, numpy and Pillow, mostly outside the GIL) for images the caches do not cover,
+so neither the HTTP process nor the engine thread does it and no 25 MB float array crosses
+the pipe.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import multiprocessing as mp
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from caches.prefix import ImageSpan
+from gateway.config import EngineConfig
+from gateway.engine.image_store import ImageStore
+from gateway.engine.remote.main import engine_process_main
+from gateway.engine.request import (
+    AdmittedEvent,
+    EngineBusy,
+    EngineRequest,
+    ErrorEvent,
+    ErrorKind,
+    Event,
+    FinishEvent,
+    Sink,
+)
+
+log = logging.getLogger(__name__)
+
+
+class EngineUnavailable(Exception):
+    """The engine process is gone (crashed or stopped); the server cannot serve."""
+
+
+class RemoteEngine:
+    """`Engine`'s interface over an engine process. Thread-safe like `Engine`; sinks are called
+    on this object's reader thread and must not block."""
+
+    def __init__(self, config: EngineConfig, log_level: str = "info") -> None:
+        self.config = config
+        self.on_gpu = False  # the engine computes on a GPU (known once started)
+        self._log_level = log_level
+        self.model: Any = None  # prompt side only (tokenizer, processor): weights unread
+        self._sinks: dict[str, Sink] = {}
+        self._admitted: set[str] = set()
+        self._lock = threading.Lock()  # sinks, counts, calls, the command pipe
+        self._calls: dict[int, tuple[threading.Event, list[Any]]] = {}
+        self._call_ids = itertools.count()
+        self._alive = False
+        self._stopped = threading.Event()
+        self._images = ImageStore(keep_images=False)  # what the engine process holds
+
+    # ----- lifecycle ----------------------------------------------------------------------------
+
+    def start(self, timeout: float | None = None) -> None:
+        """Spawn the engine process, load the prompt side here, wait until the model is
+        loaded there (re-raises a load failure as RuntimeError)."""
+        from gateway.engine.model.vlm import VisionLanguageModel
+
+        ctx = mp.get_context("spawn")  # never fork a process that may hold a GPU context
+        cmd_read, cmd_write = ctx.Pipe(duplex=False)
+        evt_read, evt_write = ctx.Pipe(duplex=False)
+        self._commands, self._events = cmd_write, evt_read
+        self._process = ctx.Process(
+            target=engine_process_main,
+            args=(self.config, self._log_level, cmd_read, evt_write),
+            name="vision-gateway-engine",
+            daemon=True,
+        )
+        self._process.start()
+        cmd_read.close()
+        evt_write.close()
+        try:
+            self.model = VisionLanguageModel(self.config.model, lazy=True)
+            if not self._events.poll(timeout):
+                raise TimeoutError("the engine process did not load the model in time")
+            first = self._events.recv()
+            if first[0] != "ready":
+                raise RuntimeError(f"model failed to load: {first[1]}")
+            self.on_gpu = bool(first[1])
+        except BaseException:
+            self._kill()
+            raise
+        self._alive = True
+        threading.Thread(target=self._read, name="engine-events", daemon=True).start()
+        log.info("engine process %d ready", self._process.pid)
+
+    @property
+    def alive(self) -> bool:
+        """The engine process is serving."""
+        return self._alive
+
+    def _kill(self) -> None:
+        """Close our end of the pipes and make sure the engine process is gone (it ignores
+        SIGTERM, so multiprocessing's exit hook alone would wait for it forever)."""
+        for connection in (self._commands, self._events):
+            connection.close()
+        self._process.join(5)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the engine to stop (in-flight requests get SHUTTING_DOWN errors), wait for it."""
+        if self._alive:
+            self._send(("stop",))
+            self._stopped.wait(timeout)
+        if getattr(self, "_process", None) is not None:
+            self._process.join(timeout)
+            if self._process.is_alive():
+                log.warning("engine process did not exit; killing it")
+                self._process.kill()
+
+    # ----- requests -----------------------------------------------------------------------------
+
+    def submit(self, request: EngineRequest, sink: Sink) -> None:
+        """Queue a request. Raises EngineBusy at capacity, EngineUnavailable if the engine
+        process is gone."""
+        with self._lock:
+            if not self._alive:
+                raise EngineUnavailable("the engine process is not running")
+            capacity = self.config.max_waiting + self.config.max_batch
+            if len(self._sinks) >= capacity:
+                raise EngineBusy(min(self.running, self.config.max_batch), self.waiting)
+            try:
+                self._commands.send(("submit", self._images.outgoing(request)))
+            except (OSError, ValueError):
+                self._alive = False
+                raise EngineUnavailable("the engine process is not running") from None
+            self._sinks[request.request_id] = sink
+
+    def cancel(self, request_id: str) -> None:
+        if self._alive:
+            self._send(("cancel", request_id))
+
+    @property
+    def running(self) -> int:
+        return len(self._admitted)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._sinks) - len(self._admitted)
+
+    @property
+    def idle(self) -> bool:
+        return not self._sinks
+
+    def needs_pixels(self, prompt_ids: Sequence[int], images: Sequence[ImageSpan]) -> list[bool]:
+        """Always False here: the engine process preprocesses what it needs itself."""
+        return [False] * len(images)
+
+    def cache_stats(self) -> dict[str, dict[str, object]]:
+        return self._call("cache_stats")
+
+    def cache_entries(self, limit: int = 10, kind: str | None = None) -> dict[str, Any]:
+        """`caches.entries.entries_report`, computed in the engine process (check the
+        arguments first with `caches.entries.check_query`: a failure there is a RuntimeError)."""
+        return self._call("cache_entries", limit, kind)
+
+    def clear_caches(self) -> None:
+        self._call("clear_caches")
+
+    def reset_caches(self) -> None:
+        self._call("reset_caches")
+
+    def metrics_text(self) -> bytes:
+        return self._call("metrics_text")
+
+    # ----- plumbing -----------------------------------------------------------------------------
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        with self._lock:
+            try:
+                self._commands.send(message)
+            except (OSError, ValueError):
+                self._alive = False
+
+    def _call(self, method: str, *args: Any, timeout: float = 30.0) -> Any:
+        done, box = threading.Event(), []
+        with self._lock:
+            if not self._alive:
+                raise EngineUnavailable("the engine process is not running")
+            call_id = next(self._call_ids)
+            self._calls[call_id] = (done, box)
+            self._commands.send(("call", call_id, method, args))
+        if not done.wait(timeout) or not box:
+            raise EngineUnavailable(f"the engine process did not answer {method}")
+        ok, value = box
+        if not ok:
+            raise RuntimeError(f"{method} failed in the engine process: {value}")
+        return value
+
+    def _read(self) -> None:
+        """Reader thread: dispatch event batches and call replies until the pipe closes."""
+        try:
+            while True:
+                message = self._events.recv()
+                if message[0] == "events":
+                    self._dispatch(message[1])
+                elif message[0] == "reply":
+                    _, call_id, ok, value = message
+                    with self._lock:
+                        done, box = self._calls.pop(call_id, (None, None))
+                    if done is not None:
+                        box.extend((ok, value))
+                        done.set()
+                elif message[0] == "stopped":
+                    break
+        except (EOFError, OSError):
+            log.error("the engine process exited unexpectedly")
+        finally:
+            self._fail_all()
+
+    def _dispatch(self, batch: list[tuple[str, Event]]) -> None:
+        for request_id, event in batch:
+            with self._lock:
+                sink = self._sinks.get(request_id)
+                if isinstance(event, AdmittedEvent):
+                    self._admitted.add(request_id)
+                elif isinstance(event, (FinishEvent, ErrorEvent)):
+                    self._sinks.pop(request_id, None)
+                    self._admitted.discard(request_id)
+            if sink is not None:
+                sink(event)
+
+    def _fail_all(self) -> None:
+        with self._lock:
+            self._alive = False
+            sinks, self._sinks = self._sinks, {}
+            self._admitted.clear()
+            calls, self._calls = self._calls, {}
+        for sink in sinks.values():
+            sink(ErrorEvent(ErrorKind.SHUTTING_DOWN, "the engine stopped"))
+        for done, _ in calls.values():
+            done.set()
+        self._stopped.set()

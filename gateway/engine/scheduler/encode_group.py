@@ -1,0 +1,133 @@
+"""Images of several requests through the vision tower together. Engine thread only.
+
+One tower call per image would leave a GPU mostly idle on small images and make a burst of
+image requests wait in line (16 requests with distinct 448 px images: the last one started
+after 15 whole encodes). Qwen-VL towers take several images in one call (the images stay
+separate through their attention segments), so the engine encodes the oldest requests'
+pending images as one group, up to a patch budget, one tower unit per engine step.
+
+The same pixels twice (in one prompt, or in two requests waiting together) are encoded once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
+
+from caches.vision import VisionEntry
+from gateway.engine.cache_ops import CacheOps
+from gateway.engine.model.vision import EncodedImage
+from gateway.engine.request import ImageInput
+from gateway.engine.scheduler.job import Job, Stage
+
+log = logging.getLogger(__name__)
+
+# Patches one group may hold: 16 images of 448x448, or 3 of 1024x1024, in one tower call.
+MAX_GROUP_PATCHES = 16384
+
+
+@dataclass
+class EncodeGroup:
+    """Distinct images (by content hash) in tower order, and the (job, image index) pairs
+    waiting for each. Jobs cancelled meanwhile are skipped when the group completes."""
+
+    images: list[ImageInput]
+    members: list[tuple[Job, int]]
+    steps: Generator[None, None, list[EncodedImage]]
+
+    @property
+    def jobs(self) -> list[Job]:
+        return list({id(job): job for job, _ in self.members}.values())
+
+
+def start_group(
+    ops: CacheOps,
+    jobs: Iterable[Job],
+    max_patches: int | None = None,
+    stepwise: Callable[[], bool] = lambda: True,
+) -> tuple[EncodeGroup | None, list[tuple[Job, Exception]]]:
+    """The next group: every pending image of the given jobs (oldest first) that fits the
+    patch budget; at least one image (None if no job has an image pending). Also returns the
+    jobs whose images could not be prepared (preprocessing failed), to be failed alone."""
+    max_patches = MAX_GROUP_PATCHES if max_patches is None else max_patches
+    distinct: dict[str, ImageInput] = {}
+    pixels: dict[str, object] = {}
+    members: list[tuple[Job, int]] = []
+    failed: dict[int, tuple[Job, Exception]] = {}
+    patches = 0
+    for job in jobs:
+        for i in job.to_encode:
+            image = job.request.images[i]
+            if image.content_hash not in distinct:
+                size = image.grid_thw[0] * image.grid_thw[1] * image.grid_thw[2]
+                if distinct and patches + size > max_patches:
+                    return _group(ops, distinct, pixels, members, failed, stepwise)
+                try:
+                    pixels[image.content_hash] = _pixels(ops, image)
+                except Exception as exc:  # noqa: BLE001 - fails this job only
+                    failed[id(job)] = (job, exc)
+                    continue
+                distinct[image.content_hash] = image
+                patches += size
+            members.append((job, i))
+    return _group(ops, distinct, pixels, members, failed, stepwise)
+
+
+def _pixels(ops: CacheOps, image: ImageInput) -> object:
+    if image.pixel_values is not None:
+        return image.pixel_values
+    if image.image is None:
+        raise RuntimeError("the image's pixels are gone (evicted from every cache)")
+    return ops.model.preprocess(image.image)[0]
+
+
+def _group(
+    ops: CacheOps,
+    distinct: dict[str, ImageInput],
+    pixels: dict[str, object],
+    members: list[tuple[Job, int]],
+    failed: dict[int, tuple[Job, Exception]],
+    stepwise: Callable[[], bool],
+) -> tuple[EncodeGroup | None, list[tuple[Job, Exception]]]:
+    members = [(job, i) for job, i in members if id(job) not in failed]
+    used = {job.request.images[i].content_hash for job, i in members}
+    images = [image for h, image in distinct.items() if h in used]
+    if not images:
+        return None, list(failed.values())
+    inputs = [(pixels[i.content_hash], i.grid_thw) for i in images]
+    steps = ops.model.encode_steps_many(inputs, stepwise)  # type: ignore[arg-type]
+    group = EncodeGroup(images, members, steps)
+    return group, list(failed.values())
+
+
+def step_group(ops: CacheOps, group: EncodeGroup) -> bool:
+    """Run one tower unit. When the tower is done, hand each job its features, store them in
+    the vision cache and return True."""
+    try:
+        next(group.steps)
+        return False
+    except StopIteration as done:
+        encoded: list[EncodedImage] = done.value
+    by_hash = {}
+    for image, features in zip(group.images, encoded, strict=True):
+        if features.features.shape[0] != image.layout.num_tokens:
+            raise RuntimeError(
+                f"vision tower gave {features.features.shape[0]} features for "
+                f"{image.layout.num_tokens} placeholders"
+            )
+        by_hash[image.content_hash] = features
+    cache_them = any(job.request.use_caches for job, _ in group.members)
+    for image in group.images if cache_them else ():
+        features = by_hash[image.content_hash]
+        entry = VisionEntry(features, image.layout.num_tokens, image.grid_thw, features.nbytes)
+        try:
+            ops.store_vision(ops.vision_key(image.content_hash), entry)
+        except Exception:
+            log.exception("vision cache store failed; continuing without caching")
+    for job, i in group.members:
+        if job.stage is Stage.DONE:
+            continue  # cancelled or failed while its images were encoding
+        job.encoded[i] = by_hash[job.request.images[i].content_hash]
+        job.to_encode.remove(i)
+    return True

@@ -1,0 +1,114 @@
+"""Turning one request's sampled tokens into text: incremental detokenization, stop strings,
+logprobs. One `OutputState` per request, owned by the engine thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from gateway.engine.request import SamplingParams, TokenLogprob
+from gateway.engine.tokens.detokenizer import Detokenizer
+from gateway.engine.tokens.logprobs import LogprobValues
+
+Decode = Callable[[Sequence[int]], str]
+
+
+class IncrementalDetokenizer:
+    """The generic `Detokenizer` over any `decode` function (used when the tokenizer is not
+    byte-level BPE; see gateway.engine.tokens.detokenizer for the fast path).
+
+    Decodes a growing token list into text deltas that concatenate to `decode(all tokens)`.
+
+    Keeps a small window (prefix_offset..read_offset) so each step decodes a few tokens, and
+    holds back text that ends in an incomplete UTF-8 sequence (U+FFFD).
+    """
+
+    def __init__(self, decode: Decode) -> None:
+        self._decode = decode
+        self.tokens: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def add(self, token: int) -> str:
+        self.tokens.append(token)
+        prefix_text = self._decode(self.tokens[self._prefix : self._read])
+        new_text = self._decode(self.tokens[self._prefix :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            delta = new_text[len(prefix_text) :]
+            self._prefix, self._read = self._read, len(self.tokens)
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        """Text still held back (e.g. a dangling partial character) at the end."""
+        prefix_text = self._decode(self.tokens[self._prefix : self._read])
+        new_text = self._decode(self.tokens[self._prefix :])
+        self._prefix = self._read = len(self.tokens)
+        return new_text[len(prefix_text) :]
+
+
+class OutputState:
+    """Text, stop strings and logprobs of one request's completion.
+
+    `push(token, logprobs)` returns (text to emit now, finished-by-stop-string). Text that could
+    be the start of a stop string is held back until it cannot be.
+    """
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        new_detokenizer: Callable[[], Detokenizer],
+        token_text: Callable[[int], str],
+    ) -> None:
+        self._params = params
+        self._detok = new_detokenizer()
+        self._token_text = token_text
+        self._pending = ""  # decoded but not yet emitted (possible stop-string prefix)
+        self.completion_tokens = 0
+        self.stopped = False
+        self.stopped_by: str | None = None  # the stop string that ended the completion
+
+    def push(self, token: int) -> str:
+        self.completion_tokens += 1
+        self._pending += self._detok.add(token)
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """Flush held-back text at the end of generation (stop strings still apply)."""
+        if not self.stopped:
+            self._pending += self._detok.flush()
+        return self._release(final=True)
+
+    def _release(self, final: bool) -> str:
+        if self.stopped:
+            return ""
+        for stop in self._params.stop:
+            at = self._pending.find(stop)
+            if at >= 0:
+                self.stopped, self.stopped_by = True, stop
+                out, self._pending = self._pending[:at], ""
+                return out
+        keep = 0 if final else self._partial_stop_len(self._pending)
+        cut = len(self._pending) - keep
+        out, self._pending = self._pending[:cut], self._pending[cut:]
+        return out
+
+    def _partial_stop_len(self, text: str) -> int:
+        """Length of the longest suffix of `text` that could begin a stop string."""
+        best = 0
+        for stop in self._params.stop:
+            for k in range(min(len(stop) - 1, len(text)), best, -1):
+                if text.endswith(stop[:k]):
+                    best = k
+                    break
+        return best
+
+    def logprob(self, token: int, values: LogprobValues) -> TokenLogprob:
+        """The sampled token's logprob and the requested top alternatives, with their text
+        (`values` from gateway.engine.tokens.logprobs, for this token)."""
+        text = self._token_text(token)
+        top = tuple(
+            (t := self._token_text(tid), tid, lp, tuple(t.encode("utf-8")))
+            for tid, lp in values.top[: self._params.top_logprobs]
+        )
+        return TokenLogprob(text, token, values.chosen, tuple(text.encode("utf-8")), top)

@@ -1,0 +1,81 @@
+"""The protocol-neutral chat request that every wire format is parsed into.
+
+Typed and immutable: the wire parsers (`gateway.api.openai.parse`,
+`gateway.api.anthropic.parse`) build it once at the edge; the pipeline, the prompt builder
+and the warm-up only read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """An image reference as `MediaLoader` takes it: an http(s) URL, a data URI or a path."""
+
+    url: str
+    param: str  # dotted path of the field it came from, for error messages
+
+
+@dataclass(frozen=True)
+class VideoPart:
+    """A video reference (OpenAI-style `video_url` part): http(s) URL, data URI or path."""
+
+    url: str
+    param: str
+
+
+Part = TextPart | ImagePart | VideoPart
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # system | user | assistant
+    parts: tuple[Part, ...]
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One chat request, whatever API it came through.
+
+    `max_tokens` None: the server's default (bounded by the context). `top_k` 0: off.
+    `include_usage` and `logprobs` only change what a wire format renders; the engine
+    computes the same tokens either way.
+    """
+
+    model: str
+    messages: tuple[ChatMessage, ...]
+    max_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: tuple[str, ...]
+    logprobs: bool
+    top_logprobs: int
+    stream: bool
+    include_usage: bool
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens (benchmarks)
+    grammar: str | None = None  # structured output (`response_format`), see gateway.structured
+    # Text the answer continues (Anthropic's final assistant message): appended after the
+    # template's opening of the assistant turn; the response holds only what follows it.
+    prefill: str = ""
+
+    @property
+    def images(self) -> list[ImagePart]:
+        return [p for m in self.messages for p in m.parts if isinstance(p, ImagePart)]
+
+    @property
+    def videos(self) -> list[VideoPart]:
+        return [p for m in self.messages for p in m.parts if isinstance(p, VideoPart)]
+
+    @property
+    def media(self) -> list[ImagePart | VideoPart]:
+        """Images and videos in prompt order (the order of their placeholders)."""
+        return [p for m in self.messages for p in m.parts if not isinstance(p, TextPart)]

@@ -1,0 +1,208 @@
+"""Chat request + decoded images -> a prepared `EngineRequest` (tokenizer and numpy work, run
+in a worker thread so neither the event loop nor the engine thread does it).
+
+The chat template is applied to our own message list with image parts exactly where the user
+put them (mlx-vlm's prompt helper moves text before the image for Qwen2-VL, which would make an
+image's KV depend on the question that follows it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from caches.prefix import ImageSpan
+from gateway.engine.model.positions import ImageLayout
+from gateway.engine.model.video_layout import VideoLayout
+from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.request import EngineRequest, ImageInput, SamplingParams
+from gateway.errors import invalid
+from gateway.frontend.chat import ChatRequest, ImagePart, TextPart, VideoPart
+from gateway.media import DecodedImage, DecodedVideo
+
+Media = DecodedImage | DecodedVideo
+Grid = tuple[int, int, int] | VideoLayout
+
+
+class UnsupportedImage(ValueError):
+    """An image or video the model's processor cannot take (e.g. too elongated); `index` is
+    its place among the request's media (`ChatRequest.media`), so the caller can name the
+    field it came from."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+def template_messages(chat: ChatRequest) -> list[dict[str, Any]]:
+    """OpenAI messages -> the chat template's format (`{"type": "image"}` placeholders)."""
+    out: list[dict[str, Any]] = []
+    for message in chat.messages:
+        if all(isinstance(p, TextPart) for p in message.parts):
+            text = "".join(p.text for p in message.parts)  # type: ignore[union-attr]
+            out.append({"role": message.role, "content": text})
+            continue
+        content: list[dict[str, Any]] = []
+        for part in message.parts:
+            if isinstance(part, ImagePart):
+                content.append({"type": "image"})
+            elif isinstance(part, VideoPart):
+                content.append({"type": "video"})
+            else:
+                content.append({"type": "text", "text": part.text})
+        out.append({"role": message.role, "content": content})
+    return out
+
+
+class PromptBuilder:
+    """Builds engine requests for one model. Thread-safe (the model guards its tokenizer).
+
+    `needs_pixels(prompt_ids, spans)` tells, per image, whether the engine will run the
+    vision tower on it (not covered by a prefix-cache hit, not in the vision cache). Other
+    images skip pixel preprocessing; the engine preprocesses itself on the rare eviction in
+    between.
+    """
+
+    def __init__(
+        self,
+        model: VisionLanguageModel,
+        needs_pixels: Callable[[list[int], list[ImageSpan]], list[bool]],
+        max_context_tokens: int,
+        default_max_tokens: int,
+    ) -> None:
+        self.model = model
+        self._needs_pixels = needs_pixels
+        self._max_context = max_context_tokens
+        self._default_max_tokens = default_max_tokens
+
+    def count(self, chat: ChatRequest, media: Sequence[Media]) -> int:
+        """The prompt's length in tokens, image and video tokens included (no pixel work)."""
+        return len(self._layout(chat, media)[0])
+
+    def _layout(
+        self, chat: ChatRequest, media: Sequence[Media]
+    ) -> tuple[list[int], list[ImageLayout], list[Grid]]:
+        # An assistant prefill continues the assistant turn the template just opened.
+        text = self.model.render(template_messages(chat)) + chat.prefill
+        ids = self.model.tokenize(text)
+        grids = [self._grid(index, item) for index, item in enumerate(media)]
+        prompt, layouts = self.model.layout_prompt(ids, grids)
+        return prompt, layouts, grids
+
+    def _grid(self, index: int, item: Media) -> Grid:
+        what = "video frames" if isinstance(item, DecodedVideo) else "image"
+        try:
+            if isinstance(item, DecodedVideo):
+                grid = self.model.video_grid(item.num_frames, item.width, item.height)
+                return self.model.video_layout(grid, item.times)
+            return self.model.image_grid(item.width, item.height)
+        except ValueError as exc:
+            size = f"{item.width}x{item.height} pixels"
+            if "aspect ratio" in str(exc):  # Qwen-VL's processor: at most 200:1
+                reason = f"the {what} are {size}" if what != "image" else f"the image is {size}"
+                reason += "; this model takes images and video frames up to 200:1"
+                raise UnsupportedImage(index, f"{reason}: crop or pad it") from None
+            raise UnsupportedImage(
+                index, f"the {what} ({size}) cannot be processed: {exc}"
+            ) from None
+
+    def build(
+        self, chat: ChatRequest, media: Sequence[Media], request_id: str, arrival: float
+    ) -> EngineRequest:
+        prompt, layouts, grids = self._layout(chat, media)
+        # One entry per layout: (media index, temporal block of a Qwen3-VL video or None).
+        owners: list[tuple[int, int | None]] = []
+        for index, grid in enumerate(grids):
+            if isinstance(grid, VideoLayout) and grid.stamps is not None:
+                owners.extend((index, b) for b in range(grid.blocks))
+            else:
+                owners.append((index, None))
+        hashes = [_block_hash(media[i], b) for i, b in owners]
+        spans = [
+            ImageSpan(layout.start, layout.end, h)
+            for layout, h in zip(layouts, hashes, strict=True)
+        ]
+        # Pixel preprocessing only for media the engine will actually encode.
+        needed = self._needs_pixels(prompt, spans) if spans else []
+        pixels: dict[int, Any] = {}
+        for (index, _), need in zip(owners, needed, strict=True):
+            if need and index not in pixels:
+                pixels[index] = self._preprocess(media[index], grids[index])
+        inputs = []
+        for layout, (index, block), content_hash in zip(layouts, owners, hashes, strict=True):
+            item, grid = media[index], grids[index]
+            values = pixels.get(index)
+            if isinstance(item, DecodedImage):
+                source, grid_thw = item.image, grid
+            else:
+                assert isinstance(grid, VideoLayout)
+                source = self.model.video_clip(item.frames, item.times, grid.grid, block)
+                t, h, w = grid.grid
+                grid_thw = (t, h, w) if block is None else (1, h, w)
+                if values is not None and block is not None:
+                    values = values[block * h * w : (block + 1) * h * w]
+            inputs.append(
+                ImageInput(
+                    content_hash=content_hash,
+                    layout=layout,
+                    grid_thw=grid_thw,  # type: ignore[arg-type]
+                    pixel_values=values,
+                    image=source,
+                )
+            )
+        return EngineRequest(
+            request_id=request_id,
+            prompt_ids=tuple(prompt),
+            images=tuple(inputs),
+            sampling=self._sampling(chat, len(prompt)),
+            arrival_time=arrival,
+        )
+
+    def _preprocess(self, item: Media, grid: Grid) -> Any:
+        if isinstance(item, DecodedImage):
+            values, processed = self.model.preprocess(item.image)
+            expected = grid
+        else:
+            assert isinstance(grid, VideoLayout)
+            clip = self.model.video_clip(item.frames, item.times, grid.grid)
+            values, processed = self.model.preprocess(clip)
+            expected = grid.grid
+        if processed != expected:
+            raise RuntimeError(f"media grid {processed} != predicted {expected}")
+        return values
+
+    def _sampling(self, chat: ChatRequest, prompt_len: int) -> SamplingParams:
+        room = self._max_context - prompt_len
+        if room < 1:
+            raise invalid(
+                f"the prompt is {prompt_len} tokens (images included) but this server's context "
+                f"is {self._max_context} tokens; shorten the conversation, send smaller or fewer "
+                "images, or start the server with a larger --max-context",
+                "messages",
+                "context_length_exceeded",
+            )
+        if chat.max_tokens is not None and chat.max_tokens > room:
+            raise invalid(
+                f"max_tokens ({chat.max_tokens}) plus the prompt ({prompt_len} tokens) exceeds "
+                f"the context of {self._max_context} tokens; ask for at most {room}",
+                "max_tokens",
+                "context_length_exceeded",
+            )
+        return SamplingParams(
+            max_tokens=chat.max_tokens or min(self._default_max_tokens, room),
+            temperature=chat.temperature,
+            top_p=chat.top_p,
+            top_k=chat.top_k,
+            seed=chat.seed,
+            stop=chat.stop,
+            logprobs=chat.logprobs,
+            top_logprobs=chat.top_logprobs,
+            ignore_eos=chat.ignore_eos,
+            grammar=chat.grammar,
+        )
+
+
+def _block_hash(item: Media, block: int | None) -> str:
+    """The content hash of one placeholder run: the medium's, or for one temporal block of a
+    Qwen3-VL video the clip's hash and the block's index (blocks of one clip never collide)."""
+    return item.content_hash if block is None else f"{item.content_hash}#{block}"

@@ -1,0 +1,157 @@
+"""Anthropic Messages request parsing: every field validated with a message naming it;
+unsupported features and unknown fields refused, never ignored; valid requests become the same
+`ChatRequest` parts an OpenAI request would (so the same prompt, caches and batch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.api.anthropic.parse import parse_messages_request
+from gateway.api.openai.parse import parse_chat_request
+from gateway.errors import APIError
+from gateway.frontend.chat import ImagePart, TextPart
+from gateway.frontend.prompt import template_messages
+
+BASE = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+PNG_B64 = "iVBORw0KGgo="
+
+
+def _with(**fields: object) -> dict:
+    return {**BASE, **fields}
+
+
+def _user(*blocks: object) -> dict:
+    return _with(messages=[{"role": "user", "content": list(blocks)}])
+
+
+def test_defaults_and_sampling_fields() -> None:
+    r = parse_messages_request(_with(temperature=0, top_p=0.5, top_k=7, stop_sequences=["x"]))
+    assert (r.max_tokens, r.temperature, r.top_p, r.top_k, r.stop) == (5, 0.0, 0.5, 7, ("x",))
+    assert not r.stream and r.prefill == ""
+    assert parse_messages_request(BASE).temperature == 1.0
+
+
+def test_the_same_conversation_templates_like_openai() -> None:
+    """Invariant: system + text + image blocks become the template messages the OpenAI
+    request with the same content gives (image sources become data URIs / URLs)."""
+    anthropic = {
+        "model": "m",
+        "max_tokens": 5,
+        "system": [{"type": "text", "text": "be brief"}],
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "look"},
+                    {
+                        "type": "image",
+                        "source": {"type": "base64", "media_type": "image/png", "data": PNG_B64},
+                    },
+                    {"type": "image", "source": {"type": "url", "url": "https://x.test/a.png"}},
+                ],
+            },
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "and?"},
+        ],
+    }
+    openai = {
+        "model": "m",
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "look"},
+                    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG_B64}"}},
+                    {"type": "image_url", "image_url": {"url": "https://x.test/a.png"}},
+                ],
+            },
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "and?"},
+        ],
+    }
+    a, o = parse_messages_request(anthropic), parse_chat_request(openai)
+    assert template_messages(a) == template_messages(o)
+    assert [i.url for i in a.images] == [i.url for i in o.images]
+    assert a.images[0].param == "messages[0].content[1].source.data"
+
+
+def test_a_final_assistant_message_is_a_prefill() -> None:
+    r = parse_messages_request(
+        _with(
+            messages=[
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "text", "text": "Sure,"}]},
+            ]
+        )
+    )
+    assert r.prefill == "Sure," and [m.role for m in r.messages] == ["user"]
+    assert r.messages[0].parts == (TextPart("hi"),)
+
+
+def test_count_only_bodies_need_no_max_tokens() -> None:
+    body = {k: v for k, v in BASE.items() if k != "max_tokens"}
+    assert parse_messages_request(body, count_only=True).max_tokens is None
+    with pytest.raises(APIError) as info:
+        parse_messages_request(body)
+    assert info.value.param == "max_tokens"
+
+
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "A"}}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ([], None),
+        ({"max_tokens": 5, "messages": BASE["messages"]}, "model"),
+        (_with(max_tokens=0), "max_tokens"),
+        (_with(max_tokens="5"), "max_tokens"),
+        (_with(messages=[]), "messages"),
+        (_with(messages=[{"role": "assistant", "content": "x"}]), "messages"),
+        (_with(messages=[{"role": "system", "content": "x"}]), "messages[0].role"),
+        (_with(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
+        (_user({"type": "text"}), "messages[0].content[0].text"),
+        (_user({"type": "audio"}), "messages[0].content[0].type"),
+        (_user({"type": []}), "messages[0].content[0].type"),
+        (_user({"type": {"a": 1}}), "messages[0].content[0].type"),
+        (_user({"type": "document", "source": {}}), "messages[0].content[0].type"),
+        (_user({"type": "tool_result", "tool_use_id": "x"}), "messages[0].content[0].type"),
+        (_user({"type": "image", "source": {"type": "file", "file_id": "f"}}),
+         "messages[0].content[0].source.type"),
+        (_user({"type": "image", "source": {"type": "base64", "media_type": "image/bmp",
+                                            "data": "A"}}),
+         "messages[0].content[0].source.media_type"),
+        (_user({"type": "image", "source": {"type": "base64", "media_type": "image/png"}}),
+         "messages[0].content[0].source.data"),
+        (_user({"type": "image", "source": {"type": "url"}}), "messages[0].content[0].source.url"),
+        (_user({"type": "image", "source": "x"}), "messages[0].content[0].source.type"),
+        (_with(messages=[{"role": "user", "content": "q"},
+                         {"role": "assistant", "content": [IMAGE]}]),
+         "messages[1].content[0]"),
+        (_with(system=5), "system"),
+        (_with(system=[{"type": "image"}]), "system[0]"),
+        (_with(temperature=1.5), "temperature"),
+        (_with(top_p=0), "top_p"),
+        (_with(top_k=-1), "top_k"),
+        (_with(stop_sequences="x"), "stop_sequences"),
+        (_with(stop_sequences=[""]), "stop_sequences"),
+        (_with(stream="yes"), "stream"),
+        (_with(metadata="u"), "metadata"),
+        (_with(tools=[]), "tools"),
+        (_with(tool_choice={"type": "auto"}), "tool_choice"),
+        (_with(thinking={"type": "enabled", "budget_tokens": 1024}), "thinking"),
+        (_with(n=2), "n"),
+        (_with(messages=[{"role": "user", "content": "\ud800"}]), "messages[0].content"),
+    ],
+)  # fmt: skip
+def test_invalid_fields_name_the_field(body: object, param: str | None) -> None:
+    with pytest.raises(APIError) as info:
+        parse_messages_request(body)
+    assert info.value.status == 400
+    assert info.value.param == param
+
+
+def test_images_keep_their_place_among_text_blocks() -> None:
+    r = parse_messages_request(_user({"type": "text", "text": "a"}, IMAGE))
+    assert [type(p) for p in r.messages[0].parts] == [TextPart, ImagePart]

@@ -1,0 +1,150 @@
+"""Request parsing: every field validated with a message naming it; valid requests become a
+typed ChatRequest with OpenAI's defaults."""
+
+from __future__ import annotations
+
+import pytest
+
+from gateway.api.openai.parse import parse_chat_request
+from gateway.errors import APIError
+from gateway.frontend.chat import ImagePart, TextPart
+
+BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _with(**fields: object) -> dict:
+    return {**BASE, **fields}
+
+
+def test_defaults_follow_openai() -> None:
+    r = parse_chat_request(BASE)
+    assert r.temperature == 1.0 and r.top_p == 1.0 and r.max_tokens is None
+    assert not r.stream and not r.logprobs and r.stop == ()
+
+
+def test_content_parts_keep_their_order() -> None:
+    content = [
+        {"type": "text", "text": "a"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
+        {"type": "text", "text": "b"},
+    ]
+    r = parse_chat_request(_with(messages=[{"role": "user", "content": content}]))
+    parts = r.messages[0].parts
+    assert [type(p) for p in parts] == [TextPart, ImagePart, TextPart]
+    assert parts[1].param == "messages[0].content[1].image_url.url"
+
+
+def test_max_completion_tokens_wins_and_developer_is_system() -> None:
+    r = parse_chat_request(
+        _with(
+            max_tokens=5, max_completion_tokens=7, messages=[{"role": "developer", "content": "x"}]
+        )
+    )
+    assert r.max_tokens == 7 and r.messages[0].role == "system"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ([], None),
+        ({"messages": BASE["messages"]}, "model"),
+        (_with(messages=[]), "messages"),
+        (_with(messages=[1]), "messages[0]"),
+        (_with(messages=[{"role": "robot", "content": "x"}]), "messages[0].role"),
+        (_with(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
+        (
+            _with(messages=[{"role": "user", "content": [{"type": "audio"}]}]),
+            "messages[0].content[0].type",
+        ),
+        (
+            _with(messages=[{"role": "user", "content": [{"type": "text", "text": 1}]}]),
+            "messages[0].content[0].text",
+        ),
+        (
+            _with(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+            "messages[0].content[0].image_url.url",
+        ),
+        (
+            _with(
+                messages=[
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "image_url", "image_url": {"url": "x"}}],
+                    }
+                ]
+            ),
+            "messages[0].content[0]",
+        ),
+        (_with(max_tokens=0), "max_tokens"),
+        (_with(max_tokens="7"), "max_tokens"),
+        (_with(max_tokens=True), "max_tokens"),
+        (_with(temperature=-1), "temperature"),
+        (_with(temperature=float("nan")), "temperature"),
+        (_with(top_p=0), "top_p"),
+        (_with(top_p=1.5), "top_p"),
+        (_with(stop=""), "stop"),
+        (_with(stop=["a"] * 17), "stop"),
+        (_with(stop=[1]), "stop"),
+        (_with(n=2), "n"),
+        (_with(seed="x"), "seed"),
+        (_with(logprobs="yes"), "logprobs"),
+        (_with(top_logprobs=3), "top_logprobs"),
+        (_with(logprobs=True, top_logprobs=21), "top_logprobs"),
+        (_with(stream=1), "stream"),
+        (_with(stream_options=[]), "stream_options"),
+        (_with(presence_penalty=0.5), "presence_penalty"),
+        (_with(tools=[{"type": "function"}]), "tools"),
+        (_with(response_format={"type": "xml"}), "response_format.type"),
+    ],
+)
+def test_invalid_fields_name_the_field(body: object, param: str | None) -> None:
+    with pytest.raises(APIError) as info:
+        parse_chat_request(body)
+    assert info.value.status == 400
+    assert info.value.param == param
+    assert info.value.message
+
+
+def test_video_url_parts_keep_their_place_among_images() -> None:
+    """Invariant: `video_url` parts become VideoParts in content order (prompt order), with the
+    field path for errors; only user messages may carry them."""
+    from gateway.frontend.chat import VideoPart
+
+    content = [
+        {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AA=="}},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}},
+        {"type": "text", "text": "q"},
+        {"type": "video_url", "video_url": {"url": "https://example.com/b.mp4"}},
+    ]
+    r = parse_chat_request(_with(messages=[{"role": "user", "content": content}]))
+    assert [type(p) for p in r.media] == [VideoPart, ImagePart, VideoPart]
+    assert r.videos[1] == VideoPart(
+        "https://example.com/b.mp4", "messages[0].content[3].video_url.url"
+    )
+    assert len(r.images) == 1
+    for message, param in [
+        ({"role": "assistant", "content": content[:1]}, "messages[0].content[0]"),
+        ({"role": "user", "content": [{"type": "video_url", "video_url": {"url": 3}}]},
+         "messages[0].content[0].video_url.url"),
+        ({"role": "user", "content": [{"type": "video_url"}]},
+         "messages[0].content[0].video_url.url"),
+    ]:  # fmt: skip
+        with pytest.raises(APIError) as caught:
+            parse_chat_request(_with(messages=[message]))
+        assert caught.value.status == 400 and caught.value.param == param
+
+
+def test_an_integer_beyond_64_bits_gets_the_range_not_a_type_error() -> None:
+    """Invariant: a seed too large for the JSON parser's integers (it arrives as a float) is
+    refused with the allowed range, not with 'must be an integer'; a fraction still is."""
+    for too_big in (float(2**64), 1e23):
+        with pytest.raises(APIError) as caught:
+            parse_chat_request(
+                {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": too_big}
+            )
+        assert caught.value.param == "seed" and "between" in caught.value.message
+    with pytest.raises(APIError) as caught:
+        parse_chat_request(
+            {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": 0.5}
+        )
+    assert caught.value.message == "`seed` must be an integer"

@@ -1,0 +1,54 @@
+"""Responses-API wire bodies: the response object's status fields and the stream framing."""
+
+from __future__ import annotations
+
+import json
+
+from gateway.api.responses.parse import parse_responses_request
+from gateway.api.responses.render import EventWriter, ResponseMeta, error_event, response_body
+from gateway.engine.request import TokenLogprob, Usage
+from gateway.errors import APIError
+
+META = ResponseMeta("resp_1", "msg_1", 7, parse_responses_request({"model": "m", "input": "x"}))
+
+
+def _frames(text: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in text.strip().split("\n\n"):
+        event, data = block.split("\n")
+        out.append((event.removeprefix("event: "), json.loads(data.removeprefix("data: "))))
+    return out
+
+
+def test_status_and_usage() -> None:
+    """Invariant: `incomplete` carries reason max_output_tokens; usage maps prompt/cached/
+    completion tokens and the image counts; logprobs appear only when given."""
+    usage = Usage(10, 3, 8, vision_hits=0, vision_misses=1)
+    lp = [TokenLogprob("a", 5, -0.5, (97,), (("a", 5, -0.5, (97,)),))]
+    body = response_body(META, "incomplete", "abc", lp, usage)
+    assert body["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert body["usage"]["input_tokens_details"] == {
+        "cached_tokens": 8,
+        "images_encoded": 1,
+        "images_cached": 0,
+    }
+    assert body["usage"]["total_tokens"] == 13
+    part = body["output"][0]["content"][0]
+    assert part["text"] == "abc" and part["logprobs"][0]["top_logprobs"][0]["bytes"] == [97]
+    done = response_body(META, "completed", "abc", None, usage)
+    assert done["incomplete_details"] is None and done["output"][0]["status"] == "completed"
+    assert done["output"][0]["content"][0]["logprobs"] == []
+
+
+def test_stream_framing_and_sequence_numbers() -> None:
+    """Invariant: every event names itself in `event:` and `type`, and sequence numbers
+    count from 0 across opening, deltas and closing; the terminal event follows status."""
+    writer = EventWriter(META)
+    final = response_body(META, "incomplete", "ab", None, Usage(1, 2, 0))
+    frames = _frames(writer.opening() + writer.delta("a", ()) + writer.delta("b", ()))
+    frames += _frames(writer.closing(final))
+    assert all(name == body["type"] for name, body in frames)
+    assert [b["sequence_number"] for _, b in frames] == list(range(len(frames)))
+    assert frames[-1][0] == "response.incomplete" and frames[-4][1]["text"] == "ab"
+    ((name, body),) = _frames(error_event(APIError(503, "bye", "server_error", None, "x"), 9))
+    assert name == "error" and body["code"] == "x" and body["sequence_number"] == 9
