@@ -31,9 +31,10 @@ from gateway.api.openai.render import render_error
 from gateway.api.pipeline import ChatPipeline
 from gateway.api.responses import routes as responses_api
 from gateway.config import EngineConfig, MediaConfig, ServerConfig
+from gateway.engine.client import EngineUnavailable
 from gateway.engine.core import Engine
 from gateway.engine.model.vlm import VisionLanguageModel
-from gateway.engine.remote.client import EngineUnavailable, RemoteEngine
+from gateway.engine.remote.client import RemoteEngine
 from gateway.errors import APIError
 from gateway.frontend.prompt import PromptBuilder
 from gateway.frontend.streams import LoopDelivery

@@ -23,9 +23,10 @@ from starlette.requests import Request
 from gateway.api.body_budget import BodyBudget
 from gateway.api.http import authorize, read_json, unless_disconnected
 from gateway.config import MIB, ServerConfig
+from gateway.engine.client import EngineBusy, EngineUnavailable
 from gateway.engine.core import Engine
-from gateway.engine.remote.client import EngineUnavailable, RemoteEngine
-from gateway.engine.request import AdmittedEvent, EngineBusy, ErrorEvent, ErrorKind
+from gateway.engine.remote.client import RemoteEngine
+from gateway.engine.request import AdmittedEvent, ErrorEvent, ErrorKind
 from gateway.errors import APIError, invalid
 from gateway.frontend.affinity import affinity_key
 from gateway.frontend.chat import ChatRequest, ImagePart, VideoPart

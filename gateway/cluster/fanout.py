@@ -10,11 +10,22 @@ does, through `asyncio.to_thread`), never on `_loop`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from gateway.cluster.stats import merge_cache_stats, merge_entries, merge_metrics
-from gateway.engine.remote.client import EngineUnavailable
+from gateway.engine.client import EngineUnavailable
+from gateway.engine.wire import (
+    CacheEntries,
+    CacheStats,
+    Call,
+    ClearCaches,
+    MetricsText,
+    ReplicaInfo,
+    ResetCaches,
+)
 
 log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 30.0  # a replica's answer to a stats/metrics call
@@ -27,14 +38,14 @@ class ReplicaQueries:
     _loop: asyncio.AbstractEventLoop
     router: Any
 
-    def _gather(self, method: str, *args: Any, timeout: float | None = CALL_TIMEOUT_S) -> list[Any]:
-        """Call `method` on every slot at once (any thread but this object's loop); per slot
-        the answer or the exception."""
+    def _gather(
+        self, ask: Callable[[Any], Any], timeout: float | None = CALL_TIMEOUT_S
+    ) -> list[Any]:
+        """`ask(handle)` (a Serve call) of every slot at once, awaited at most `timeout`
+        seconds (any thread but this object's loop); per slot the answer or the exception."""
 
-        async def one(handle: Any) -> Any:
-            if method == "info":
-                return await await_response(handle.info.remote())
-            return await await_response(handle.call.remote(method, *args))
+        async def one(handle: Any) -> Any:  # a call that fails at once fails its slot only
+            return await await_response(ask(handle))
 
         async def every() -> list[Any]:
             calls = [asyncio.wait_for(one(h), timeout) for h in self._handles]
@@ -42,30 +53,35 @@ class ReplicaQueries:
 
         return asyncio.run_coroutine_threadsafe(every(), self._loop).result()
 
-    def _answers(self, method: str, *args: Any) -> list[tuple[int, Any]]:
-        """(slot, answer) of every slot that is up and answered `method`; raises
+    def _infos(self, timeout: float | None = CALL_TIMEOUT_S) -> list[ReplicaInfo | BaseException]:
+        """Every slot's `info`, or the exception it raised."""
+        return self._gather(lambda handle: handle.info.remote(), timeout)
+
+    def _answers(self, call: Call) -> list[tuple[int, Any]]:
+        """(slot, answer) of every slot that is up and answered `call`; raises
         EngineUnavailable if none did."""
+        name = type(call).__name__
         answers = []
-        for slot, value in enumerate(self._gather(method, *args)):
+        for slot, value in enumerate(self._gather(lambda handle: handle.call.remote(call))):
             if isinstance(value, BaseException):
-                log.warning("replica %d did not answer %s: %s", slot, method, describe_error(value))
+                log.warning("replica %d did not answer %s: %s", slot, name, describe_error(value))
             else:
                 answers.append((slot, value))
         if not answers:
-            raise EngineUnavailable(f"no replica answered {method}")
+            raise EngineUnavailable(f"no replica answered {name}")
         return answers
 
     def cache_stats(self) -> dict[str, Any]:
         """The replicas' cache counters summed (same keys as one engine's), plus `replicas`
         (each slot's own stats and state) and `router` (where requests went)."""
-        answers = dict(self._answers("cache_stats"))
-        infos = self._gather("info")
+        answers = dict(self._answers(CacheStats()))
+        infos = self._infos()
         merged: dict[str, Any] = merge_cache_stats(list(answers.values()))
         merged["replicas"] = [
             {
                 "slot": slot,
                 "up": self.router.is_up(slot),
-                **({} if isinstance(info, BaseException) else info),
+                **({} if isinstance(info, BaseException) else dataclasses.asdict(info)),
                 **({"caches": answers[slot]} if slot in answers else {}),
             }
             for slot, info in enumerate(infos)
@@ -74,16 +90,16 @@ class ReplicaQueries:
         return merged
 
     def cache_entries(self, limit: int = 10, kind: str | None = None) -> dict[str, Any]:
-        return merge_entries(self._answers("cache_entries", limit, kind), limit)
+        return merge_entries(self._answers(CacheEntries(limit, kind)), limit)
 
     def clear_caches(self) -> None:
-        self._answers("clear_caches")
+        self._answers(ClearCaches())
 
     def reset_caches(self) -> None:
-        self._answers("reset_caches")
+        self._answers(ResetCaches())
 
     def metrics_text(self) -> bytes:
-        return merge_metrics(self._answers("metrics_text"))
+        return merge_metrics(self._answers(MetricsText()))
 
 
 async def await_response(response: Any) -> Any:

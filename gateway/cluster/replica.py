@@ -7,14 +7,16 @@ Each replica slot is its own Serve application with `num_replicas=1`, so the ing
 up before it answers. Requests the dead actor was serving fail at the ingress with a clean
 error; the ingress routes around the slot until `info` answers again.
 
-Protocol with the ingress: `submit(request)` starts a request (an exception, e.g. the engine
-is busy, means nothing started, so the ingress can send it elsewhere); `events()` is one
-long-lived stream of every request's events on this replica, as (request_id, event) pairs,
-one batch per wake-up (about one per engine step, whatever the number of requests: a Ray
-message costs ~1 ms of CPU, so one per request per token would cap a replica at a few
-hundred tokens per second). Each request's events end with its FinishEvent or ErrorEvent.
-Cancellation: `cancel(request_id)` (also before `submit` arrives: remembered briefly), or
-the ingress closing `events` (every request it was reading is cancelled).
+Protocol with the ingress (`gateway.engine.wire`'s types): `submit(request)` starts a request
+(an exception, e.g. the engine is busy, means nothing started, so the ingress can send it
+elsewhere); `events()` is one long-lived stream of every request's events on this replica, as
+`Events` batches of (request_id, event) pairs, one batch per wake-up (about one per engine
+step, whatever the number of requests: a Ray message costs ~1 ms of CPU, so one per request
+per token would cap a replica at a few hundred tokens per second). Each request's events end
+with its FinishEvent or ErrorEvent. Cancellation: `cancel(request_id)` (also before `submit`
+arrives: remembered briefly), or the ingress closing `events` (every request it was reading
+is cancelled). `call(Call)` answers one engine call (stats, entries, clearing, metrics);
+`info()` a `ReplicaInfo`.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.config import EngineConfig
-from gateway.engine.request import EngineRequest, ErrorEvent, Event, FinishEvent, Usage
+from gateway.engine.client import EngineClient
+from gateway.engine.request import EngineRequest, ErrorEvent, Event, FinishEvent
+from gateway.engine.wire import Call, Events, ReplicaInfo, answer
 from gateway.frontend.prompt import PromptBuilder
 from gateway.frontend.streams import EventStream, LoopDelivery
 
@@ -59,7 +63,7 @@ class EngineReplica:
             trace = config.step_trace
             name = f"{trace.stem}.replica{slot}{trace.suffix}"
             config = dataclasses.replace(config, step_trace=trace.with_name(name))
-        self.engine: Any = (
+        self.engine: EngineClient = (
             RemoteEngine(config, log_level) if engine_process else Engine(config, Metrics())
         )
         self.engine.start()
@@ -93,9 +97,7 @@ class EngineReplica:
         outbox, request_id = self._outbox(), request.request_id
         if request_id in self._early_cancels:  # cancelled before it arrived
             del self._early_cancels[request_id]
-            outbox.sink(
-                (request_id, FinishEvent("cancelled", Usage(len(request.prompt_ids), 0, 0)))
-            )
+            outbox.sink((request_id, FinishEvent.cancelled(len(request.prompt_ids))))
             return
 
         def sink(event: Event) -> None:  # the engine's thread
@@ -113,14 +115,14 @@ class EngineReplica:
                 self._live.discard(request_id)
             raise
 
-    async def events(self) -> AsyncIterator[list[tuple[str, Event]]]:
+    async def events(self) -> AsyncIterator[Events]:
         """Every request's events, as (request_id, event) pairs, in batches of what was ready
         at once (about one batch per engine step). One subscriber (the ingress); when it goes
         away, the requests it was reading are cancelled."""
         outbox = self._outbox()
         try:
             while True:
-                yield await outbox.get_ready()  # type: ignore[misc]
+                yield Events(tuple(await outbox.get_ready()))  # type: ignore[arg-type]
         finally:
             with self._live_lock:
                 orphans = list(self._live)
@@ -138,30 +140,23 @@ class EngineReplica:
         while len(self._early_cancels) > EARLY_CANCELS:
             self._early_cancels.popitem(last=False)
 
-    async def info(self) -> dict[str, Any]:
+    async def info(self) -> ReplicaInfo:
         """Who and how busy this replica is (also the ingress's readiness probe)."""
-        return {
-            "slot": self.slot,
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "alive": self.engine.alive,
-            "running": self.engine.running,
-            "waiting": self.engine.waiting,
-            "uptime_s": round(time.time() - self.started, 1),
-        }
+        return ReplicaInfo(
+            slot=self.slot,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            alive=self.engine.alive,
+            on_gpu=self.engine.on_gpu,
+            running=self.engine.running,
+            waiting=self.engine.waiting,
+            uptime_s=round(time.time() - self.started, 1),
+        )
 
-    async def call(self, method: str, *args: Any) -> Any:
-        """One of the engine's cache/metrics methods, off the actor's event loop."""
-        if method == "cache_entries" and not hasattr(self.engine, "cache_entries"):
-            from caches.entries import entries_report
-
-            engine = self.engine
-            return await asyncio.to_thread(
-                entries_report, engine.vision_cache, engine.prefix_cache, *args
-            )
-        if method not in ("cache_stats", "clear_caches", "reset_caches", "metrics_text"):
-            raise ValueError(f"not a replica call: {method}")
-        return await asyncio.to_thread(getattr(self.engine, method), *args)
+    async def call(self, call: Call) -> Any:
+        """One engine call (`gateway.engine.wire.answer`), off the actor's event loop (it may
+        be a pipe round trip to the engine process)."""
+        return await asyncio.to_thread(answer, self.engine, call)
 
     def check_health(self) -> None:
         """Serve's periodic probe: a replica whose engine stopped is replaced."""

@@ -1,11 +1,11 @@
-"""The ingress's engine: `RemoteEngine`'s interface over N Ray Serve replica slots.
+"""The ingress's engine: an `EngineClient` over N Ray Serve replica slots.
 
 The HTTP app (`gateway.app`, unchanged: same auth, limits, errors, streaming) talks to this
-object as it talks to one engine. `submit` asks the `AffinityRouter` for a slot (by the
-request's `affinity_key`) and sends the request to that slot's replica
+object as it talks to one engine (an `EngineClient`). `submit` asks the `AffinityRouter` for a
+slot (by the request's `affinity_key`) and sends the request to that slot's replica
 (`EngineReplica.submit`); one task per slot on this object's own event-loop thread reads the
-replica's multiplexed event stream (`EngineReplica.events`) and hands each event to its
-request's sink.
+replica's multiplexed event stream (`EngineReplica.events`, `Events` batches) and hands each
+event to its request's sink.
 
 Failure handling:
 - the replica refuses a request or is gone before the request produced any event: the
@@ -35,17 +35,17 @@ from caches.prefix import ImageSpan
 from gateway.cluster.fanout import ReplicaQueries, await_response, describe_error
 from gateway.cluster.router import AffinityRouter, NoReplica
 from gateway.config import EngineConfig
-from gateway.engine.remote.client import EngineUnavailable
+from gateway.engine.client import EngineBusy, EngineUnavailable
 from gateway.engine.request import (
     AdmittedEvent,
-    EngineBusy,
     EngineRequest,
     ErrorEvent,
     ErrorKind,
+    Event,
     FinishEvent,
     Sink,
-    Usage,
 )
+from gateway.engine.wire import Events, ReplicaInfo
 
 log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = 1.0  # how often a slot marked down is asked whether it is back
@@ -64,7 +64,7 @@ class _Flight:
 
 
 class RoutedEngine(ReplicaQueries):
-    """Engine interface over replica `handles` (Ray Serve handles of `EngineReplica`, one
+    """An `EngineClient` over replica `handles` (Ray Serve handles of `EngineReplica`, one
     per slot, in slot order) with `router` choosing among them."""
 
     def __init__(
@@ -74,6 +74,7 @@ class RoutedEngine(ReplicaQueries):
             raise ValueError("one handle per router slot")
         self.config = config
         self.model: Any = None  # prompt side only (tokenizer, processor)
+        self.on_gpu = False  # some replica computes on a GPU (known once open)
         self.router = router
         self._handles = list(handles)
         self._flights: dict[str, _Flight] = {}
@@ -99,11 +100,12 @@ class RoutedEngine(ReplicaQueries):
         """Start routing once every replica answers `info` (`start` without the prompt side;
         raises RuntimeError naming a replica that did not start)."""
         self._thread.start()
-        infos = self._gather("info", timeout=timeout)
+        infos = self._infos(timeout)
         for slot, info in enumerate(infos):
             if isinstance(info, BaseException):
                 raise RuntimeError(f"replica {slot} did not start: {info}")
-            log.info("replica %d ready: pid %s on %s", slot, info["pid"], info["host"])
+            log.info("replica %d ready: pid %s on %s", slot, info.pid, info.host)
+        self.on_gpu = any(isinstance(i, ReplicaInfo) and i.on_gpu for i in infos)
         self._alive = True
         asyncio.run_coroutine_threadsafe(self._start_tasks(), self._loop).result(timeout)
 
@@ -194,8 +196,9 @@ class RoutedEngine(ReplicaQueries):
         fails (the replica died); then take the slot down and settle its requests."""
         reason = "ended its event stream"
         try:
-            async for batch in self._handles[slot].options(stream=True).events.remote():
-                for request_id, event in batch:
+            events: Events
+            async for events in self._handles[slot].options(stream=True).events.remote():
+                for request_id, event in events.batch:
                     flight = self._flights.get(request_id)
                     if flight is not None and flight.slot == slot:
                         self._deliver(flight, event)
@@ -235,10 +238,9 @@ class RoutedEngine(ReplicaQueries):
         return True
 
     def _finish_cancelled(self, flight: _Flight) -> None:
-        prompt = len(flight.request.prompt_ids)
-        self._finish(flight, FinishEvent("cancelled", Usage(prompt, 0, 0)))
+        self._finish(flight, FinishEvent.cancelled(len(flight.request.prompt_ids)))
 
-    def _deliver(self, flight: _Flight, event: Any) -> None:
+    def _deliver(self, flight: _Flight, event: Event) -> None:
         flight.events += 1
         if isinstance(event, AdmittedEvent):
             flight.admitted = True
@@ -294,7 +296,7 @@ class RoutedEngine(ReplicaQueries):
                 if stream is None or stream.done():
                     self._streams[slot] = asyncio.ensure_future(self._consume(slot))
                 if self.router.mark_up(slot):
-                    log.warning("replica %d is back: pid %s on %s", slot, info["pid"], info["host"])
+                    log.warning("replica %d is back: pid %s on %s", slot, info.pid, info.host)
 
 
 def _cause(exc: BaseException) -> BaseException:

@@ -21,7 +21,7 @@ replaced first, so the recovery never touches the broken one); the loop itself n
 Thread contract: `submit`, `cancel`, `stop` and the read-only properties may be called from any
 thread; everything else runs on the engine thread.
 
-Around this module: `inbox.py` (what other threads send), `decode_batch.py` (the decoding rows
+Around this module: `wire.py` (what other threads send), `decode_batch.py` (the decoding rows
 and their one sampler), `endings.py` (token emission and how jobs end, a mixin), `prefill.py`,
 `encode_group.py` and `cache_ops.py` (the stages' work), `stages.py` (the stages below, a
 mixin of `Engine`).
@@ -35,35 +35,31 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import mlx.core as mx
 
+from caches.entries import entries_report
 from caches.prefix import ImageSpan, PrefixCache
 from caches.vision import VisionCache
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import CacheOps, cache_stats
+from gateway.engine.client import EngineBusy
+from gateway.engine.model.cudnn import disable_cudnn_attention
 from gateway.engine.model.vlm import VisionLanguageModel
 from gateway.engine.request import (
-    EngineBusy,
     EngineRequest,
     ErrorKind,
 )
 from gateway.engine.scheduler.decode_batch import DecodeBatch
 from gateway.engine.scheduler.encode_group import EncodeGroup
-from gateway.engine.scheduler.inbox import (
-    Cancel,
-    Message,
-    ResetCaches,
-    Stop,
-    Submit,
-    disable_cudnn_attention,
-)
 from gateway.engine.scheduler.job import Job, Sink
 from gateway.engine.scheduler.prefill import Prefiller
 from gateway.engine.scheduler.stages import Stages
 from gateway.engine.scheduler.step_trace import StepTrace
 from gateway.engine.tokens.grammar import Grammars
 from gateway.engine.tokens.output import OutputState
+from gateway.engine.wire import Cancel, Enqueue, Message, ResetCaches, Stop
 from gateway.metrics import CacheCollector, Metrics
 
 log = logging.getLogger(__name__)
@@ -134,7 +130,7 @@ class Engine(Stages):
             if self._queued + self._active >= capacity:
                 raise EngineBusy(min(self._active, self.config.max_batch), self._queued)
             self._queued += 1
-        self._inbox.put(Submit(request, sink))
+        self._inbox.put(Enqueue(request, sink))
 
     def cancel(self, request_id: str) -> None:
         """Drop a request wherever it is; its row is freed at the next step. Idempotent."""
@@ -168,6 +164,11 @@ class Engine(Stages):
         """Per image: will the engine run the vision tower on it? (Any thread; advisory.)"""
         ops = getattr(self, "_cache_ops", None)
         return [True] * len(images) if ops is None else ops.needs_pixels(prompt_ids, images)
+
+    def cache_entries(self, limit: int = 10, kind: str | None = None) -> dict[str, Any]:
+        """`caches.entries.entries_report` over this engine's caches (any thread: they are
+        thread-safe to read)."""
+        return entries_report(self.vision_cache, self.prefix_cache, limit, kind)
 
     def clear_caches(self) -> None:
         """Empty the vision and prefix caches and this model's disk tier (a cleared server

@@ -102,12 +102,33 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
+class FinishReason(str, enum.Enum):
+    """Why a request ended normally. A str: compares equal to its value ("stop" == STOP) and
+    JSON-encodes as it (json, orjson), as the APIs' `finish_reason` fields want."""
+
+    STOP = "stop"  # an end-of-sequence token or a stop string
+    LENGTH = "length"  # max_tokens reached
+    CANCELLED = "cancelled"  # the client went away (`cancel`)
+
+    def __str__(self) -> str:  # the value, also in f-strings and metric labels (not the name)
+        return self.value
+
+
 @dataclass(frozen=True)
 class FinishEvent:
-    finish_reason: str  # "stop" | "length" | "cancelled"
+    finish_reason: FinishReason  # a bare string ("stop", mlx-lm's own) is converted
     usage: Usage
     text: str = ""  # any text flushed at the end
     stop_sequence: str | None = None  # the stop string that ended it (None: EOS or other)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.finish_reason, FinishReason):  # ValueError if it is none
+            object.__setattr__(self, "finish_reason", FinishReason(self.finish_reason))
+
+    @classmethod
+    def cancelled(cls, prompt_tokens: int, cached_tokens: int = 0) -> FinishEvent:
+        """The end of a request cancelled before it generated anything."""
+        return cls(FinishReason.CANCELLED, Usage(prompt_tokens, 0, cached_tokens))
 
 
 class ErrorKind(enum.Enum):
@@ -140,12 +161,3 @@ Event = AdmittedEvent | TokenEvent | FinishEvent | ErrorEvent
 of TokenEvents, then exactly one FinishEvent or ErrorEvent."""
 
 Sink = Callable[[Event], None]  # delivers one event to the request's consumer; never blocks
-
-
-class EngineBusy(Exception):
-    """`Engine.submit` refuses a request: every row and queue slot is taken. Retry shortly."""
-
-    def __init__(self, running: int, waiting: int) -> None:
-        super().__init__(f"the server is at capacity ({running} running, {waiting} waiting)")
-        self.running = running
-        self.waiting = waiting

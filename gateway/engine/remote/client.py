@@ -8,11 +8,11 @@ ran at 0.62x of raw on an H200. vLLM split its API server from its engine core f
 reason. Here `vision-gateway serve` stays one command: the HTTP process spawns one engine
 process and talks to it over two pipes.
 
-Wire protocol (pickled tuples over `multiprocessing` connections):
-    HTTP -> engine   ("submit", EngineRequest) | ("cancel", request_id) | ("stop",)
-                     | ("call", call_id, method, args)
-    engine -> HTTP   ("ready", on_gpu) | ("load_failed", message) | ("events", [(id, Event), ...])
-                     | ("reply", call_id, ok, value) | ("stopped",)
+Wire protocol (`gateway.engine.wire`'s frozen dataclasses, pickled over `multiprocessing`
+connections):
+    HTTP -> engine   Submit(request) | Cancel(request_id) | Stop() | Invoke(call_id, Call)
+    engine -> HTTP   Ready(on_gpu) | LoadFailed(message) | Events(((id, Event), ...))
+                     | Reply(call_id, ok, value) | Stopped()
 Events are shipped once per engine step, as one message, by the engine thread.
 
 In the engine process (`gateway.engine.remote.main`) a small pool prepares image pixels
@@ -32,11 +32,11 @@ from typing import Any
 
 from caches.prefix import ImageSpan
 from gateway.config import EngineConfig
+from gateway.engine.client import EngineBusy, EngineUnavailable
 from gateway.engine.image_store import ImageStore
 from gateway.engine.remote.main import engine_process_main
 from gateway.engine.request import (
     AdmittedEvent,
-    EngineBusy,
     EngineRequest,
     ErrorEvent,
     ErrorKind,
@@ -44,17 +44,30 @@ from gateway.engine.request import (
     FinishEvent,
     Sink,
 )
+from gateway.engine.wire import (
+    CacheEntries,
+    CacheStats,
+    Call,
+    Cancel,
+    ClearCaches,
+    Command,
+    Events,
+    Invoke,
+    MetricsText,
+    Ready,
+    Reply,
+    ResetCaches,
+    Stop,
+    Stopped,
+    Submit,
+)
 
 log = logging.getLogger(__name__)
 
 
-class EngineUnavailable(Exception):
-    """The engine process is gone (crashed or stopped); the server cannot serve."""
-
-
 class RemoteEngine:
-    """`Engine`'s interface over an engine process. Thread-safe like `Engine`; sinks are called
-    on this object's reader thread and must not block."""
+    """An `EngineClient` over an engine process. Thread-safe; sinks are called on this
+    object's reader thread and must not block."""
 
     def __init__(self, config: EngineConfig, log_level: str = "info") -> None:
         self.config = config
@@ -64,7 +77,7 @@ class RemoteEngine:
         self._sinks: dict[str, Sink] = {}
         self._admitted: set[str] = set()
         self._lock = threading.Lock()  # sinks, counts, calls, the command pipe
-        self._calls: dict[int, tuple[threading.Event, list[Any]]] = {}
+        self._calls: dict[int, tuple[threading.Event, list[Reply]]] = {}
         self._call_ids = itertools.count()
         self._alive = False
         self._stopped = threading.Event()
@@ -95,9 +108,9 @@ class RemoteEngine:
             if not self._events.poll(timeout):
                 raise TimeoutError("the engine process did not load the model in time")
             first = self._events.recv()
-            if first[0] != "ready":
-                raise RuntimeError(f"model failed to load: {first[1]}")
-            self.on_gpu = bool(first[1])
+            if not isinstance(first, Ready):
+                raise RuntimeError(f"model failed to load: {first.message}")
+            self.on_gpu = first.on_gpu
         except BaseException:
             self._kill()
             raise
@@ -123,7 +136,7 @@ class RemoteEngine:
     def stop(self, timeout: float = 10.0) -> None:
         """Ask the engine to stop (in-flight requests get SHUTTING_DOWN errors), wait for it."""
         if self._alive:
-            self._send(("stop",))
+            self._send(Stop())
             self._stopped.wait(timeout)
         if getattr(self, "_process", None) is not None:
             self._process.join(timeout)
@@ -143,7 +156,7 @@ class RemoteEngine:
             if len(self._sinks) >= capacity:
                 raise EngineBusy(min(self.running, self.config.max_batch), self.waiting)
             try:
-                self._commands.send(("submit", self._images.outgoing(request)))
+                self._commands.send(Submit(self._images.outgoing(request)))
             except (OSError, ValueError):
                 self._alive = False
                 raise EngineUnavailable("the engine process is not running") from None
@@ -151,7 +164,7 @@ class RemoteEngine:
 
     def cancel(self, request_id: str) -> None:
         if self._alive:
-            self._send(("cancel", request_id))
+            self._send(Cancel(request_id))
 
     @property
     def running(self) -> int:
@@ -169,69 +182,71 @@ class RemoteEngine:
         """Always False here: the engine process preprocesses what it needs itself."""
         return [False] * len(images)
 
-    def cache_stats(self) -> dict[str, dict[str, object]]:
-        return self._call("cache_stats")
+    def cache_stats(self) -> dict[str, Any]:
+        return self._call(CacheStats())
 
     def cache_entries(self, limit: int = 10, kind: str | None = None) -> dict[str, Any]:
         """`caches.entries.entries_report`, computed in the engine process (check the
         arguments first with `caches.entries.check_query`: a failure there is a RuntimeError)."""
-        return self._call("cache_entries", limit, kind)
+        return self._call(CacheEntries(limit, kind))
 
     def clear_caches(self) -> None:
-        self._call("clear_caches")
+        self._call(ClearCaches())
 
     def reset_caches(self) -> None:
-        self._call("reset_caches")
+        self._call(ResetCaches())
 
     def metrics_text(self) -> bytes:
-        return self._call("metrics_text")
+        return self._call(MetricsText())
 
     # ----- plumbing -----------------------------------------------------------------------------
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    def _send(self, message: Command) -> None:
         with self._lock:
             try:
                 self._commands.send(message)
             except (OSError, ValueError):
                 self._alive = False
 
-    def _call(self, method: str, *args: Any, timeout: float = 30.0) -> Any:
+    def _call(self, call: Call, timeout: float = 30.0) -> Any:
+        """`call` answered by the engine process (blocks; timeout in seconds). Raises
+        EngineUnavailable if it is gone or silent, RuntimeError if the call failed there."""
         done, box = threading.Event(), []
         with self._lock:
             if not self._alive:
                 raise EngineUnavailable("the engine process is not running")
             call_id = next(self._call_ids)
             self._calls[call_id] = (done, box)
-            self._commands.send(("call", call_id, method, args))
+            self._commands.send(Invoke(call_id, call))
+        name = type(call).__name__
         if not done.wait(timeout) or not box:
-            raise EngineUnavailable(f"the engine process did not answer {method}")
-        ok, value = box
-        if not ok:
-            raise RuntimeError(f"{method} failed in the engine process: {value}")
-        return value
+            raise EngineUnavailable(f"the engine process did not answer {name}")
+        (reply,) = box
+        if not reply.ok:
+            raise RuntimeError(f"{name} failed in the engine process: {reply.value}")
+        return reply.value
 
     def _read(self) -> None:
         """Reader thread: dispatch event batches and call replies until the pipe closes."""
         try:
             while True:
                 message = self._events.recv()
-                if message[0] == "events":
-                    self._dispatch(message[1])
-                elif message[0] == "reply":
-                    _, call_id, ok, value = message
+                if isinstance(message, Events):
+                    self._dispatch(message.batch)
+                elif isinstance(message, Reply):
                     with self._lock:
-                        done, box = self._calls.pop(call_id, (None, None))
+                        done, box = self._calls.pop(message.call_id, (None, None))
                     if done is not None:
-                        box.extend((ok, value))
+                        box.append(message)
                         done.set()
-                elif message[0] == "stopped":
+                elif isinstance(message, Stopped):
                     break
         except (EOFError, OSError):
             log.error("the engine process exited unexpectedly")
         finally:
             self._fail_all()
 
-    def _dispatch(self, batch: list[tuple[str, Event]]) -> None:
+    def _dispatch(self, batch: Sequence[tuple[str, Event]]) -> None:
         for request_id, event in batch:
             with self._lock:
                 sink = self._sinks.get(request_id)

@@ -16,29 +16,35 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from caches.entries import entries_report
 from caches.prefix import ImageSpan
 from gateway.config import EngineConfig
+from gateway.engine.client import EngineBusy, EngineClient
 from gateway.engine.image_store import ImageStore
 from gateway.engine.request import (
-    EngineBusy,
     EngineRequest,
     ErrorEvent,
     ErrorKind,
     Event,
     FinishEvent,
     Sink,
-    Usage,
+)
+from gateway.engine.wire import (
+    Call,
+    Cancel,
+    Command,
+    Events,
+    Invoke,
+    LoadFailed,
+    Notice,
+    Ready,
+    Reply,
+    Stop,
+    Stopped,
+    Submit,
+    answer,
 )
 
 log = logging.getLogger(__name__)
-CALLS = ("needs_pixels", "cache_stats", "clear_caches", "reset_caches", "metrics_text")
-# Calls answered here over the engine's caches rather than by an Engine method.
-CACHE_CALLS: dict[str, Callable[..., Any]] = {
-    "cache_entries": lambda engine, *args: entries_report(
-        engine.vision_cache, engine.prefix_cache, *args
-    ),
-}
 
 
 def engine_process_main(
@@ -61,38 +67,38 @@ def engine_process_main(
     try:
         engine.start()
     except Exception as exc:  # noqa: BLE001 - reported to the parent
-        outbox.send(("load_failed", str(exc)))
+        outbox.send(LoadFailed(str(exc)))
         return
-    outbox.send(("ready", engine.on_gpu))
+    outbox.send(Ready(engine.on_gpu))
     pixels = _PixelPreparer(engine, outbox.flush)
     images = ImageStore(keep_images=True)
     while True:
         try:
-            message = commands.recv()
+            message: Command = commands.recv()
         except (EOFError, OSError):  # the HTTP process is gone
-            message = ("stop",)
-        kind = message[0]
-        if kind == "submit":
-            request = images.incoming(message[1])
-            pixels.submit(request, outbox.sink(request.request_id))
-        elif kind == "cancel":
-            pixels.cancel(message[1])
-        elif kind == "call" and (message[2] in CALLS or message[2] in CACHE_CALLS):
-            _, call_id, method, args = message
-            try:
-                if method in CACHE_CALLS:
-                    value = CACHE_CALLS[method](engine, *args)
-                else:
-                    value = getattr(engine, method)(*args)
-                outbox.send(("reply", call_id, True, value))
-            except Exception as exc:  # noqa: BLE001 - reported to the caller
-                outbox.send(("reply", call_id, False, repr(exc)))
-        elif kind == "stop":
-            pixels.close()
-            engine.stop()
-            outbox.flush()
-            outbox.send(("stopped",))
-            return
+            message = Stop()
+        match message:
+            case Submit(request):
+                request = images.incoming(request)
+                pixels.submit(request, outbox.sink(request.request_id))
+            case Cancel(request_id):
+                pixels.cancel(request_id)
+            case Invoke(call_id, call):
+                outbox.send(_reply(engine, call_id, call))
+            case Stop():
+                pixels.close()
+                engine.stop()
+                outbox.flush()
+                outbox.send(Stopped())
+                return
+
+
+def _reply(engine: EngineClient, call_id: int, call: Call) -> Reply:
+    """The answer to one call; a failure is the caller's (its repr), never the loop's."""
+    try:
+        return Reply(call_id, True, answer(engine, call))
+    except Exception as exc:  # noqa: BLE001 - reported to the caller
+        return Reply(call_id, False, repr(exc))
 
 
 class _Outbox:
@@ -114,13 +120,13 @@ class _Outbox:
         with self._lock:
             batch, self._pending = self._pending, []
             if batch:
-                self._send(("events", batch))
+                self._send(Events(tuple(batch)))
 
-    def send(self, message: tuple[Any, ...]) -> None:
+    def send(self, message: Notice) -> None:
         with self._lock:
             self._send(message)
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    def _send(self, message: Notice) -> None:
         try:
             self._connection.send(message)
         except (OSError, ValueError):
@@ -194,7 +200,7 @@ class _PixelPreparer:
             cancelled = request.request_id in self._cancelled
             self._cancelled.discard(request.request_id)
         if cancelled:
-            sink(FinishEvent("cancelled", Usage(len(request.prompt_ids), 0, 0)))
+            sink(FinishEvent.cancelled(len(request.prompt_ids)))
             self._flush()
             return
         try:

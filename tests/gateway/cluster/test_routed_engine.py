@@ -17,10 +17,9 @@ from ray.exceptions import ActorDiedError  # noqa: E402
 from gateway.cluster.routed_engine import RoutedEngine  # noqa: E402
 from gateway.cluster.router import AffinityRouter  # noqa: E402
 from gateway.config import EngineConfig  # noqa: E402
-from gateway.engine.remote.client import EngineUnavailable  # noqa: E402
+from gateway.engine.client import EngineBusy, EngineUnavailable  # noqa: E402
 from gateway.engine.request import (  # noqa: E402
     AdmittedEvent,
-    EngineBusy,
     EngineRequest,
     ErrorEvent,
     ErrorKind,
@@ -29,6 +28,7 @@ from gateway.engine.request import (  # noqa: E402
     TokenEvent,
     Usage,
 )
+from gateway.engine.wire import Events, ReplicaInfo  # noqa: E402
 
 ADMITTED = AdmittedEvent(3, 0, 0, 0)
 TOKEN = TokenEvent("x", (7,))
@@ -67,7 +67,7 @@ class FakeReplica:
         return self._queue
 
     async def _info(self):
-        return {"slot": self.slot, "pid": 100 + self.slot, "host": "here"}
+        return ReplicaInfo(self.slot, 100 + self.slot, "here", True, self.slot == 1, 0, 0, 1.0)
 
     async def _submit(self, request: EngineRequest):
         self.submitted.append(request.request_id)
@@ -78,7 +78,7 @@ class FakeReplica:
             if isinstance(step, BaseException):
                 self._q().put_nowait(step)
             else:
-                self._q().put_nowait([(request.request_id, e) for e in step])
+                self._q().put_nowait(Events(tuple((request.request_id, e) for e in step)))
 
     async def _events(self):
         while True:
@@ -116,6 +116,7 @@ def test_events_arrive_in_order_and_the_load_is_released():
     try:
         assert _run(engine, "") in ([ADMITTED, TOKEN, TOKEN, FINISH], [ADMITTED, FINISH])
         assert engine.router.loads() == [0, 0] and engine.idle
+        assert engine.on_gpu  # replica 1 says it computes on a GPU
     finally:
         engine.stop()
 

@@ -131,7 +131,7 @@ def test_capacity_is_rows_plus_queue_even_in_a_burst() -> None:
     EngineBusy (the HTTP edge's 429 + Retry-After), however fast they arrive
     (submitted-but-unadmitted requests count)."""
     from gateway.api.pipeline import engine_busy
-    from gateway.engine.request import EngineBusy
+    from gateway.engine.client import EngineBusy
 
     h = EngineHarness("qwen2_vl", cache=NO_CACHE, max_batch=1, max_waiting=1)
     try:

@@ -16,7 +16,8 @@ from support import EngineHarness, Run, chat_body, decoded, noise_image, tiny_mo
 
 from gateway.api.openai.parse import parse_chat_request
 from gateway.config import EngineConfig
-from gateway.engine.remote.client import EngineUnavailable, RemoteEngine
+from gateway.engine.client import EngineUnavailable
+from gateway.engine.remote.client import RemoteEngine
 from gateway.engine.request import ErrorEvent, FinishEvent
 from gateway.frontend.prompt import PromptBuilder
 

@@ -1,37 +1,8 @@
-"""What other threads send the engine thread (its inbox), and the MLX switches set before the
-model first runs. Messages are applied on the engine thread in arrival order."""
+"""The MLX switch for cuDNN attention, set by the engine thread before the model first runs."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-
-from gateway.engine.request import EngineRequest
-from gateway.engine.scheduler.job import Sink
-
-
-@dataclass(frozen=True)
-class Submit:
-    request: EngineRequest
-    sink: Sink
-
-
-@dataclass(frozen=True)
-class Cancel:
-    request_id: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    pass
-
-
-@dataclass(frozen=True)
-class ResetCaches:
-    pass
-
-
-Message = Submit | Cancel | Stop | ResetCaches
 
 
 def disable_cudnn_attention() -> None:
