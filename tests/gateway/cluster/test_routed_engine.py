@@ -28,7 +28,7 @@ from gateway.engine.request import (  # noqa: E402
     TokenEvent,
     Usage,
 )
-from gateway.engine.wire import Events, ReplicaInfo  # noqa: E402
+from gateway.engine.wire import CacheStats, Call, Events, MetricsText, ReplicaInfo  # noqa: E402
 
 ADMITTED = AdmittedEvent(3, 0, 0, 0)
 TOKEN = TokenEvent("x", (7,))
@@ -52,6 +52,8 @@ class FakeReplica:
         self.slot, self.plan, self.refuse = slot, plan, refuse
         self.submitted: list[str] = []
         self.cancelled: list[str] = []
+        self.asked: list[Call] = []
+        self.call = _Call(self._call)
         self._queue: asyncio.Queue | None = None
         self.info = _Call(self._info)
         self.cancel = _Call(self.cancelled.append)
@@ -68,6 +70,14 @@ class FakeReplica:
 
     async def _info(self):
         return ReplicaInfo(self.slot, 100 + self.slot, "here", True, self.slot == 1, 0, 0, 1.0)
+
+    async def _call(self, call: Call):
+        self.asked.append(call)
+        if isinstance(call, CacheStats):
+            return {"vision": {"hits": 1 + self.slot, "misses": 1, "queries": 2 + self.slot}}
+        if isinstance(call, MetricsText):
+            return b"# TYPE vision_gateway_running gauge\nvision_gateway_running 1.0\n"
+        raise AssertionError(f"unexpected call {call!r}")
 
     async def _submit(self, request: EngineRequest):
         self.submitted.append(request.request_id)
@@ -235,5 +245,21 @@ def test_a_request_cancelled_while_its_replica_dies_is_not_sent_elsewhere():
         assert [e.finish_reason for e in events] == ["cancelled"]
         assert replicas[1 - home].submitted == []
         assert engine.router.loads() == [0, 0]
+    finally:
+        engine.stop()
+
+
+def test_stats_and_metrics_calls_fan_out_as_typed_calls_and_merge():
+    """Cache stats and metrics reach every replica as `Call` objects (not method names); the
+    answers are summed, and each replica's `ReplicaInfo` is reported with its own stats."""
+    engine, replicas = _engine([], [])
+    try:
+        stats = engine.cache_stats()
+        assert stats["vision"]["hits"] == 3 and stats["vision"]["queries"] == 5
+        first = stats["replicas"][0]
+        assert first["pid"] == 100 and first["host"] == "here" and first["on_gpu"] is False
+        assert first["caches"]["vision"]["hits"] == 1 and first["up"] is True
+        assert b'vision_gateway_running{replica="1"} 1.0' in engine.metrics_text()
+        assert [r.asked for r in replicas] == [[CacheStats(), MetricsText()]] * 2
     finally:
         engine.stop()
