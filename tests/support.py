@@ -63,8 +63,8 @@ def wait_until(
     """Call `predicate` every `interval` seconds until it returns a truthy value, and return
     that value. After `timeout` seconds (wall clock) fail the test with AssertionError: the
     `message` (a callable is called then, e.g. to show a server's state at the time) and the
-    predicate's last value. The predicate runs at least once, and once more at the deadline,
-    so a slow predicate never shortens the wait to nothing; it runs on the caller's thread.
+    predicate's last value. The predicate runs on the caller's thread, at least once and
+    again once the deadline has passed, so the last check is never older than `interval`.
     """
     deadline = time.monotonic() + timeout
     while True:

@@ -2,9 +2,9 @@
 to the shared `hostile` server.
 
 Pinned invariants: every hostile request (bad body, bad fields, bad image references, SSRF
-attempts, bad keys) gets an exact 4xx status and an OpenAI error object, no SSRF attempt
-connects anywhere, and the server keeps serving; harmless oddities (a content type that is not
-JSON, a mislabelled image, a 1x1 image) are served.
+attempts, bad keys) gets an exact 4xx status and an OpenAI error object, and no SSRF attempt
+connects anywhere; harmless oddities (a content type that is not JSON, a mislabelled image, a
+1x1 image) are served. (That the server keeps serving is test_property.py's survival check.)
 """
 
 from __future__ import annotations
