@@ -13,9 +13,10 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 from PIL import Image
@@ -26,6 +27,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 from bench.server import LocalServer  # noqa: E402
 from caches.hashing import pixel_hash  # noqa: E402
 from gateway.media import DecodedImage  # noqa: E402
+
+T = TypeVar("T")
 
 MODEL_ROOT = Path(os.environ.get("VISION_GATEWAY_TEST_MODELS", "/tmp/vision-gateway-test-models"))
 _build_lock = threading.Lock()
@@ -49,6 +52,30 @@ def tiny_model(arch: str = "qwen2_vl", weights: str = "float32") -> Path:
         if not (out / "vision_gateway_build.json").exists():
             build_model(out, arch, "tiny", 0, dtype=dtype, quantize=quantize, group_size=32)
     return out
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float,
+    interval: float = 0.05,
+    message: str | Callable[[], object] = "the condition was not met",
+) -> T:
+    """Call `predicate` every `interval` seconds until it returns a truthy value, and return
+    that value. After `timeout` seconds (wall clock) fail the test with AssertionError: the
+    `message` (a callable is called then, e.g. to show a server's state at the time) and the
+    predicate's last value. The predicate runs on the caller's thread, at least once and
+    again once the deadline has passed, so the last check is never older than `interval`.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        left = deadline - time.monotonic()
+        if left <= 0:
+            said = message() if callable(message) else message
+            raise AssertionError(f"{said} (within {timeout} s; last value: {value!r})")
+        time.sleep(min(interval, left))
 
 
 def noise_image(seed: int, width: int = 56, height: int = 56) -> Image.Image:

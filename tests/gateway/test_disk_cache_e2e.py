@@ -10,12 +10,11 @@ serve from it and write to it, and leave only intact files.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from support import ServerProcess, data_uri, noise_png
+from support import ServerProcess, data_uri, noise_png, wait_until
 
 from caches.disk import FORMAT_DIR
 from caches.disk_format import decode
@@ -54,13 +53,13 @@ def _disk_stats(server: ServerProcess) -> dict:
 def _written(server: ServerProcess, before: int, timeout: float = 30.0) -> int:
     """Wait until the server has written more KV files than `before` and has nothing queued
     (writes are in the background: a response can arrive before its entry is on disk)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    def writes() -> int | None:
         disk = _disk_stats(server)
-        if disk["prefix"]["writes"] > before and disk["pending_bytes"] == 0:
-            return disk["prefix"]["writes"]
-        time.sleep(0.05)
-    raise AssertionError(f"nothing written: {disk}")
+        done = disk["prefix"]["writes"] > before and disk["pending_bytes"] == 0
+        return disk["prefix"]["writes"] if done else None
+
+    return wait_until(writes, timeout, message=lambda: f"nothing written: {_disk_stats(server)}")
 
 
 def _server(folder: Path, *extra: str) -> ServerProcess:

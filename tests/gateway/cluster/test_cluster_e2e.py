@@ -15,7 +15,7 @@ import time
 
 import httpx
 import pytest
-from support import ServerProcess, data_uri, noise_png, tiny_model
+from support import ServerProcess, data_uri, noise_png, tiny_model, wait_until
 
 from bench.server import LocalServer
 
@@ -187,14 +187,12 @@ def test_stream_cancelled_on_disconnect(cluster):
             chunks += line.startswith("data:")
             if chunks >= 5:
                 break
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        replicas = _stats(cluster)["replicas"]
-        if all(r["running"] == 0 and r["waiting"] == 0 for r in replicas):
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail(f"the replica kept decoding after the client left: {replicas}")
+
+    def idle() -> bool:
+        return all(r["running"] == 0 and r["waiting"] == 0 for r in _stats(cluster)["replicas"])
+
+    left = "the replica kept decoding after the client left"
+    wait_until(idle, 20, 0.2, lambda: f"{left}: {_stats(cluster)['replicas']}")
 
 
 def test_metrics_aggregated_and_per_replica(cluster):
@@ -220,13 +218,13 @@ def test_metrics_aggregated_and_per_replica(cluster):
 def _serving_replica(cluster, running: int) -> dict:
     """The replica running `running` requests, once the ingress has seen them admitted too
     (a request the ingress has seen nothing of would be sent elsewhere, not failed)."""
-    for _ in range(200):
+
+    def serving() -> dict | None:
         busy = [r for r in _stats(cluster)["replicas"] if r["running"] >= running]
         health = httpx.get(cluster.base_url + "/health", timeout=10).json()
-        if busy and health["running"] >= running:
-            return busy[0]
-        time.sleep(0.05)
-    raise AssertionError(f"no replica is running {running} requests")
+        return busy[0] if busy and health["running"] >= running else None
+
+    return wait_until(serving, 20, message=f"no replica is running {running} requests")
 
 
 def test_killed_replica_is_replaced_and_its_request_fails_cleanly(cluster):
@@ -289,15 +287,12 @@ def test_killed_replica_is_replaced_and_its_request_fails_cleanly(cluster):
         )
         assert r.choices[0].finish_reason in ("stop", "length")
 
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        replicas = _stats(cluster)["replicas"]
-        back = replicas[victim["slot"]]
-        if back.get("up") and back.get("pid") not in (None, victim["pid"]):
-            break
-        time.sleep(0.5)
-    else:
-        pytest.fail(f"replica {victim['slot']} was not replaced: {replicas}")
+    def replaced() -> dict | None:
+        back = _stats(cluster)["replicas"][victim["slot"]]
+        return back if back.get("up") and back.get("pid") not in (None, victim["pid"]) else None
+
+    not_back = f"replica {victim['slot']} was not replaced"
+    back = wait_until(replaced, 120, 0.5, lambda: f"{not_back}: {_stats(cluster)['replicas']}")
     print(f"replaced after {time.monotonic() - killed:.1f} s by pid {back['pid']}")
     before = _routed(_stats(cluster))
     body.update(stream=False, max_tokens=2)
@@ -335,9 +330,12 @@ def test_replicas_share_the_disk_tier(tmp_path_factory):
     try:
         image = data_uri(noise_png(21))
         _ask_images(server, [image])  # its home replica encodes it and writes the features
-        deadline = time.monotonic() + 30
-        while _stats(server)["disk"]["vision"]["writes"] < 1 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        wait_until(
+            lambda: _stats(server)["disk"]["vision"]["writes"] >= 1,
+            30,
+            interval=0.2,
+            message="the image's features were not written to the folder",
+        )
         # A request keyed by another image first reaches the other replica for some of these
         # (the ring is deterministic), which finds `image` on disk, not in its memory.
         hits = [

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -167,6 +166,18 @@ def test_a_released_prefetch_stops_reading_and_holds_nothing(store, monkeypatch)
         reader.close()
 
 
+class _Parking(threading.Condition):
+    """A condition that says when a thread first waits on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
 def test_held_bytes_are_bounded(store) -> None:  # noqa: ANN001
     """Invariant: buffers held stay under `max_held_bytes` plus one file: a plan ends once
     its own reach the cap, and the next waits while others' fill it (so waiting requests
@@ -177,8 +188,12 @@ def test_held_bytes_are_bounded(store) -> None:  # noqa: ANN001
     try:
         first = reader.submit(_plan(range(0, 2)))
         assert [b.index for b in first.result().blocks] == [0]  # one file: then at the cap
+        # Once the reader thread waits on its condition it has taken the second plan and
+        # chosen to wait (rather than read): only then does "not done" prove anything. (The
+        # thread is idle in its queue now, so nobody holds the condition being replaced.)
+        reader._cond = parking = _Parking()
         second = reader.submit(_plan(range(1, 2)))
-        time.sleep(0.3)
+        assert parking.waiting.wait(10), "the reader read on past the cap"
         assert not second.future.done()  # it waits for the first to be released
         first.release()
         assert [b.index for b in second.result().blocks] == [1]
