@@ -62,8 +62,8 @@ def require_plotting(args: argparse.Namespace) -> None:
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    """`vision-gateway bench ...`: only while gateway/cli.py still offers it (issue 23 drops
-    it there; delete this function then)."""
+    """The product CLI's `bench` subcommand: only while gateway/cli.py still calls this
+    (issue 23 drops the subcommand there; delete this function then)."""
     bench = sub.add_parser("bench", help="benchmarks against a local server")
     add_commands(bench.add_subparsers(dest="bench", required=True))
 

@@ -1,4 +1,4 @@
-"""`vision-gateway bench hotpath`: is the gateway's own path nearly free?
+"""`python -m bench hotpath`: is the gateway's own path nearly free?
 
 One command, in this order:
 1. the raw MLX ceiling on the same weights (`bench.raw`, in a subprocess so its

@@ -1,6 +1,6 @@
 """`python -m bench`: its own entry point, outside the product package.
 
-Pinned: run from the repository root it offers every bench that `vision-gateway bench` had;
+Pinned: run from the repository root it offers every bench the product CLI's `bench` subcommand had;
 `--plot` without matplotlib stops before any server starts; a `--server-arg` that `serve`
 would reject stops with serve's message; the bench modules import one another without a
 cycle (shared helpers live in modules both sides import).
