@@ -23,7 +23,7 @@ from bench.cli_tables import add_table_parsers, add_target_options
 from bench.target import local_model, open_target
 
 if TYPE_CHECKING:
-    from gateway.config import EngineConfig, MediaConfig, ServerConfig
+    from gateway.config import CacheConfig, EngineConfig, MediaConfig, ServerConfig
 
 PROG = "python -m bench"
 
@@ -70,6 +70,13 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_commands(kinds: argparse._SubParsersAction) -> None:
     """Every bench as a subcommand of `kinds`; each sets `run` to its entry point."""
+    _client_parsers(kinds)
+    _engine_parsers(kinds)
+    add_table_parsers(kinds, _common)
+
+
+def _client_parsers(kinds: argparse._SubParsersAction) -> None:
+    """repeat-image, stall, load: our server(s) started here, or `--base-url`'s."""
     p = kinds.add_parser("repeat-image", help="TTFT of repeat questions, caches on/off/ablation")
     _common(p)
     add_target_options(p)
@@ -116,6 +123,9 @@ def add_commands(kinds: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(run=_load)
 
+
+def _engine_parsers(kinds: argparse._SubParsersAction) -> None:
+    """engine (in-process, no HTTP) and hotpath (raw MLX, then our server through HTTP)."""
     p = kinds.add_parser("engine", help="engine alone (no HTTP): TTFT stages and decode steps")
     _common(p)
     p.add_argument("--image-size", type=int, default=448)
@@ -150,8 +160,6 @@ def add_commands(kinds: argparse._SubParsersAction) -> None:
         help="skip re-measuring raw decode after the server (the drift check)",
     )
     p.set_defaults(run=_hotpath)
-
-    add_table_parsers(kinds, _common)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -212,7 +220,7 @@ def _load(args: argparse.Namespace) -> None:
             print(f"plot: {args.plot}")
 
 
-def _engine_cache_config(model: str, serve_flags: list[str]) -> Any:
+def _engine_cache_config(model: str, serve_flags: list[str]) -> CacheConfig:
     """The cache settings (exact reuse, block size, budgets) that `serve` would build from
     these flags: `bench engine --server-arg` measures the engine under them (the disk tier
     only if they name a --cache-dir, as bench.server.LocalServer does)."""
