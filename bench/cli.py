@@ -1,4 +1,4 @@
-"""`vision-gateway bench ...`: argparse -> bench runs.
+"""`python -m bench ...`: argparse -> bench runs.
 
 Each bench starts its own server(s) on 127.0.0.1 (a subprocess of this installation), so the
 numbers include HTTP, JSON, image decoding and hashing, exactly what a client sees. The
@@ -9,21 +9,74 @@ any OpenAI-compatible server with `--base-url URL --model NAME`.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
-import os
-import platform
+import logging
+import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from bench.cli_tables import add_table_parsers, add_target_options
+from bench.target import local_model, open_target
+
+if TYPE_CHECKING:
+    from gateway.config import CacheConfig, EngineConfig, MediaConfig, ServerConfig
+
+PROG = "python -m bench"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Benchmarks of vision-gateway (or any OpenAI-compatible server) from a "
+        "checkout: bounded in requests and time, on 127.0.0.1 unless --base-url says otherwise.",
+    )
+    add_commands(parser.add_subparsers(dest="bench", required=True))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Parse `argv` (default: sys.argv), then run the one bench it names."""
+    from gateway.config import ConfigError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    require_plotting(args)
+    try:
+        args.run(args)
+    except ConfigError as exc:  # a bad --server-arg, as `serve` would reject it
+        sys.exit(f"{PROG}: {exc}")
+
+
+def require_plotting(args: argparse.Namespace) -> None:
+    """A bench asked for a plot fails before it runs, not silently after, without matplotlib."""
+    if getattr(args, "plot", None) is None:
+        return
+    if importlib.util.find_spec("matplotlib") is None:
+        sys.exit(
+            f"{PROG}: --plot needs matplotlib: pip install -e '.[bench]' (or leave out --plot)"
+        )
 
 
 def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    from bench.cli_tables import add_table_parsers, add_target_options
-
+    """The product CLI's `bench` subcommand: only while gateway/cli.py still calls this
+    (issue 23 drops the subcommand there; delete this function then)."""
     bench = sub.add_parser("bench", help="benchmarks against a local server")
-    kinds = bench.add_subparsers(dest="bench", required=True)
+    add_commands(bench.add_subparsers(dest="bench", required=True))
 
+
+def add_commands(kinds: argparse._SubParsersAction) -> None:
+    """Every bench as a subcommand of `kinds`; each sets `run` to its entry point."""
+    _client_parsers(kinds)
+    _engine_parsers(kinds)
+    add_table_parsers(kinds, _common)
+
+
+def _client_parsers(kinds: argparse._SubParsersAction) -> None:
+    """repeat-image, stall, load: our server(s) started here, or `--base-url`'s."""
     p = kinds.add_parser("repeat-image", help="TTFT of repeat questions, caches on/off/ablation")
     _common(p)
     add_target_options(p)
@@ -70,6 +123,9 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(run=_load)
 
+
+def _engine_parsers(kinds: argparse._SubParsersAction) -> None:
+    """engine (in-process, no HTTP) and hotpath (raw MLX, then our server through HTTP)."""
     p = kinds.add_parser("engine", help="engine alone (no HTTP): TTFT stages and decode steps")
     _common(p)
     p.add_argument("--image-size", type=int, default=448)
@@ -105,50 +161,11 @@ def add_bench_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(run=_hotpath)
 
-    add_table_parsers(kinds, _common)
-
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model dir or hub id (default: the embedded tiny model)")
     p.add_argument("--server-arg", action="append", default=[], help="extra serve flag")
     p.add_argument("--out", type=Path, help="write results as JSON")
-
-
-def _quiet_clients() -> None:
-    """The benches make thousands of requests: keep httpx's per-request INFO lines out."""
-    import logging
-
-    for name in ("httpx", "httpx2", "openai"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def _model(args: argparse.Namespace) -> str:
-    _quiet_clients()
-    if args.model:
-        return args.model
-    from gateway.offline_model import ensure_model
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    return str(ensure_model(progress=lambda m: print(f"embedded model: {m}")))
-
-
-def machine() -> dict[str, Any]:
-    import mlx.core as mx
-
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(),
-        "mlx_device": str(mx.default_device()),
-        "python": platform.python_version(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }
-
-
-def _server(model: str, extra: list[str]) -> Any:
-    from bench.server import LocalServer
-
-    return LocalServer(["--model", model, "--served-model-name", "bench", *extra])
 
 
 def _repeat_image(args: argparse.Namespace) -> None:
@@ -167,10 +184,10 @@ def _load(args: argparse.Namespace) -> None:
     import asyncio
 
     from bench.load import plot_rss, run_load
+    from bench.report import machine
 
     if args.clients > 256 or args.seconds > 3600:
         raise SystemExit("bench load is bounded: at most 256 clients and 3600 s")
-    from bench.cli_tables import open_target
 
     extra = ["--kv-cache-mb", str(args.kv_cache_mb), "--vision-cache-mb", str(args.vision_cache_mb)]
     with open_target(args, [*extra, "--max-waiting", str(4 * args.clients)]) as (server, be, _):
@@ -203,16 +220,24 @@ def _load(args: argparse.Namespace) -> None:
             print(f"plot: {args.plot}")
 
 
-def _engine_cache_config(model: str, serve_flags: list[str]) -> Any:
+def _engine_cache_config(model: str, serve_flags: list[str]) -> CacheConfig:
     """The cache settings (exact reuse, block size, budgets) that `serve` would build from
     these flags: `bench engine --server-arg` measures the engine under them (the disk tier
     only if they name a --cache-dir, as bench.server.LocalServer does)."""
     from bench.server import memory_only_unless_asked
-    from gateway.cli import build_parser, configs_from_args
 
     flags = memory_only_unless_asked(serve_flags)
-    args = build_parser().parse_args(["serve", "--model", model, *flags])
-    return configs_from_args(args)[1].cache
+    return _serve_configs(["--model", model, *flags])[1].cache
+
+
+def _serve_configs(flags: list[str]) -> tuple[ServerConfig, EngineConfig, MediaConfig]:
+    """(ServerConfig, EngineConfig, MediaConfig) that `vision-gateway serve FLAGS` would run
+    with: the product's own flag parser and its one argparse -> config conversion."""
+    from gateway.flags import add_serve_flags, configs_from_args
+
+    parser = argparse.ArgumentParser(prog=f"{PROG} (--server-arg)")
+    add_serve_flags(parser)
+    return configs_from_args(parser.parse_args(flags))
 
 
 def _engine(args: argparse.Namespace) -> None:
@@ -222,8 +247,9 @@ def _engine(args: argparse.Namespace) -> None:
 
     from bench.engine_profile import Profiler
     from bench.raw_measure import RawSettings
+    from bench.report import machine
 
-    model = _model(args)
+    model = local_model(args)
     settings = RawSettings(
         batches=tuple(args.batch), decode_tokens=args.decode_tokens, reps=args.reps
     )
@@ -274,7 +300,7 @@ def _hotpath(args: argparse.Namespace) -> None:
         if args.out:
             args.out.write_text(json.dumps(payload, indent=2))
 
-    payload = hotpath.run(_model(args), settings, log, args.server_arg, args.quick, save)
+    payload = hotpath.run(local_model(args), settings, log, args.server_arg, args.quick, save)
     print(payload["table"], flush=True)
     if args.out:
         print(f"json: {args.out}")

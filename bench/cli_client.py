@@ -17,7 +17,7 @@ from typing import Any
 def repeat_image(args: argparse.Namespace) -> None:
     from bench import repeat_image as bench
     from bench import report
-    from bench.cli_tables import open_target
+    from bench.target import open_target
 
     log = report.progress("repeat-image: ")
     names = [n.strip() for n in args.configs.split(",")]
@@ -62,7 +62,7 @@ def repeat_image(args: argparse.Namespace) -> None:
 def stall(args: argparse.Namespace) -> None:
     from bench import report
     from bench import stall as bench
-    from bench.cli_tables import open_target
+    from bench.target import open_target
 
     log = report.progress("stall: ")
     rows: list[Any] = []

@@ -1,4 +1,4 @@
-"""`vision-gateway bench resolution | text-prefix | concurrency`, and the target options.
+"""`python -m bench resolution | text-prefix | concurrency`, and the target options.
 
 Every client-side bench takes `--base-url URL --model NAME` to measure a server started
 elsewhere; without `--base-url` it starts our server here (`--model` is then the checkpoint,
@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,40 +68,13 @@ def _table(p: argparse.ArgumentParser, common: Any) -> None:
     p.add_argument("--plot", type=Path, help="write a PNG plot (needs matplotlib)")
 
 
-@contextlib.contextmanager
-def open_target(args: argparse.Namespace, extra: list[str] | None = None) -> Iterator[Any]:
-    """(target, backend, model facts): our server started here, or `--base-url`'s."""
-    from bench.cli import _model, _quiet_clients
-    from bench.target import RemoteTarget, describe, model_facts
-
-    _quiet_clients()
-    if args.base_url:
-        if not args.model:
-            raise SystemExit("--base-url needs --model NAME (the model name requests carry)")
-        target = RemoteTarget(args.base_url, args.api_key, args.server_pid)
-        facts = model_facts(str(getattr(args, "raw_model", None) or ""))
-        yield target, describe(target, args.model, args.backend_label), facts
-        return
-    from bench.server import LocalServer
-
-    model = _model(args)
-    print(f"starting vision-gateway serve --model {model}", flush=True)
-    server = LocalServer(
-        ["--model", model, "--served-model-name", "bench", *(extra or []), *args.server_arg]
-    )
-    try:
-        yield server, describe(server, "bench", args.backend_label), model_facts(model)
-    finally:
-        server.stop()
-
-
 def _measure(
     args: argparse.Namespace, name: str, settings: Any, body: Any, extra: list[str] | None = None
 ) -> tuple[dict[str, Any], Any]:
     """Open the target, record cache state around `body(client, log)`, write outputs."""
     from bench import report
     from bench.sse import ChatClient
-    from bench.target import cache_stats, clear_caches
+    from bench.target import cache_stats, clear_caches, open_target
 
     log = report.progress(f"{name}: ")
     with open_target(args, extra) as (target, backend, facts):
@@ -164,7 +135,7 @@ def _text_prefix(args: argparse.Namespace) -> None:
 
 def _concurrency(args: argparse.Namespace) -> None:
     from bench import concurrency, report
-    from bench.cli import _model
+    from bench.target import local_model
 
     settings = concurrency.ConcurrencySettings(
         tuple(args.levels), args.max_tokens, args.image_size, tuple(args.modes), args.reps
@@ -173,7 +144,7 @@ def _concurrency(args: argparse.Namespace) -> None:
     if args.raw_json:
         raw = json.loads(args.raw_json.read_text().strip().splitlines()[-1])
     elif not args.no_raw:
-        root = args.raw_model or (None if args.base_url else Path(_model(args)))
+        root = args.raw_model or (None if args.base_url else Path(local_model(args)))
         if root is None:
             print("raw: skipped (with --base-url, name the checkpoint with --raw-model DIR)")
         else:

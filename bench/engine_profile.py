@@ -194,8 +194,8 @@ class Profiler:
         out: dict[str, Any] = {}
         try:
             self.image_ttfts(image_size, out)
-            enc = self.metrics.vision_encode_seconds
-            out["vision_block_step_ms_mean"] = 1000 * enc._sum.get() / max(1, _count(enc))
+            seconds, steps = histogram_sum_count(self.metrics.vision_encode_seconds)
+            out["vision_block_step_ms_mean"] = 1000 * seconds / max(1, steps)
             out["text_first_token_ms"] = self.text_first_token_ms(settings)
             self.log(f"engine: text first token {out['text_first_token_ms']:.1f} ms")
             for batch in settings.batches:
@@ -232,5 +232,14 @@ def compare_rows(results: dict[str, Any], raw: dict[str, Any]) -> list[Row]:
     return rows
 
 
-def _count(histogram: Any) -> int:
-    return int(sum(b.get() for b in histogram._buckets))
+def histogram_sum_count(histogram: Any) -> tuple[float, int]:
+    """(sum, count) of an unlabelled prometheus_client Histogram, read through its public
+    `collect()` (the samples `/metrics` would print), not its private fields."""
+    total, count = 0.0, 0
+    for family in histogram.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_sum"):
+                total = float(sample.value)
+            elif sample.name.endswith("_count"):
+                count = int(sample.value)
+    return total, count

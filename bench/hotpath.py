@@ -1,4 +1,4 @@
-"""`vision-gateway bench hotpath`: is the gateway's own path nearly free?
+"""`python -m bench hotpath`: is the gateway's own path nearly free?
 
 One command, in this order:
 1. the raw MLX ceiling on the same weights (`bench.raw`, in a subprocess so its
@@ -217,7 +217,7 @@ def run(
 ) -> dict[str, Any]:
     """The whole bench; returns the report payload (see `hotpath_report.report`). `save` gets
     the payload so far after the raw ceiling and after every scenario."""
-    from bench.cli import machine
+    from bench.report import machine
 
     started = time.perf_counter()
     meta = {"machine": machine(), "model": model, "settings": asdict(settings)}

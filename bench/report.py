@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -57,12 +58,24 @@ def ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
+def machine() -> dict[str, Any]:
+    """The machine this bench runs on (recorded in every result file; imports MLX)."""
+    import mlx.core as mx
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "mlx_device": str(mx.default_device()),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
 def metadata(
     scenario: str, args: Any, backend: Any, facts: dict[str, Any], settings: Any = None
 ) -> dict[str, Any]:
     """The header of every result file."""
-    from bench.cli import machine
-
     return {
         "scenario": scenario,
         # load average at the start: on a shared machine, how much else was running

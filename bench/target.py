@@ -9,7 +9,12 @@ degrades to what the target offers (the figure becomes n/a) and says so in its o
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
+import logging
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -165,3 +170,46 @@ def model_facts(model_path: str | None) -> dict[str, Any]:
         "layers": config.get("num_hidden_layers") or text.get("num_hidden_layers"),
         "quantization": config.get("quantization"),
     }
+
+
+def quiet_clients() -> None:
+    """The benches make thousands of requests: keep httpx's per-request INFO lines out."""
+    for name in ("httpx", "httpx2", "openai"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def local_model(args: argparse.Namespace) -> str:
+    """The checkpoint our server (or engine) loads: `--model`, else the embedded tiny model
+    (built offline on first use, printing its progress)."""
+    quiet_clients()
+    if args.model:
+        return args.model
+    from gateway.offline_model import ensure_model
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return str(ensure_model(progress=lambda m: print(f"embedded model: {m}")))
+
+
+@contextlib.contextmanager
+def open_target(args: argparse.Namespace, extra: list[str] | None = None) -> Iterator[Any]:
+    """(target, backend, model facts): our server started here with `extra` and
+    `--server-arg` flags (stopped on exit), or `--base-url`'s (left running)."""
+    quiet_clients()
+    if args.base_url:
+        if not args.model:
+            raise SystemExit("--base-url needs --model NAME (the model name requests carry)")
+        target = RemoteTarget(args.base_url, args.api_key, args.server_pid)
+        facts = model_facts(str(getattr(args, "raw_model", None) or ""))
+        yield target, describe(target, args.model, args.backend_label), facts
+        return
+    from bench.server import LocalServer
+
+    model = local_model(args)
+    print(f"starting vision-gateway serve --model {model}", flush=True)
+    server = LocalServer(
+        ["--model", model, "--served-model-name", "bench", *(extra or []), *args.server_arg]
+    )
+    try:
+        yield server, describe(server, "bench", args.backend_label), model_facts(model)
+    finally:
+        server.stop()

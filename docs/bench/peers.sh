@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Side by side on this machine: vision-gateway, mlx-vlm's own server and vllm-mlx
 # (--continuous-batching --mllm), on the same tiny Qwen2-VL checkpoint, measured by the same
-# client (`vision-gateway bench ... --base-url URL --model NAME`) with the same images:
+# client (`python -m bench ... --base-url URL --model NAME`) with the same images:
 # repeat-image, concurrency and stall against each. Servers run one at a time and are stopped
 # after their benches (and on any exit).
 #
@@ -25,6 +25,7 @@ MLX_VLM=${MLX_VLM:-0.7.10}     # the version our pyproject pins
 VLLM_MLX=${VLLM_MLX:-0.6.0}
 MLX=${MLX:-0.32.4}
 VG=.venv/bin/vision-gateway
+BENCH=(.venv/bin/python -m bench)  # from the checkout: the benches are not in the wheel
 MODEL=$ROOT/.peers/model-qwen2_vl-tiny
 mkdir -p .peers/logs "$OUT"   # server logs (large: request previews) stay in .peers/logs
 log() { echo "[peers $(date +%H:%M:%S)] $*"; }
@@ -74,14 +75,14 @@ benches() {  # name, label, port, model name
     log "$name: bench $scenario"
     case $scenario in
       repeat-image)
-        $VG bench repeat-image "${target[@]}" --images 3 --image-size 448 --max-tokens 16 \
+        "${BENCH[@]}" repeat-image "${target[@]}" --images 3 --image-size 448 --max-tokens 16 \
           --out "$OUT/repeat-image-$name.json" --markdown "$OUT/repeat-image-$name.md" ;;
       concurrency)
-        $VG bench concurrency "${target[@]}" --levels 1 2 4 8 16 32 --max-tokens 128 \
+        "${BENCH[@]}" concurrency "${target[@]}" --levels 1 2 4 8 16 32 --max-tokens 128 \
           --image-size 112 --reps 3 --raw-json "$OUT/raw.json" \
           --out "$OUT/concurrency-$name.json" --markdown "$OUT/concurrency-$name.md" ;;
       stall)
-        $VG bench stall "${target[@]}" --streams 4 --image-size 448 --max-tokens 160 \
+        "${BENCH[@]}" stall "${target[@]}" --streams 4 --image-size 448 --max-tokens 160 \
           --out "$OUT/stall-$name.json" --markdown "$OUT/stall-$name.md" ;;
     esac 2>&1 | tee -a "$OUT/bench-$name.log"
   done

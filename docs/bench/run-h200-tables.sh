@@ -49,22 +49,22 @@ for step in $STEPS; do
   stamp "bench $step"
   case $step in
     resolution)
-      timeout 150 python3 -m gateway bench resolution --base-url "$URL" --model bench \
+      timeout 150 python3 -m bench resolution --base-url "$URL" --model bench \
         --sizes 224 448 768 1024 --reps 3 --max-tokens 32 \
         --out "$OUT/resolution.json" --markdown "$OUT/resolution.md" 2>&1 | tee "$OUT/resolution.log" ;;
     text-prefix)
-      timeout 90 python3 -m gateway bench text-prefix --base-url "$URL" --model bench \
+      timeout 90 python3 -m bench text-prefix --base-url "$URL" --model bench \
         --prefix-tokens 512 --reps 5 --max-tokens 32 \
         --out "$OUT/text-prefix.json" --markdown "$OUT/text-prefix.md" 2>&1 | tee "$OUT/text-prefix.log" ;;
     concurrency)
       # --raw-json: the ceiling measured above, before the server took the GPU (if that failed,
       # the bench measures raw itself from --raw-model, with the idle server loaded)
       raw=(); [ -s "$OUT/raw.json" ] && raw=(--raw-json "$OUT/raw.json")
-      timeout 200 python3 -m gateway bench concurrency "${common[@]}" "${raw[@]}" \
+      timeout 200 python3 -m bench concurrency "${common[@]}" "${raw[@]}" \
         --levels 1 2 4 8 16 32 --max-tokens 128 --image-size 448 \
         --out "$OUT/concurrency.json" --markdown "$OUT/concurrency.md" 2>&1 | tee "$OUT/concurrency.log" ;;
     repeat-image)  # optional (STEPS=...): the 1024 px conversation table through the same server
-      timeout 150 python3 -m gateway bench repeat-image --base-url "$URL" --model bench \
+      timeout 150 python3 -m bench repeat-image --base-url "$URL" --model bench \
         --images 2 --image-size 1024 --max-tokens 16 \
         --out "$OUT/repeat-image.json" --markdown "$OUT/repeat-image.md" 2>&1 | tee "$OUT/repeat-image.log" ;;
   esac

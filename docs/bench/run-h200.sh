@@ -28,46 +28,46 @@ for step in $STEPS; do
       [ "${PROFILE:-1}" = 1 ] && ( for _ in $(seq 120); do pid=$(pgrep -f "gateway serve" | head -1); [ -n "$pid" ] && break; sleep 1; done
         py-spy record -p "$pid" --threads --gil --nonblocking --rate 200 --duration "${PROFILE_S:-240}" \
           --format raw -o "$OUT/http-profile.txt" >"$OUT/py-spy-http.log" 2>&1 ) &
-      timeout "${HOTPATH_S:-400}" python3 -m gateway bench hotpath --model /tmp/m7b \
+      timeout "${HOTPATH_S:-400}" python3 -m bench hotpath --model /tmp/m7b \
         --out "$OUT/hotpath.json" --plot "$OUT/hotpath.png" ${HOTPATH_ARGS:-} 2>&1 | tee "$OUT/hotpath.log"
       pkill -f py-spy; wait; true ;;
     hotpath_cudnn)  # the same bench with cuDNN attention on: the A/B for --cudnn-attention
-      timeout "${HOTPATH_S:-400}" python3 -m gateway bench hotpath --model /tmp/m7b \
+      timeout "${HOTPATH_S:-400}" python3 -m bench hotpath --model /tmp/m7b \
         --server-arg=--cudnn-attention --out "$OUT/hotpath-cudnn.json" 2>&1 | tee "$OUT/hotpath-cudnn.log" ;;
     tower)
-      timeout 120 python3 -m bench.vision_tower /tmp/m7b --sizes 448 1024 2>&1 | tee "$OUT/tower.log" ;;
+      timeout 120 python3 -m docs.investigations.vision_tower /tmp/m7b --sizes 448 1024 2>&1 | tee "$OUT/tower.log" ;;
     decode_ab)
-      timeout 300 python3 -m bench.decode_ab --model /tmp/m7b --streams 1 16 32 \
+      timeout 300 python3 -m docs.investigations.decode_ab --model /tmp/m7b --streams 1 16 32 \
         --variant=default --variant=--in-process-engine 2>&1 | tee "$OUT/decode_ab.log" ;;
     exact)  # issue 14: what exact reuse costs in the engine (default: on, 256-row blocks on a
       # GPU; against off and 32-row blocks), then cached == uncached through the server
       for flags in --no-exact-cache --kv-block-tokens=32; do
-        timeout 80 python3 -m gateway bench engine --model /tmp/m7b --image-size 1024 --batch 1 \
+        timeout 80 python3 -m bench engine --model /tmp/m7b --image-size 1024 --batch 1 \
           --reps 3 --server-arg=$flags --out "$OUT/engine${flags//[-=]/_}.json" 2>&1 | tail -10
       done 2>&1 | tee "$OUT/exact.log"
       for flags in --exact-cache ${EXACT_CONTROL:+--no-exact-cache}; do
-        timeout 120 python3 -m gateway bench repeat-image --model /tmp/m7b --images 2 --image-size 1024 \
+        timeout 120 python3 -m bench repeat-image --model /tmp/m7b --images 2 --image-size 1024 \
           --configs none,both --server-arg=--no-warmup --server-arg=$flags \
           --out "$OUT/repeat${flags//-/_}.json" 2>&1 | tail -25
       done 2>&1 | tee -a "$OUT/exact.log" ;;
     invariance)  # batched == single: a shared final-block forward and whole requests
-      timeout 240 python3 -m bench.invariance --model /tmp/m7b --requests 16 --tokens 64 \
+      timeout 240 python3 -m docs.investigations.invariance --model /tmp/m7b --requests 16 --tokens 64 \
         --lengths 20 120 --out "$OUT/invariance.json" 2>&1 | tail -30 | tee "$OUT/invariance.log" ;;
     structured)  # issue 13: what a grammar costs per decode step (engine alone)
-      timeout 300 python3 -m bench.structured --model /tmp/m7b --batch 1 16 --tokens 256 \
+      timeout 300 python3 -m docs.investigations.structured --model /tmp/m7b --batch 1 16 --tokens 256 \
         --repeat 3 --json "$OUT/structured-h200.json" 2>&1 | tee "$OUT/structured.log" ;;
     soak)  # the same load in the foreground, for a call that must not leave the machine idle
-      timeout $(( ${SOAK_S:-420} + 120 )) python3 -m gateway bench load --model /tmp/m7b --clients 32 \
+      timeout $(( ${SOAK_S:-420} + 120 )) python3 -m bench load --model /tmp/m7b --clients 32 \
         --seconds "${SOAK_S:-420}" ${SOAK_ARGS:-} --out "$OUT/load.json" --plot "$OUT/load.png" \
         >"$OUT/load.log" 2>&1; tail -20 "$OUT/load.log" ;;
     decode_life)  # decode waves between rounds of image turns: does the server's history slow it?
-      timeout "${LIFE_S:-300}" python3 -m bench.decode_life --model /tmp/m7b \
+      timeout "${LIFE_S:-300}" python3 -m docs.investigations.decode_life --model /tmp/m7b \
         --server-arg=--step-trace="$OUT/life-steps.jsonl" 2>&1 | tee "$OUT/decode_life.log" ;;
     disk_load)  # what a KV disk hit costs the engine thread at 7B shapes (no model)
-      timeout 120 python3 -m bench.disk_load --repeats 7 2>&1 | tee "$OUT/disk_load.log" ;;
+      timeout 120 python3 -m docs.investigations.disk_load --repeats 7 2>&1 | tee "$OUT/disk_load.log" ;;
     soak_start)  # the engine process under load for SOAK_S s, detached: collect with soak_collect
       mkdir -p /tmp/soak
-      setsid nohup python3 -m gateway bench load --model /tmp/m7b --clients 32 \
+      setsid nohup python3 -m bench load --model /tmp/m7b --clients 32 \
         --seconds "${SOAK_S:-630}" ${SOAK_ARGS:-} --out /tmp/soak/load.json --plot /tmp/soak/load.png \
         >/tmp/soak/load.log 2>&1 < /dev/null &
       sleep 2; echo "soak started" ;;
@@ -75,10 +75,10 @@ for step in $STEPS; do
       while pgrep -f "bench load" >/dev/null; do sleep 5; done
       cp /tmp/soak/* "$OUT/"; tail -15 "$OUT/load.log" ;;
     block_cost)  # one prefill forward by path (cold prefill: blocks vs one forward)
-      timeout 200 python3 -m bench.block_cost --model /tmp/m7b --reps 4 \
+      timeout 200 python3 -m docs.investigations.block_cost --model /tmp/m7b --reps 4 \
         >"$OUT/block-cost.json" 2>"$OUT/block-cost.log"; cat "$OUT/block-cost.json" ;;
     engine)
-      timeout "${ENGINE_S:-150}" python3 -m gateway bench engine --raw --model /tmp/m7b --image-size 1024 \
+      timeout "${ENGINE_S:-150}" python3 -m bench engine --raw --model /tmp/m7b --image-size 1024 \
         --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" ;;
   esac
 done

@@ -12,7 +12,7 @@ import json
 
 from support import tiny_model
 
-from gateway.cli import main
+from bench.cli import main
 
 RAW_ROWS = (
     "text_first_request_ms",
@@ -51,7 +51,7 @@ def test_hotpath_quick_reports_every_figure(tmp_path, capsys) -> None:
     model = str(tiny_model("qwen2_vl"))
     has_plot = importlib.util.find_spec("matplotlib") is not None  # the bench extra
     plot = ["--plot", str(png)] if has_plot else []  # without it --plot is refused up front
-    main(["bench", "hotpath", "--quick", "--model", model, "--out", str(out), *plot])
+    main(["hotpath", "--quick", "--model", model, "--out", str(out), *plot])
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())
     rows = {r["key"]: r for r in data["rows"]}
@@ -87,7 +87,7 @@ def test_hotpath_quick_reports_every_figure(tmp_path, capsys) -> None:
 def test_engine_raw_prints_ratios(tmp_path, capsys) -> None:
     out = tmp_path / "engine.json"
     model = str(tiny_model("qwen2_vl"))
-    argv = ["bench", "engine", "--raw", "--model", model, "--batch", "1", "2"]
+    argv = ["engine", "--raw", "--model", model, "--batch", "1", "2"]
     main([*argv, "--decode-tokens", "6", "--reps", "1", "--image-size", "56", "--out", str(out)])
     printed = capsys.readouterr().out
     data = json.loads(out.read_text())

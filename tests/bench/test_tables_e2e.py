@@ -15,7 +15,7 @@ import json
 import pytest
 from support import LocalServer, tiny_model
 
-from gateway.cli import main
+from bench.cli import main
 
 HAS_PLOT = importlib.util.find_spec("matplotlib") is not None
 
@@ -31,7 +31,7 @@ def server():
 
 def _run(tmp_path, argv: list[str]) -> dict:
     out = tmp_path / "out.json"
-    main(["bench", *argv, "--out", str(out), "--markdown", str(tmp_path / "t.md")])
+    main([*argv, "--out", str(out), "--markdown", str(tmp_path / "t.md")])
     data = json.loads(out.read_text())
     assert (tmp_path / "t.md").read_text().strip() == data["table"].strip()
     return data
@@ -115,7 +115,7 @@ def test_load_through_base_url(server, tmp_path) -> None:
     s, _ = server
     out = tmp_path / "load.json"
     main(
-        ["bench", "load", "--base-url", s.base_url, "--model", "tiny", "--clients", "2",
+        ["load", "--base-url", s.base_url, "--model", "tiny", "--clients", "2",
          "--seconds", "3", "--image-size", "56", "--image-pool", "2", "--out", str(out)]
     )  # fmt: skip
     data = json.loads(out.read_text())

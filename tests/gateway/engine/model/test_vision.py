@@ -17,7 +17,7 @@ import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 from support import tiny_model
 
-from bench.vision_tower import time_tower
+from docs.investigations.vision_tower import time_tower
 from gateway.engine.model.vlm import VisionLanguageModel
 from gateway.engine.model.window_attention import (
     SegmentPlan,
@@ -182,7 +182,7 @@ def test_patch_keeps_parameters_and_can_be_undone() -> None:
 
 
 def test_tower_bench_runs_and_agrees() -> None:
-    """Invariant: the timing script (bench.vision_tower) runs on a tiny model and
+    """Invariant: the timing script (docs.investigations.vision_tower) runs on a tiny model and
     its batched and per-window towers agree; it is a smoke test, no timing is asserted."""
     report = time_tower(str(tiny_model("qwen2_5_vl")), [112], repeats=1)
     row = report["sizes"]["112"]

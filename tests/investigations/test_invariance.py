@@ -1,4 +1,4 @@
-"""`python -m bench.invariance`: batched == single measured at two levels.
+"""`python -m docs.investigations.invariance`: batched == single measured at two levels.
 
 Pinned: on CPU (whose kernels do not depend on the batch size) the bench finds every row of a
 shared final-block forward bit-identical to the block alone, and every request run together
@@ -11,7 +11,7 @@ from __future__ import annotations
 import mlx.core as mx
 from support import tiny_model
 
-from bench import invariance
+from docs.investigations import invariance
 from gateway.engine.model.vlm import VisionLanguageModel
 
 

@@ -2,7 +2,7 @@
 tree, against the snapshot store it replaced (one contiguous array per entry, forked by a
 slice).
 
-`python -m bench.prefix_cost [--repeats N]` prints one markdown row per shape: a
+`python -m docs.investigations.prefix_cost [--repeats N]` prints one markdown row per shape: a
 conversation's prompt of `tokens` tokens stored as blocks of `block` tokens; a request that
 hits all whole blocks but the last and then writes one block of prefill KV into its cache.
 

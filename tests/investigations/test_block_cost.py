@@ -1,4 +1,4 @@
-"""`python -m bench.block_cost` on the tiny model (CPU).
+"""`python -m docs.investigations.block_cost` on the tiny model (CPU).
 
 Pinned: every variant runs the whole prompt (one forward for raw_one, one per block for the
 others, the last block partial), with positive times, and the report is one JSON object.
@@ -10,7 +10,7 @@ import json
 
 from support import tiny_model
 
-from bench import block_cost
+from docs.investigations import block_cost
 
 
 def test_every_variant_covers_the_prompt_block_by_block(capsys) -> None:

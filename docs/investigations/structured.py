@@ -1,7 +1,7 @@
 """Decode cost of structured output: one decode step with constrained rows against the same
 step with free rows, at several batch sizes, the engine alone (in-process, no HTTP).
 
-    python -m bench.structured [--model DIR] [--batch 1 16] [--tokens 128]
+    python -m docs.investigations.structured [--model DIR] [--batch 1 16] [--tokens 128]
 
 For each batch size B, B requests with the same prompt length decode together:
     free         greedy, `ignore_eos`: exactly --tokens tokens each

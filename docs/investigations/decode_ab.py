@@ -1,6 +1,6 @@
 """Decode throughput through HTTP, A/B over server configurations, three ways at once.
 
-`python -m bench.decode_ab --model DIR --streams 1 16 32 --variant default \
+`python -m docs.investigations.decode_ab --model DIR --streams 1 16 32 --variant default \
     --variant=--in-process-engine` starts one server per variant and, for each stream
 count, runs a warm wave and a timed wave of `--tokens` tokens per stream (EOS ignored), and
 reports aggregate tok/s measured by:

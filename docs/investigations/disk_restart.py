@@ -2,7 +2,7 @@
 restarted server that finds the answer's KV (or the image's features) on disk, and again
 from memory; plus the engine's own time reading and checking the files.
 
-    python -m bench.disk_restart [--model DIR] [--sizes 224 448 1024]
+    python -m docs.investigations.disk_restart [--model DIR] [--sizes 224 448 1024]
 
 Per image size (medians over 3 distinct images): server 1 (warmed up at that size, so no
 kernel compilation is timed) answers the question cold and is stopped with SIGTERM; server 2

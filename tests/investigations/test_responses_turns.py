@@ -1,4 +1,4 @@
-"""`python -m bench.responses_turns`: both paths run 5 turns against a real server and
+"""`python -m docs.investigations.responses_turns`: both paths run 5 turns against a real server and
 the table reports them side by side."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from support import tiny_model
 
-from bench.responses_turns import main
+from docs.investigations.responses_turns import main
 
 
 def test_table_compares_previous_response_id_with_resending(

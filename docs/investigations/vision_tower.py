@@ -1,4 +1,4 @@
-"""Vision-tower latency per image size: `python -m bench.vision_tower MODEL_DIR
+"""Vision-tower latency per image size: `python -m docs.investigations.vision_tower MODEL_DIR
 --sizes 448 1024 [--repeats 5] [--no-compare]`.
 
 Times the tower as the gateway runs it (batched segment attention, see

@@ -1,7 +1,7 @@
 """Time to first token for questions about a short video: first question vs a repeat, with the
 caches on and off. Starts its own server (`vision-gateway serve`) on 127.0.0.1.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python docs/bench/video_ttft.py [--model DIR] [--size 448]
+    HF_HUB_OFFLINE=1 .venv/bin/python -m docs.investigations.video_ttft [--model DIR] [--size 448]
         [--frames 16] [--runs 5] [--json OUT]
 
 Each run sends a fresh clip (distinct pixels: nothing cached for it), asks "What happens?"
@@ -76,7 +76,10 @@ def main() -> None:
     args = parser.parse_args()
     model_args = ["--model", args.model, "--served-model-name", "m"] if args.model else []
     results = {}
-    for label, flags in [("caches on", []), ("caches off", ["--no-vision-cache", "--no-prefix-cache"])]:
+    for label, flags in [
+        ("caches on", []),
+        ("caches off", ["--no-vision-cache", "--no-prefix-cache"]),
+    ]:
         server = LocalServer([*model_args, "--no-warmup", *flags])
         try:
             client = server.client()
@@ -88,8 +91,11 @@ def main() -> None:
                 ms, prompt = ttft_ms(client, model, url, "What happens?")
                 cold.append(ms)
                 repeat.append(ttft_ms(client, model, url, "What colour is it?")[0])
-            results[label] = {"cold_ms": statistics.median(cold),
-                              "repeat_ms": statistics.median(repeat), "prompt_tokens": prompt}  # fmt: skip
+            results[label] = {
+                "cold_ms": statistics.median(cold),
+                "repeat_ms": statistics.median(repeat),
+                "prompt_tokens": prompt,
+            }
             print(label, json.dumps(results[label]))
         finally:
             server.stop()

@@ -4,7 +4,7 @@ engine thread) and the new way (the reader thread reads, verifies and checks; th
 thread copies into MLX), while a stand-in for decoding rows (a small MLX op, evaluated in a
 loop on the "engine" thread) measures how long it is kept from running.
 
-    python -m bench.disk_load [--blocks 5] [--repeats 5]
+    python -m docs.investigations.disk_load [--blocks 5] [--repeats 5]
 
 Shape: Qwen2.5-VL-7B's KV, 28 layers x (keys, values) of (1, 4 heads, 256, 128) bf16: 14 MiB
 a block; 5 blocks is a 1024 px image's prompt (~1300 tokens). Files are in the page cache

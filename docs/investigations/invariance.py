@@ -1,6 +1,6 @@
 """Batched == single, measured: does a request's output depend on what it runs with?
 
-    python -m bench.invariance [--model DIR] [--requests 8] [--tokens 32] [--out F]
+    python -m docs.investigations.invariance [--model DIR] [--requests 8] [--tokens 32] [--out F]
 
 Two levels, on whatever device MLX uses (CPU here, CUDA on the H200):
 - forward: N text prompts' final partial blocks (the exact-reuse rule's shared forward,

@@ -1,6 +1,6 @@
 """Does decode slow down over a server's life? Decode waves between rounds of image turns.
 
-    python -m bench.decode_life --model DIR [--rounds 3] [--streams 1 16]
+    python -m docs.investigations.decode_life --model DIR [--rounds 3] [--streams 1 16]
         [--image-size 1024] [--conversations 3] [--turns 5] [--server-arg=FLAG ...]
 
 Why: in one H200 run (docs/performance.md §8g) the hotpath bench's 1-stream decode, which
@@ -122,7 +122,9 @@ def summary(records: list[dict[str, Any]]) -> dict[str, float | None]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.decode_life", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m docs.investigations.decode_life", description=__doc__
+    )
     p.add_argument("--model", required=True, help="local checkpoint dir")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--streams", type=int, nargs="+", default=[1, 16])

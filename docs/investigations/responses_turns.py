@@ -1,7 +1,7 @@
 """Warm follow-up turns: Responses API with `previous_response_id` against Chat Completions
 with the image resent.
 
-    python -m bench.responses_turns [--model DIR] [--image-size 1024] [--repeats 5]
+    python -m docs.investigations.responses_turns [--model DIR] [--image-size 1024] [--repeats 5]
 
 Starts one server (both caches on) and runs, per repeat, two 5-turn conversations about two
 fresh images of the same size: one through `POST /v1/responses` (turn 1 sends the image,

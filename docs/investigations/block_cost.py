@@ -1,6 +1,6 @@
 """What one prefill forward costs, by path: where a cold prompt's prefill time goes.
 
-    python -m bench.block_cost --model DIR [--prompt-tokens 1393] [--block 256]
+    python -m docs.investigations.block_cost --model DIR [--prompt-tokens 1393] [--block 256]
 
 On an H200 a cold 1024x1024 image prompt (1393 tokens) spends ~100-160 ms in the engine's
 prefill against 37 ms for raw mlx-lm's one forward of as many tokens. The engine computes
@@ -168,7 +168,9 @@ def measure(model_dir: str, prompt_tokens: int, block: int, reps: int) -> dict[s
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.block_cost", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m docs.investigations.block_cost", description=__doc__
+    )
     p.add_argument("--model", required=True, help="local checkpoint dir (Qwen-VL)")
     p.add_argument("--prompt-tokens", type=int, default=1393)
     p.add_argument("--block", type=int, default=256)

@@ -1,4 +1,4 @@
-"""`python -m bench.decode_life` on the tiny model (CPU), against a real server.
+"""`python -m docs.investigations.decode_life` on the tiny model (CPU), against a real server.
 
 Pinned: every round reports each stream count with positive tok/s, the image turns really
 reach the engine (the server's vision-encoder misses count one per new image: a refused
@@ -12,7 +12,7 @@ import json
 
 from support import tiny_model
 
-from bench import decode_life
+from docs.investigations import decode_life
 
 
 def test_rounds_report_decode_and_images_are_encoded(capsys) -> None:
