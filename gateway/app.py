@@ -1,8 +1,8 @@
-"""The Starlette application factory: one engine, one media loader, one chat pipeline, and the
-routes mounted over them.
+"""The Starlette application factory: one engine, one media loader, one chat pipeline (the
+front end, gateway.frontend), its HTTP intake, and the routes mounted over them.
 
 `create_app` builds a `Gateway` (the engine's lifecycle and the server's own endpoints: models,
-health, metrics, caches) and mounts the wire formats' chat routes from `gateway.api`. The
+health, metrics, caches) and mounts the three APIs' chat routes from `gateway.api`. The
 lifespan starts the engine (loading the model on its own thread) and stops it after uvicorn
 has drained requests. Routes that are not chat (a playground, dashboards) are added here.
 """
@@ -24,18 +24,20 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.api.anthropic import parse as anthropic
+from gateway.api.anthropic import routes as anthropic_api
 from gateway.api.http import authorize, internal_error
-from gateway.api.openai import parse as openai
+from gateway.api.intake import Intake
+from gateway.api.openai import routes as openai_api
 from gateway.api.openai.render import render_error
-from gateway.api.pipeline import ChatPipeline
 from gateway.api.responses import routes as responses_api
 from gateway.config import EngineConfig, MediaConfig, ServerConfig
-from gateway.engine.client import EngineUnavailable
+from gateway.engine.client import EngineClient, EngineUnavailable
 from gateway.engine.core import Engine
 from gateway.engine.model.vlm import VisionLanguageModel
 from gateway.engine.remote.client import RemoteEngine
 from gateway.errors import APIError
+from gateway.frontend.errors import engine_unavailable
+from gateway.frontend.pipeline import ChatPipeline
 from gateway.frontend.prompt import PromptBuilder
 from gateway.frontend.streams import LoopDelivery
 from gateway.media import MediaLoader
@@ -57,12 +59,12 @@ class Gateway:
         media: MediaConfig,
         loader: Callable[[], VisionLanguageModel] | None = None,
         notice: str | None = None,
-        engine: Any = None,
+        engine: EngineClient | None = None,
     ) -> None:
         self.server = server
         self.engine_config = engine_config
         self.metrics = EdgeMetrics()
-        self.engine: Engine | RemoteEngine
+        self.engine: EngineClient
         if engine is not None:  # another engine client (gateway.cluster.RoutedEngine)
             self.engine = engine
         elif loader is None and server.engine_process:
@@ -71,8 +73,9 @@ class Gateway:
             self.engine = Engine(engine_config, Metrics(), loader)
         self.media = MediaLoader(media)
         self.pipeline = ChatPipeline(
-            server, engine_config.served_model_name, self.engine, self.media, self.metrics
+            engine_config.served_model_name, self.engine, self.media, self.metrics
         )
+        self.intake = Intake(server, self.pipeline, self.metrics)
         self.notice = notice
         self.created = int(time.time())
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -172,18 +175,21 @@ class Gateway:
         try:
             return await asyncio.to_thread(method)
         except EngineUnavailable:
-            raise APIError(503, "the engine is not running", code="unavailable") from None
+            raise engine_unavailable() from None
 
     # ----- routes -----------------------------------------------------------------------------
 
     async def models(self, request: Request) -> Response:
+        """The one served model. `root` is its id too: the model's path or hub name
+        (`--model`) stays on the server (a local path would tell clients its file system)."""
         authorize(request, self.server.api_key)
+        name = self.engine_config.served_model_name
         card: dict[str, Any] = {
-            "id": self.engine_config.served_model_name,
+            "id": name,
             "object": "model",
             "created": self.created,
             "owned_by": "vision-gateway",
-            "root": self.engine_config.model,
+            "root": name,
         }
         if self.notice:
             card["notice"] = self.notice
@@ -238,16 +244,16 @@ def create_app(
     media: MediaConfig,
     loader: Callable[[], VisionLanguageModel] | None = None,
     notice: str | None = None,
-    engine_client: Any = None,
+    engine_client: EngineClient | None = None,
 ) -> Starlette:
     """The app over one engine: an `Engine` (with `loader`, or `--in-process-engine`), a
-    `RemoteEngine` (the default), or `engine_client`, anything with `RemoteEngine`'s interface
-    (the cluster's `RoutedEngine`)."""
+    `RemoteEngine` (the default), or `engine_client`, any other `EngineClient` (the cluster's
+    `RoutedEngine`)."""
     gateway = Gateway(server, engine, media, loader, notice, engine_client)
     routes = [
-        *openai.routes(gateway.pipeline),
-        *anthropic.routes(gateway.pipeline),
-        *responses_api.routes(gateway.pipeline, server),  # /v1/responses and its state
+        *openai_api.routes(gateway.intake),
+        *anthropic_api.routes(gateway.intake),
+        *responses_api.routes(gateway.intake, server),  # /v1/responses and its state
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/health", gateway.health, methods=["GET"]),
         Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),

@@ -17,6 +17,9 @@ cache; only the request and token counters of `/metrics` count the warm-up:
   batch that grows);
 - one image per configured size (the tower's shapes depend on the image grid).
 What cannot be warmed: image sizes not listed (each new grid compiles once).
+
+The requests are built as the front end's `ChatRequest`s (`warmup_request`), as a chat
+completion with the same messages and options would be parsed; no HTTP edge is involved.
 """
 
 from __future__ import annotations
@@ -25,29 +28,30 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from caches.hashing import pixel_hash
-from gateway.api.openai.parse import parse_chat_request
-from gateway.engine.core import Engine
+from gateway.engine.client import EngineClient
 from gateway.engine.request import ErrorEvent, Event, FinishEvent, TokenEvent
+from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, Part, TextPart
 from gateway.frontend.prompt import PromptBuilder
 from gateway.media import DecodedImage
+from gateway.structured.response_format import response_format_grammar
 
 log = logging.getLogger(__name__)
 
 
-# Request options of the text warm-up, by request index mod 3 (greedy, log-probabilities with
-# alternatives, seeded sampling), and of the one structured request.
-_OPTIONS: tuple[dict[str, object], ...] = (
+# Request options (`ChatRequest` fields) of the text warm-up, by request index mod 3 (greedy,
+# log-probabilities with alternatives, seeded sampling).
+_OPTIONS: tuple[dict[str, Any], ...] = (
     {},
     {"logprobs": True, "top_logprobs": 5},
     {"temperature": 0.7, "top_p": 0.9, "top_k": 40, "seed": 1},
 )
-_JSON: dict[str, object] = {"response_format": {"type": "json_object"}, "ignore_eos": False}
 _BURST = (8, 40, 90, 200)  # words of each burst's prompts: one burst per padded size
 
 
@@ -80,7 +84,7 @@ class Warmup:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineClient,
         prompts: PromptBuilder,
         timeout_s: float = 900.0,
         bursts: bool | None = None,
@@ -89,7 +93,7 @@ class Warmup:
         self.prompts = prompts
         self.timeout_s = timeout_s
         # Group sizes build kernels on a GPU only; on a CPU the bursts cost seconds for nothing.
-        self.bursts = bool(getattr(engine, "on_gpu", False)) if bursts is None else bursts
+        self.bursts = engine.on_gpu if bursts is None else bursts
         self._n = 0
 
     def run(self, image_sizes: Sequence[int]) -> float:
@@ -104,7 +108,8 @@ class Warmup:
                 for i in range(rows)
             ]
         )
-        self._wait([self._submit(["warm-up json"], 4, options=_JSON)])
+        json = {"grammar": response_format_grammar({"type": "json_object"}), "ignore_eos": False}
+        self._wait([self._submit(["warm-up json"], 4, options=json)])
         self._wait([self._submit(["warm-up 0 ", "and a follow-up"], 2)])  # a prefix hit
         log.info("warm-up: decode at batch sizes 1..%d in %.1f s", rows, time.perf_counter() - t)
         if self.bursts:
@@ -150,33 +155,13 @@ class Warmup:
         max_tokens: int,
         image: DecodedImage | None = None,
         first: int = 0,
-        options: dict[str, object] | None = None,
+        options: dict[str, Any] | None = None,
     ) -> _Done:
-        """A conversation of user `turns` (the image, if any, at the start of turn `first`);
-        the earlier turns get a fixed assistant reply, so a later call extends an earlier one
-        (a prefix-cache hit) and `first=1` puts text before the image (a vision-cache hit)."""
+        """Submit `warmup_request(turns, ...)`, with `image` at the start of turn `first`."""
         self._n += 1
-        messages: list[dict[str, object]] = []
-        for k, text in enumerate(turns):
-            content: object = text
-            if image is not None and k == first:
-                content = [
-                    {"type": "image_url", "image_url": {"url": "warm-up"}},
-                    {"type": "text", "text": text},
-                ]
-            if k:
-                messages.append({"role": "assistant", "content": "ok"})
-            messages.append({"role": "user", "content": content})
-        body = {
-            "model": "warm-up",
-            "temperature": 0,
-            "max_tokens": max_tokens,
-            "ignore_eos": True,
-            "messages": messages,
-            **(options or {}),
-        }
+        chat = warmup_request(turns, max_tokens, first if image is not None else None, options)
         request = self.prompts.build(
-            parse_chat_request(body),
+            chat,
             [image] if image is not None else [],
             f"warm-up-{self._n}",
             time.perf_counter(),
@@ -192,3 +177,40 @@ class Warmup:
                 raise RuntimeError("warm-up did not finish in time")
             if run.error is not None:
                 raise RuntimeError(f"warm-up request failed: {run.error}")
+
+
+def warmup_request(
+    turns: Sequence[str],
+    max_tokens: int,
+    image_at: int | None = None,
+    options: dict[str, Any] | None = None,
+) -> ChatRequest:
+    """A greedy conversation of user `turns` that ignores EOS, for `max_tokens` tokens; with
+    an image placeholder at the start of turn `image_at` (the image itself is passed to the
+    prompt builder). The earlier turns get a fixed assistant reply, so a later call extends an
+    earlier one (a prefix-cache hit), and `image_at=1` puts text before the image (a
+    vision-cache hit). `options` replace `ChatRequest` fields (sampling, logprobs, grammar)."""
+    messages: list[ChatMessage] = []
+    for k, text in enumerate(turns):
+        parts: tuple[Part, ...] = (TextPart(text),)
+        if k == image_at:
+            parts = (ImagePart("warm-up", f"warm-up turn {k}"), *parts)
+        if k:
+            messages.append(ChatMessage("assistant", (TextPart("ok"),)))
+        messages.append(ChatMessage("user", parts))
+    chat = ChatRequest(
+        model="warm-up",
+        messages=tuple(messages),
+        max_tokens=max_tokens,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        seed=None,
+        stop=(),
+        logprobs=False,
+        top_logprobs=0,
+        stream=False,
+        include_usage=False,
+        ignore_eos=True,
+    )
+    return replace(chat, **(options or {}))

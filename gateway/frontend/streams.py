@@ -6,6 +6,10 @@ loop iteration per token, all while holding the GIL the engine thread needs for 
 step. `LoopDelivery` batches instead: the first event after a delivery schedules one wake-up,
 and every event posted before the loop runs it rides along, so a decode step of N rows costs
 about one wake-up, not N.
+
+`EventStream` is typed by what it carries: `EventStream[Event]` (gateway.engine.request) for
+one request's events, as the chat pipeline reads them; a replica's outbox carries
+(request_id, event) pairs of every request it runs (gateway.cluster.replica).
 """
 
 from __future__ import annotations
@@ -13,8 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from typing import Any, Generic, TypeVar
 
 log = logging.getLogger(__name__)
+E = TypeVar("E")
 
 
 class LoopDelivery:
@@ -26,9 +32,9 @@ class LoopDelivery:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._lock = threading.Lock()
-        self._pending: list[tuple[asyncio.Queue[object], object]] = []
+        self._pending: list[tuple[asyncio.Queue[Any], Any]] = []
 
-    def post(self, target: asyncio.Queue[object], event: object) -> None:
+    def post(self, target: asyncio.Queue[E], event: E) -> None:
         with self._lock:
             self._pending.append((target, event))
             if len(self._pending) > 1:
@@ -45,27 +51,27 @@ class LoopDelivery:
             target.put_nowait(event)
 
 
-class EventStream:
-    """Events for one request. `sink` is called on the engine thread and never blocks; `get`
-    and `get_ready` run on the event loop. Unbounded: a request produces at most
-    max_tokens + 3 events.
+class EventStream(Generic[E]):
+    """Events of type `E` for one consumer (one request, or one replica's outbox). `sink` is
+    called on the engine thread and never blocks; `get` and `get_ready` run on the event
+    loop. Unbounded: a request produces at most max_tokens + 3 events.
     """
 
     def __init__(self, delivery: LoopDelivery) -> None:
         self._delivery = delivery
-        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._queue: asyncio.Queue[E] = asyncio.Queue()
 
-    def sink(self, event: object) -> None:
+    def sink(self, event: E) -> None:
         self._delivery.post(self._queue, event)
 
-    def interrupt(self, event: object) -> None:
+    def interrupt(self, event: E) -> None:
         """Deliver `event` now, ahead of anything the engine still posts (event loop only)."""
         self._queue.put_nowait(event)
 
-    async def get(self) -> object:
+    async def get(self) -> E:
         return await self._queue.get()
 
-    async def get_ready(self) -> list[object]:
+    async def get_ready(self) -> list[E]:
         """The next event and every event already waiting behind it (at least one)."""
         events = [await self._queue.get()]
         while not self._queue.empty():

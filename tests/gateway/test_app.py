@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from support import ImageServer, ServerProcess, data_uri, noise_png
+from support import ImageServer, ServerProcess, data_uri, noise_png, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -174,8 +174,14 @@ def test_concurrent_requests_share_decode_steps(server: ServerProcess, media_dir
 
 
 def test_models_and_health(server: ServerProcess) -> None:
+    """Invariant: /v1/models names the model by its served id only; the server's model path
+    (`--model`, a local folder here) is not revealed, in `root` or anywhere in the body."""
     models = server.client().models.list()
     assert [m.id for m in models.data] == ["test"]
+    raw = httpx.get(server.base_url + "/v1/models")
+    assert raw.json()["data"][0]["root"] == "test"
+    model_path = tiny_model("qwen2_vl")
+    assert str(model_path) not in raw.text and model_path.name not in raw.text
     health = httpx.get(server.base_url + "/health").json()
     assert health["status"] == "ok"
 

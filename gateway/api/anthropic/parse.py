@@ -1,6 +1,6 @@
-"""The Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`
-bodies -> `ChatRequest`, and the routes that run them through the shared pipeline (bodies and
-SSE events are in `gateway.api.anthropic.render`).
+"""Anthropic Messages request bodies (`POST /v1/messages`, `POST /v1/messages/count_tokens`)
+-> `ChatRequest`. The routes are in `gateway.api.anthropic.routes`, response bodies and SSE
+events in `gateway.api.anthropic.render`.
 
 What is accepted: `system` (a string or text blocks), `messages` with text and image blocks
 (`base64` with `media_type`, or `url`), a final assistant message as a prefill, `max_tokens`
@@ -12,17 +12,9 @@ Parsing is pure; errors are rendered as Anthropic error objects.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
-
 from gateway.api import fields
-from gateway.api.anthropic.render import collect, render_error, sse_stream
-from gateway.api.http import unless_disconnected, with_errors
-from gateway.api.pipeline import ChatPipeline, ClientGone
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, Part, TextPart
 
@@ -194,38 +186,3 @@ def _image(source: Any, at: str) -> ImagePart:
     raise invalid(
         f"`{at}.type` must be 'base64' (with `media_type` and `data`) or 'url'", f"{at}.type"
     )
-
-
-def routes(pipeline: ChatPipeline) -> list[Route]:
-    """The Anthropic routes over `pipeline`; their errors are Anthropic error objects."""
-
-    @with_errors(render_error)
-    async def messages(request: Request) -> Response:
-        try:
-            admission = await pipeline.admit(request, parse_messages_request, "msg_")
-        except ClientGone:
-            return Response(status_code=499)
-        request_id = admission.request_id
-        headers = {**admission.headers(), "request-id": request_id}
-        if admission.chat.stream:
-            body = sse_stream(admission, lambda: pipeline.cancel(request_id))
-            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
-        result = await unless_disconnected(request, collect(admission))
-        if result is None:
-            pipeline.cancel(request_id)
-            return Response(status_code=499)
-        return JSONResponse(result, headers=headers)
-
-    @with_errors(render_error)
-    async def count_tokens(request: Request) -> Response:
-        start = time.perf_counter()
-        tokens = await pipeline.count_tokens(
-            request, lambda body: parse_messages_request(body, count_only=True)
-        )
-        timing = f"count;dur={1000 * (time.perf_counter() - start):.1f}"
-        return JSONResponse({"input_tokens": tokens}, headers={"server-timing": timing})
-
-    return [
-        Route("/v1/messages", messages, methods=["POST"]),
-        Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
-    ]

@@ -15,10 +15,11 @@ from typing import Any
 from starlette.responses import Response
 
 from gateway.api.http import json_response
-from gateway.api.pipeline import Admission, Overloaded, engine_error
 from gateway.api.sse import sse_data
 from gateway.engine.request import ErrorEvent, FinishEvent, TokenEvent
 from gateway.errors import APIError
+from gateway.frontend.admission import Admission
+from gateway.frontend.errors import Overloaded, engine_error
 
 # The Messages API's error types by status; other statuses keep the closest type.
 _ERROR_TYPES = {

@@ -1,24 +1,16 @@
-"""The OpenAI Chat Completions API: `POST /v1/chat/completions` bodies -> `ChatRequest`, and
-the route that runs them through the shared pipeline (bodies and SSE chunks are in
-`gateway.api.openai.render`).
+"""OpenAI Chat Completions request bodies (`POST /v1/chat/completions`) -> `ChatRequest`.
 
-Parsing is pure; every user mistake is an `APIError` whose message names the field (`param`)
-and says what to change; errors are rendered as OpenAI error objects.
+The route is in `gateway.api.openai.routes`, response bodies and SSE chunks in
+`gateway.api.openai.render`. Parsing is pure; every user mistake is an `APIError` whose
+message names the field (`param`) and says what to change; errors are rendered as OpenAI
+error objects.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
-
 from gateway.api import fields
-from gateway.api.http import unless_disconnected, with_errors
-from gateway.api.openai.render import collect, render_error, sse_stream
-from gateway.api.pipeline import ChatPipeline, ClientGone
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, Part, TextPart, VideoPart
 from gateway.structured.response_format import response_format_grammar
@@ -146,36 +138,3 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             raise invalid(f"`{name}` is not supported by this server; omit it or send 0", name)
     if body.get("tools") or body.get("functions"):
         raise invalid("tool calling is not supported by this server", "tools")
-
-
-def routes(pipeline: ChatPipeline) -> list[Route]:
-    """The OpenAI chat route over `pipeline`; its errors are OpenAI error objects."""
-
-    @with_errors(render_error)
-    async def chat_completions(request: Request) -> Response:
-        try:
-            admission = await pipeline.admit(request, parse_chat_request, "chatcmpl-")
-        except ClientGone:
-            return Response(status_code=499)
-        chat, request_id = admission.chat, admission.request_id
-        created = int(time.time())
-        headers = admission.headers()
-        if chat.stream:
-            body = sse_stream(
-                admission.stream,
-                request_id,
-                created,
-                chat.model,
-                chat.include_usage,
-                lambda: pipeline.cancel(request_id),
-            )
-            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
-        result = await unless_disconnected(
-            request, collect(admission.stream, request_id, created, chat.model, chat.logprobs)
-        )
-        if result is None:
-            pipeline.cancel(request_id)
-            return Response(status_code=499)
-        return JSONResponse(result, headers=headers)
-
-    return [Route("/v1/chat/completions", chat_completions, methods=["POST"])]

@@ -12,10 +12,17 @@ from typing import Any
 from starlette.responses import Response
 
 from gateway.api.http import json_response
-from gateway.api.pipeline import engine_error
 from gateway.api.sse import DONE, sse_data
-from gateway.engine.request import ErrorEvent, FinishEvent, TokenEvent, TokenLogprob, Usage
+from gateway.engine.request import (
+    ErrorEvent,
+    Event,
+    FinishEvent,
+    TokenEvent,
+    TokenLogprob,
+    Usage,
+)
 from gateway.errors import APIError
+from gateway.frontend.errors import engine_error
 from gateway.frontend.streams import EventStream
 
 
@@ -37,7 +44,7 @@ def render_error(error: APIError) -> Response:
 
 
 async def sse_stream(
-    stream: EventStream,
+    stream: EventStream[Event],
     request_id: str,
     created: int,
     model: str,
@@ -90,7 +97,7 @@ async def sse_stream(
 
 
 async def collect(
-    stream: EventStream, request_id: str, created: int, model: str, want_logprobs: bool
+    stream: EventStream[Event], request_id: str, created: int, model: str, want_logprobs: bool
 ) -> dict[str, Any]:
     pieces: list[str] = []
     logprobs: list[Any] = []

@@ -2,10 +2,10 @@
 `GET`/`DELETE /v1/responses/{id}` and `POST /v1/responses/{id}/cancel` over the stored
 conversations.
 
-A turn runs through the shared pipeline like a chat completion (gateway.api.responses.turn
-builds its conversation); the engine's prefix cache then finds the KV of the conversation so
-far, and the stored decoded images spare the turn any image read, decode or hash. Errors are
-OpenAI error objects.
+A turn runs through the intake and the front end's pipeline like a chat completion
+(gateway.api.responses.turn builds its conversation); the engine's prefix cache then finds the
+KV of the conversation so far, and the stored decoded images spare the turn any image read,
+decode or hash. Errors are OpenAI error objects.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gateway.api.http import authorize, unless_disconnected, with_errors
+from gateway.api.intake import Intake
 from gateway.api.openai.render import render_error
-from gateway.api.pipeline import Admission, ChatPipeline, ClientGone, engine_error
 from gateway.api.responses.render import (
     STATUS_BY_FINISH,
     EventWriter,
@@ -35,8 +35,10 @@ from gateway.api.responses.render import (
 from gateway.api.responses.store import ResponseStore, StoredResponse
 from gateway.api.responses.turn import Turn, not_found, owner_of
 from gateway.config import ServerConfig
-from gateway.engine.request import ErrorEvent, FinishEvent, TokenEvent, TokenLogprob, Usage
+from gateway.engine.request import ErrorEvent, Event, FinishEvent, TokenEvent, TokenLogprob, Usage
 from gateway.errors import APIError
+from gateway.frontend.admission import Admission
+from gateway.frontend.errors import ClientGone, engine_error
 
 CANCEL_WAIT_S = 30.0
 
@@ -55,7 +57,7 @@ class Outcome:
     def done(self) -> bool:
         return self.status is not None
 
-    def add(self, event: object) -> tuple[str, tuple[TokenLogprob, ...]]:
+    def add(self, event: Event) -> tuple[str, tuple[TokenLogprob, ...]]:
         """Fold `event` in; returns the text and logprobs it adds (a stream's delta)."""
         if isinstance(event, TokenEvent):
             self.pieces.append(event.text)
@@ -85,10 +87,11 @@ class Running:
 
 
 class ResponsesAPI:
-    """The routes over one pipeline and one store. Event loop only."""
+    """The routes over one intake (and its pipeline) and one store. Event loop only."""
 
-    def __init__(self, pipeline: ChatPipeline, server: ServerConfig) -> None:
-        self.pipeline = pipeline
+    def __init__(self, intake: Intake, server: ServerConfig) -> None:
+        self.intake = intake
+        self.pipeline = intake.pipeline
         self.api_key = server.api_key
         self.store = ResponseStore(server.responses)
         self.running: dict[str, Running] = {}
@@ -105,7 +108,7 @@ class ResponsesAPI:
     async def create(self, request: Request) -> Response:
         turn = Turn(self.pipeline, self.store, self.running, owner_of(request, self.api_key))
         try:
-            admission = await self.pipeline.admit(request, turn.parse, "resp_", turn.resolve)
+            admission = await self.intake.admit(request, turn.parse, "resp_", turn.resolve)
         except ClientGone:
             return Response(status_code=499)
         assert turn.request is not None
@@ -221,6 +224,6 @@ def _conflict(message: str) -> APIError:
     return APIError(409, message, "invalid_request_error", None, "response_state_conflict")
 
 
-def routes(pipeline: ChatPipeline, server: ServerConfig) -> list[Route]:
-    """The Responses API's routes over `pipeline`; stored state bounded by `server.responses`."""
-    return ResponsesAPI(pipeline, server).routes()
+def routes(intake: Intake, server: ServerConfig) -> list[Route]:
+    """The Responses API's routes over `intake`; stored state bounded by `server.responses`."""
+    return ResponsesAPI(intake, server).routes()

@@ -1,7 +1,7 @@
 """One Responses-API turn: the conversation it continues, the images it needs, and what is
 stored when it ends.
 
-`Turn.parse` runs inside the pipeline (after the API key check): it parses the body, looks
+`Turn.parse` runs inside the intake (after the API key check): it parses the body, looks
 up `previous_response_id` in the store (scoped to the caller's key) and builds the whole
 conversation as one `ChatRequest`: this turn's instructions, every stored message (images by
 content hash), then the new input, exactly as Chat Completions would render the same
@@ -19,11 +19,11 @@ from typing import Any
 
 from starlette.requests import Request
 
-from gateway.api.pipeline import ChatPipeline
 from gateway.api.responses.parse import ResponsesRequest, parse_responses_request
 from gateway.api.responses.store import HeldImage, ResponseStore
 from gateway.errors import APIError
 from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, TextPart
+from gateway.frontend.pipeline import ChatPipeline
 from gateway.media import DecodedImage
 
 CONTINUABLE = ("completed", "incomplete")

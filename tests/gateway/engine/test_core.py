@@ -130,8 +130,8 @@ def test_capacity_is_rows_plus_queue_even_in_a_burst() -> None:
     """Invariant: at most max_batch + max_waiting requests are held; the rest are refused with
     EngineBusy (the HTTP edge's 429 + Retry-After), however fast they arrive
     (submitted-but-unadmitted requests count)."""
-    from gateway.api.pipeline import engine_busy
     from gateway.engine.client import EngineBusy
+    from gateway.frontend.errors import engine_busy
 
     h = EngineHarness("qwen2_vl", cache=NO_CACHE, max_batch=1, max_waiting=1)
     try:

@@ -1,0 +1,72 @@
+"""The HTTP side of a chat request, above the front end: the API key, the drain check, the
+bounded JSON body (within the body budget shared by all requests), the wire format's parser,
+and the connection watched until admission; then the front end's `ChatPipeline` does the
+rest.
+
+Each API's routes go through one `Intake`; failures are `APIError`s they render in their own
+shape (gateway.api.http.with_errors), and `ClientGone` when the client left before admission.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+from starlette.requests import Request
+
+from gateway.api.body_budget import BodyBudget
+from gateway.api.http import authorize, read_json, unless_disconnected
+from gateway.config import MIB, ServerConfig
+from gateway.frontend.admission import Admission
+from gateway.frontend.chat import ChatRequest
+from gateway.frontend.pipeline import ChatPipeline, ImageResolver
+from gateway.metrics import EdgeMetrics
+
+# A wire format's parser: a decoded JSON body -> the neutral request (APIError 400 on a
+# mistake). Pure, or (the Responses API's `Turn.parse`) reading its own turn's state.
+Parser = Callable[[Any], ChatRequest]
+
+
+class Intake:
+    """Reads chat requests off HTTP into one pipeline. Event loop only."""
+
+    def __init__(self, server: ServerConfig, pipeline: ChatPipeline, metrics: EdgeMetrics):
+        self._server = server
+        self.pipeline = pipeline
+        self._bodies = BodyBudget(int(server.max_inflight_body_mb * MIB), metrics)
+
+    async def _read(self, request: Request, parse: Parser) -> tuple[ChatRequest, float]:
+        """Authorize, refuse while draining, read and parse the body; returns the request and
+        the perf_counter() mark of the read's end."""
+        authorize(request, self._server.api_key)
+        self.pipeline.accept()
+        body = await read_json(request, self._server.max_body_bytes, self._bodies)
+        t_read = time.perf_counter()
+        return parse(body), t_read
+
+    async def admit(
+        self,
+        request: Request,
+        parse: Parser,
+        id_prefix: str,
+        resolve: ImageResolver | None = None,
+    ) -> Admission:
+        """Read the request, then `ChatPipeline.admit` it, cancelling it if the client goes
+        away before admission (`ClientGone`). Raises APIError as the two steps do."""
+        arrival = time.perf_counter()
+        chat, t_read = await self._read(request, parse)
+        return await self.pipeline.admit(
+            chat,
+            id_prefix,
+            arrival=arrival,
+            read=t_read,
+            resolve=resolve,
+            watch=functools.partial(unless_disconnected, request),
+        )
+
+    async def count_tokens(self, request: Request, parse: Parser) -> int:
+        """The prompt length (tokens) of the request; nothing runs on the engine."""
+        chat, _ = await self._read(request, parse)
+        return await self.pipeline.count_tokens(chat)

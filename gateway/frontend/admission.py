@@ -1,0 +1,62 @@
+"""An admitted chat request, as the front end hands it to an API: the engine's admission
+event, the stream of the request's later events, and where the time went on the way.
+
+Immutable values; the stream inside is read on the event loop by one consumer (the API
+rendering it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.engine.request import AdmittedEvent, Event
+from gateway.frontend.chat import ChatRequest
+from gateway.frontend.streams import EventStream
+
+
+@dataclass(frozen=True)
+class Timings:
+    """perf_counter() marks of one request's way to admission (seconds): it arrived, its body
+    was read, its media loaded, its prompt built, the engine admitted it."""
+
+    arrival: float
+    read: float
+    media: float
+    prompt: float
+    admit: float
+
+    def server_timing(self) -> str:
+        """A standard Server-Timing header value (ms per phase)."""
+        marks = (self.arrival, self.read, self.media, self.prompt, self.admit)
+        names = ("read", "media", "prompt", "admit")
+        return ", ".join(
+            f"{name};dur={1000 * (b - a):.1f}"
+            for name, a, b in zip(names, marks[:-1], marks[1:], strict=True)
+        )
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admitted request: its later events arrive on `stream` (tokens, then one finish or
+    error event). The caller owns cancelling it (`ChatPipeline.cancel`) if it stops reading."""
+
+    request_id: str
+    chat: ChatRequest
+    event: AdmittedEvent
+    stream: EventStream[Event]
+    timings: Timings
+
+    def headers(self) -> dict[str, str]:
+        """x-request-id, x-cache (hits and cached tokens) and Server-Timing, the same for
+        every API."""
+        e = self.event
+        return {
+            "x-request-id": self.request_id,
+            "x-cache": (
+                f"vision-hits={e.vision_hits}; vision-misses={e.vision_misses}; "
+                f"cached-tokens={e.cached_tokens}; prompt-tokens={e.prompt_tokens}; "
+                f"vision-disk-hits={e.vision_disk_hits}; "
+                f"disk-cached-tokens={e.disk_cached_tokens}"
+            ),
+            "server-timing": self.timings.server_timing(),
+        }

@@ -1,0 +1,68 @@
+"""The front end's failures as `APIError`s, in OpenAI's vocabulary; each API renders them in
+its own shape (gateway.api.*.render).
+
+Pure constructors: nothing here touches the engine or a connection.
+"""
+
+from __future__ import annotations
+
+from gateway.engine.client import EngineBusy
+from gateway.engine.request import ErrorEvent, ErrorKind
+from gateway.errors import APIError, invalid
+from gateway.frontend.chat import ChatRequest
+from gateway.frontend.prompt import UnsupportedImage
+
+
+class ClientGone(Exception):
+    """The client disconnected before admission; the request was cancelled (answer 499)."""
+
+
+class Overloaded(APIError):
+    """The engine's waiting queue is full. OpenAI answers 429, Anthropic 529."""
+
+
+def prompt_error(exc: ValueError, chat: ChatRequest) -> APIError:
+    """400 for a prompt that cannot be built: an image the processor refuses (named by its
+    field), else e.g. an image placeholder typed into the text."""
+    if isinstance(exc, UnsupportedImage):
+        return invalid(str(exc), chat.media[exc.index].param, "unsupported_image")
+    return invalid(f"could not build the prompt: {exc}", "messages")
+
+
+def engine_busy(busy: EngineBusy) -> Overloaded:
+    """The error for a full engine queue (429 + Retry-After in OpenAI's terms)."""
+    return Overloaded(
+        429,
+        f"{busy}; retry shortly",
+        "rate_limit_error",
+        code="server_busy",
+        headers={"Retry-After": "1"},
+    )
+
+
+def engine_error(event: ErrorEvent) -> APIError:
+    """The error for an engine failure: 503 while shutting down, else 500."""
+    if event.kind is ErrorKind.SHUTTING_DOWN:
+        return shutting_down(event.message)
+    return APIError(500, event.message, "server_error")
+
+
+def engine_unavailable() -> APIError:
+    """503: the engine (its process, or every replica) is not running."""
+    return APIError(503, "the engine is not running", code="unavailable")
+
+
+def shutting_down(message: str = "the server is shutting down") -> APIError:
+    """503 for a request the server will not serve because it is stopping (or not started)."""
+    return APIError(503, message, "server_error", code="unavailable")
+
+
+def model_not_found(name: str, served: str) -> APIError:
+    """404 for a request naming a model this server does not serve."""
+    return APIError(
+        404,
+        f"The model `{name}` does not exist on this server; it serves `{served}` (see /v1/models)",
+        "invalid_request_error",
+        "model",
+        "model_not_found",
+    )

@@ -1,0 +1,208 @@
+"""The one request path every chat API shares, below the wire formats: neutral request ->
+media -> prompt -> engine submit -> admission.
+
+`ChatPipeline.admit` takes a parsed `ChatRequest` and does everything up to the engine's
+admission event, handing back an `Admission` (the event, the stream of the request's later
+events, and where the time went); the API then renders the stream as JSON or SSE. Nothing
+here knows HTTP or a wire format: API keys, request bodies and connections are the caller's
+(gateway.api.intake), and failures are `APIError`s (gateway.frontend.errors) the caller
+renders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+import weakref
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
+from typing import TypeVar
+
+from gateway.engine.client import EngineBusy, EngineClient, EngineUnavailable
+from gateway.engine.request import AdmittedEvent, ErrorEvent, ErrorKind, Event
+from gateway.frontend.admission import Admission, Timings
+from gateway.frontend.affinity import affinity_key
+from gateway.frontend.chat import ChatRequest, ImagePart, VideoPart
+from gateway.frontend.errors import (
+    ClientGone,
+    engine_busy,
+    engine_error,
+    engine_unavailable,
+    model_not_found,
+    prompt_error,
+    shutting_down,
+)
+from gateway.frontend.prompt import Media, PromptBuilder
+from gateway.frontend.streams import EventStream, LoopDelivery
+from gateway.media import DecodedImage, MediaLoader
+from gateway.metrics import EdgeMetrics
+
+# Images of a parsed request, in `ChatRequest.images` order. The default loads every image
+# part through the media loader; the Responses API passes its own, which takes the images of
+# a stored conversation from its store (no fetch, no decode, no hash) and loads only new ones.
+ImageResolver = Callable[[ChatRequest], Awaitable[list[DecodedImage]]]
+
+# Awaits the admission event unless the client has gone (then None, the work cancelled); the
+# HTTP edge watches its connection, other callers await plainly.
+Watch = Callable[[Awaitable[Event]], Awaitable[Event | None]]
+
+_A = TypeVar("_A")
+_B = TypeVar("_B")
+
+
+class ChatPipeline:
+    """The shared request path over one engine. Lives on the event loop thread.
+
+    `open` (from the lifespan, once the model is loaded) makes it ready; `close` makes every
+    later request a 503 (`accept`) while running ones finish.
+    """
+
+    def __init__(
+        self,
+        served_model_name: str,
+        engine: EngineClient,
+        media: MediaLoader,
+        metrics: EdgeMetrics,
+    ) -> None:
+        self.served_model_name = served_model_name
+        self.engine = engine
+        self.media = media
+        self._metrics = metrics
+        self.prompts: PromptBuilder | None = None
+        self._delivery: LoopDelivery | None = None
+        self.draining = False
+        # Admitted requests whose events may still be read, for `interrupt_all` at shutdown.
+        self._live: weakref.WeakValueDictionary[str, EventStream[Event]] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def open(self, prompts: PromptBuilder, delivery: LoopDelivery) -> None:
+        self.prompts = prompts
+        self._delivery = delivery
+
+    def close(self) -> None:
+        self.draining = True
+
+    @property
+    def ready(self) -> bool:
+        return self.prompts is not None and not self.draining
+
+    def accept(self) -> None:
+        """Raise the 503 of a server that is not ready or is shutting down. Call it when a
+        request arrives, before reading it: one accepted before the drain began is served
+        (`admit` does not ask again)."""
+        if not self.ready:
+            raise shutting_down()
+
+    def cancel(self, request_id: str) -> None:
+        self.engine.cancel(request_id)
+
+    def interrupt_all(self, message: str) -> int:
+        """End every admitted request's event stream with a shutting-down error (each API
+        renders it: an SSE error event, or a 503) and cancel it in the engine; returns how
+        many streams were still open. Event loop only."""
+        live = list(self._live.items())
+        self._live.clear()
+        for request_id, stream in live:
+            stream.interrupt(ErrorEvent(ErrorKind.SHUTTING_DOWN, message))
+            with contextlib.suppress(EngineUnavailable):
+                self.engine.cancel(request_id)
+        return len(live)
+
+    async def load_images(self, parts: Sequence[ImagePart]) -> list[DecodedImage]:
+        """Fetch, decode and hash `parts` under the media limits (APIError on failure)."""
+        images = await self.media.load_all([(p.url, p.param) for p in parts])
+        for image in images:
+            self._metrics.image_decode_seconds.observe(image.decode_seconds)
+            self._metrics.image_hash_seconds.observe(image.hash_seconds)
+        return images
+
+    async def _prepare(
+        self, chat: ChatRequest, resolve: ImageResolver | None
+    ) -> tuple[PromptBuilder, LoopDelivery, list[Media]]:
+        """Check the model and the media count, load the media (in prompt order)."""
+        prompts, delivery = self.prompts, self._delivery
+        if prompts is None or delivery is None:
+            raise shutting_down()  # never opened: the model did not load
+        if chat.model != self.served_model_name:
+            raise model_not_found(chat.model, self.served_model_name)
+        self.media.check_media_count(len(chat.images), len(chat.videos))
+        images, videos = await _both(
+            resolve(chat) if resolve else self.load_images(chat.images),
+            self.media.load_videos([(p.url, p.param) for p in chat.videos]),
+        )
+        # Back into prompt order: the placeholders of images and videos interleave.
+        image_iter, video_iter = iter(images), iter(videos)
+        media: list[Media] = [
+            next(video_iter) if isinstance(p, VideoPart) else next(image_iter) for p in chat.media
+        ]
+        return prompts, delivery, media
+
+    async def count_tokens(self, chat: ChatRequest) -> int:
+        """The prompt length (tokens, images included) `chat` would have; nothing runs on the
+        engine. Same errors as `admit` up to the prompt."""
+        prompts, _, media = await self._prepare(chat, None)
+        try:
+            return await asyncio.to_thread(prompts.count, chat, media)
+        except ValueError as exc:
+            raise prompt_error(exc, chat) from None
+
+    async def admit(
+        self,
+        chat: ChatRequest,
+        id_prefix: str,
+        *,
+        arrival: float,
+        read: float,
+        resolve: ImageResolver | None = None,
+        watch: Watch | None = None,
+    ) -> Admission:
+        """Load media, build the prompt, submit, and wait for admission. `arrival` and `read`
+        are the perf_counter() marks of the request's arrival and of its body read (the
+        Timings' first two). Raises APIError (4xx for the client's mistakes; `Overloaded`
+        when the engine queue is full; 503 when the engine is gone) or ClientGone when
+        `watch` says the client left. `resolve` supplies the images (default: `load_images`
+        of every image part)."""
+        prompts, delivery, media = await self._prepare(chat, resolve)
+        request_id = f"{id_prefix}{uuid.uuid4().hex}"
+        t_media = time.perf_counter()
+        try:
+            prepared = await asyncio.to_thread(prompts.build, chat, media, request_id, arrival)
+        except ValueError as exc:
+            raise prompt_error(exc, chat) from None
+        prepared = replace(prepared, affinity_key=affinity_key(chat, prepared))
+        t_prompt = time.perf_counter()
+        stream: EventStream[Event] = EventStream(delivery)
+        try:
+            self.engine.submit(prepared, stream.sink)
+        except EngineBusy as busy:
+            raise engine_busy(busy) from None
+        except EngineUnavailable:
+            raise engine_unavailable() from None
+        first = await (watch(stream.get()) if watch else stream.get())
+        if first is None:
+            self.engine.cancel(request_id)
+            raise ClientGone(request_id)
+        if isinstance(first, ErrorEvent):
+            raise engine_error(first)
+        assert isinstance(first, AdmittedEvent)
+        timings = Timings(arrival, read, t_media, t_prompt, time.perf_counter())
+        self._live[request_id] = stream
+        return Admission(request_id, chat, first, stream, timings)
+
+
+async def _both(first: Awaitable[_A], second: Awaitable[_B]) -> tuple[_A, _B]:
+    """Await two loads concurrently; the first failure cancels the other and is raised (the
+    image loads' error first when both have failed)."""
+    tasks = [asyncio.ensure_future(first), asyncio.ensure_future(second)]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+    for task in tasks:
+        if task in done and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+    return tasks[0].result(), tasks[1].result()

@@ -1,0 +1,194 @@
+"""The protocol-neutral chat pipeline (gateway.frontend.pipeline), driven without HTTP: a
+parsed `ChatRequest` in, an `Admission` or an `APIError` out.
+
+Pinned: a request is refused (503) before it is read while the pipeline is closed or draining;
+a wrong model is a 404 before any media is loaded; an admitted request carries the engine's
+admission event, the affinity key and Timings from the caller's marks; a full engine queue is
+`Overloaded` (429 + Retry-After), a gone engine a 503, an engine error before admission its
+APIError; a client that leaves before admission cancels the request in the engine
+(`ClientGone`); `interrupt_all` ends every admitted stream with a shutting-down error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from gateway.config import MediaConfig
+from gateway.engine.client import EngineBusy, EngineUnavailable
+from gateway.engine.request import (
+    AdmittedEvent,
+    EngineRequest,
+    ErrorEvent,
+    ErrorKind,
+    Event,
+    SamplingParams,
+)
+from gateway.errors import APIError
+from gateway.frontend.admission import Admission
+from gateway.frontend.chat import ChatMessage, ChatRequest, TextPart
+from gateway.frontend.errors import ClientGone, Overloaded
+from gateway.frontend.pipeline import ChatPipeline
+from gateway.frontend.streams import LoopDelivery
+from gateway.media import MediaLoader
+from gateway.metrics import EdgeMetrics
+
+ADMITTED = AdmittedEvent(prompt_tokens=5, cached_tokens=0, vision_hits=0, vision_misses=0)
+
+
+class FakeEngine:
+    """Answers each submit with `reply` (an event posted to the sink, or an exception)."""
+
+    def __init__(self, reply: Event | Exception | None = ADMITTED) -> None:
+        self.reply = reply
+        self.submitted: list[EngineRequest] = []
+        self.cancelled: list[str] = []
+
+    def submit(self, request: EngineRequest, sink: Callable[[Event], None]) -> None:
+        if isinstance(self.reply, Exception):
+            raise self.reply
+        self.submitted.append(request)
+        if self.reply is not None:
+            sink(self.reply)
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
+
+
+class FakePrompts:
+    """A prompt builder of one token per character of text."""
+
+    def build(self, chat: ChatRequest, media: list[Any], request_id: str, arrival: float):  # noqa: ANN201
+        text = "".join(p.text for m in chat.messages for p in m.parts if isinstance(p, TextPart))
+        return EngineRequest(
+            request_id, tuple(map(ord, text)), (), SamplingParams(max_tokens=4), arrival
+        )
+
+    def count(self, chat: ChatRequest, media: list[Any]) -> int:
+        return len(self.build(chat, media, "", 0.0).prompt_ids)
+
+
+def _chat(model: str = "test", text: str = "hello") -> ChatRequest:
+    return ChatRequest(
+        model=model,
+        messages=(ChatMessage("user", (TextPart(text),)),),
+        max_tokens=4,
+        temperature=0.0,
+        top_p=1.0,
+        top_k=0,
+        seed=None,
+        stop=(),
+        logprobs=False,
+        top_logprobs=0,
+        stream=False,
+        include_usage=False,
+    )
+
+
+def _run(
+    engine: FakeEngine,
+    work: Callable[[ChatPipeline], Awaitable[Any]],
+    opened: bool = True,
+) -> Any:
+    async def main() -> Any:
+        media = MediaLoader(MediaConfig())
+        pipeline = ChatPipeline("test", engine, media, EdgeMetrics())  # type: ignore[arg-type]
+        if opened:
+            delivery = LoopDelivery(asyncio.get_running_loop())
+            pipeline.open(FakePrompts(), delivery)  # type: ignore[arg-type]
+        try:
+            return await work(pipeline)
+        finally:
+            await media.aclose()
+
+    return asyncio.run(main())
+
+
+async def _admit(pipeline: ChatPipeline, chat: ChatRequest | None = None, **kw: Any) -> Admission:
+    return await pipeline.admit(chat or _chat(), "req-", arrival=1.0, read=2.0, **kw)
+
+
+def test_admits_a_request_with_its_event_affinity_and_timings() -> None:
+    engine = FakeEngine()
+    admission = _run(engine, _admit)
+    assert admission.event == ADMITTED and admission.request_id.startswith("req-")
+    (sent,) = engine.submitted
+    assert sent.request_id == admission.request_id and sent.prompt_ids == tuple(map(ord, "hello"))
+    assert sent.affinity_key.startswith("text:")
+    t = admission.timings
+    assert (t.arrival, t.read) == (1.0, 2.0) and t.read <= t.media <= t.prompt <= t.admit
+    assert admission.headers()["x-request-id"] == admission.request_id
+
+
+def test_counts_tokens_without_the_engine() -> None:
+    engine = FakeEngine()
+    assert _run(engine, lambda p: p.count_tokens(_chat(text="four"))) == 4
+    assert engine.submitted == []
+
+
+@pytest.mark.parametrize("draining", [False, True])
+def test_refuses_before_reading_when_not_open_or_draining(draining: bool) -> None:
+    async def accept(pipeline: ChatPipeline) -> None:
+        if draining:
+            pipeline.close()
+        pipeline.accept()
+
+    with pytest.raises(APIError) as info:
+        _run(FakeEngine(), accept, opened=draining)
+    assert info.value.status == 503 and info.value.code == "unavailable"
+
+
+def test_a_wrong_model_is_404_and_never_submitted() -> None:
+    engine = FakeEngine()
+    with pytest.raises(APIError) as info:
+        _run(engine, lambda p: _admit(p, _chat(model="gpt-4o")))
+    assert (info.value.status, info.value.code, info.value.param) == (
+        404,
+        "model_not_found",
+        "model",
+    )
+    assert engine.submitted == []
+
+
+@pytest.mark.parametrize(
+    ("reply", "status", "kind"),
+    [
+        (EngineBusy(1, 1), 429, Overloaded),
+        (EngineUnavailable("gone"), 503, APIError),
+        (ErrorEvent(ErrorKind.SHUTTING_DOWN, "stopping"), 503, APIError),
+        (ErrorEvent(ErrorKind.INTERNAL, "boom"), 500, APIError),
+    ],
+)
+def test_engine_failures_are_api_errors(reply: Any, status: int, kind: type) -> None:
+    with pytest.raises(kind) as info:
+        _run(FakeEngine(reply), _admit)
+    assert info.value.status == status
+    if status == 429:
+        assert info.value.headers == {"Retry-After": "1"}
+
+
+def test_a_client_gone_before_admission_cancels_the_request() -> None:
+    engine = FakeEngine(reply=None)  # never admitted
+
+    async def gone(work: Awaitable[Event]) -> None:
+        work.close()  # type: ignore[attr-defined]  # the watcher drops the wait
+
+    with pytest.raises(ClientGone):
+        _run(engine, lambda p: _admit(p, watch=gone))
+    assert engine.cancelled == [engine.submitted[0].request_id]
+
+
+def test_interrupt_all_ends_admitted_streams_with_a_shutdown_error() -> None:
+    engine = FakeEngine()
+
+    async def work(pipeline: ChatPipeline) -> tuple[int, Event]:
+        admission = await _admit(pipeline)
+        count = pipeline.interrupt_all("bye")
+        return count, await admission.stream.get()
+
+    count, event = _run(engine, work)
+    assert count == 1 and event == ErrorEvent(ErrorKind.SHUTTING_DOWN, "bye")
+    assert len(engine.cancelled) == 1
