@@ -146,7 +146,7 @@ def forward(
     attention keeps them out of every real row; their KV is trimmed from `cache` again.
     `fast_text` (the model's rope layers are swapped, gateway.engine.model.text_rope): a range of
     text rows runs with one `mx.fast.rope` per q/k instead of mlx-vlm's multimodal rope
-    (same values; on an H200 ~3.5 ms less per 256-row forward, `bench.block_cost`).
+    (same values; on an H200 ~3.5 ms less per 256-row forward, `docs/investigations/block_cost.py`).
     """
     ids, embeds, positions, visual = _padded_inputs(plan, lo, hi, rows)
     pad = ids.shape[1] - (hi - lo)
