@@ -1,0 +1,75 @@
+"""What the engine has once its model is loaded: the model, its cache operations, the
+prefiller, the structured-output grammars, and how to build a decode batch.
+
+Built once, on the engine thread, by `Loaded.load`; never replaced (a cache reset swaps the
+caches inside `cache_ops`, not this object). Before the load finishes the engine holds None in
+its place, so nothing here is ever half-built.
+
+Thread contract: the fields are set once and may be read from any thread; the objects they
+hold are engine-thread objects except their documented thread-safe methods
+(`CacheOps.needs_pixels` and `disk_stats`, `Grammars.stats` and its cache's `clear`, the
+disk tier's `clear`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from caches.prefix import PrefixCache
+from caches.vision import VisionCache
+from gateway.config import EngineConfig
+from gateway.engine.cache_ops import CacheOps
+from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.scheduler.decode_batch import DecodeBatch
+from gateway.engine.scheduler.prefill import Prefiller
+from gateway.engine.tokens.grammar import Grammars
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The post-load state of one engine; see the module docstring."""
+
+    model: VisionLanguageModel
+    on_gpu: bool  # the model computes on a GPU
+    cache_ops: CacheOps
+    prefiller: Prefiller
+    grammars: Grammars
+
+    @classmethod
+    def load(
+        cls,
+        config: EngineConfig,
+        loader: Callable[[], VisionLanguageModel],
+        vision: VisionCache,
+        prefix: PrefixCache,
+    ) -> Loaded:
+        """Load the model with `loader` (on the engine thread: MLX state is per thread) and
+        build what serves it over the caches `vision` and `prefix`. Raises what the load
+        raises."""
+        model = loader()
+        on_gpu = mx.default_device().type == mx.DeviceType.gpu
+        block = config.cache.exact_block_tokens(on_gpu)  # 0: exact reuse off
+        cache_ops = CacheOps(model, vision, prefix, block)
+        # The disk tier stays off through the warm-up (activated by its reset_caches).
+        cache_ops.open_disk(config.cache, active=not config.warmup)
+        grammars = Grammars(
+            model.tokenizer,
+            model.vocab_size,
+            model.eos_token_ids,
+            config.cache.grammar_capacity_bytes,
+        )
+        return cls(model, on_gpu, cache_ops, Prefiller(model, cache_ops, block), grammars)
+
+    def new_batch(self, config: EngineConfig) -> DecodeBatch:
+        """A fresh, empty decode batch (at start, and to replace one whose step raised)."""
+        return DecodeBatch(self.model, config, self.grammars.masker)
+
+    def use_caches(self, vision: VisionCache, prefix: PrefixCache) -> None:
+        """Serve from fresh caches from now on (a reset, engine thread), and start the disk
+        tier (a reset ends the start-up warm-up); compiled grammars are forgotten too."""
+        self.cache_ops.vision, self.cache_ops.prefix = vision, prefix
+        self.cache_ops.activate_disk()
+        self.grammars.reset()
