@@ -34,7 +34,7 @@ def _watch_groups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             sizes.append(len(group.images))
         return group, failed
 
-    monkeypatch.setattr("gateway.engine.scheduler.stages.start_group", spy)
+    monkeypatch.setattr("gateway.engine.scheduler.scheduler.start_group", spy)
     return sizes
 
 
