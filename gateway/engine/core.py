@@ -1,21 +1,18 @@
-"""The engine: one thread that owns MLX, fed by a queue.
+"""The engine: one thread that owns MLX, fed by a queue (`inbox.py`: what other threads send).
 
 Every request, text or image, decodes in one shared mlx-lm BatchGenerator. Each loop iteration
 is one scheduling step (`Engine.step`): admit -> ship -> encode -> prefill -> ship -> decode ->
 ship -> store. The stages and the jobs they move are the `Scheduler`'s
 (gateway.engine.scheduler.scheduler); shipping hands the step's events to the transport
-(`on_events`), so a running stream waits at most one vision unit plus one prefill budget
+(`on_events`). A running stream waits at most one vision unit plus one prefill budget
 between two tokens.
 
 Failure isolation: an exception while starting, encoding or prefilling one request fails that
 request; an exception in the batched decode step fails the rows of that batch (the batch is
 replaced first, so the recovery never touches the broken one); the loop itself never dies.
 
-Thread contract: `start`, `submit`, `cancel`, `stop`, `reset_caches`, `clear_caches`,
-`cache_stats`, `needs_pixels`, `metrics_text` and the properties may be called from any
-thread; `step` and everything private run on the engine thread. Other modules: `inbox.py`
-(what other threads send), `scheduler/loaded.py` (what exists once the model is loaded),
-`scheduler/occupancy.py` (the counts other threads read).
+Thread contract: the public methods and properties may be called from any thread, except
+`step`; `step` and everything private run on the engine thread.
 """
 
 from __future__ import annotations
@@ -163,10 +160,7 @@ class Engine:
         once the model is loaded, compiled grammars and the disk tier."""
         stats = cache_stats(self.vision_cache, self.prefix_cache)
         loaded = self.loaded
-        if loaded is not None:
-            stats["grammar"] = loaded.grammars.stats()
-            stats["disk"] = loaded.cache_ops.disk_stats()
-        return stats
+        return stats if loaded is None else {**stats, **loaded.cache_stats()}
 
     def needs_pixels(self, prompt_ids: Sequence[int], images: Sequence[ImageSpan]) -> list[bool]:
         """Per image: will the engine run the vision tower on it? (Any thread; advisory.)"""
@@ -181,11 +175,8 @@ class Engine:
         self.vision_cache.clear()
         self.prefix_cache.clear()
         loaded = self.loaded
-        if loaded is None:
-            return
-        if loaded.cache_ops.disk is not None:
-            loaded.cache_ops.disk.clear()
-        loaded.grammars.cache.clear()
+        if loaded is not None:
+            loaded.clear_caches()
 
     def reset_caches(self) -> None:
         """Replace both caches by empty ones with zeroed counters (after the start-up warm-up,
@@ -279,10 +270,9 @@ class Engine:
         self._serving.enqueue(request, sink)
 
     def step(self) -> None:
-        """One scheduling step (engine thread only: the loop calls it). Events are shipped
-        after admission (clients get their headers while we prefill), after the prefill (first
-        tokens before the decode step) and after the decode; finished requests' KV is stored
-        after their events."""
+        """One scheduling step (engine thread only: the loop calls it). Events leave after
+        admission (clients get their headers while we prefill), after the prefill (first
+        tokens before the decode step) and after the decode, then finished KV is stored."""
         s = self._serving
         trace = self._trace
         mark = trace.stage if trace is not None else _no_mark
@@ -315,10 +305,6 @@ class Engine:
             mark("ship")
         if trace is not None:
             trace.end(**s.step_counts())
-        self._observe()
-
-    def _observe(self) -> None:
-        """The gauges sampled after each step."""
         self.metrics.running.set(self._occupancy.active)
         self.metrics.waiting.set(self._occupancy.queued)
         self.metrics.mlx_active_bytes.set(mx.get_active_memory())

@@ -117,6 +117,10 @@ class Endings:
         job.sink(ErrorEvent(kind, message))
         self._metrics.requests.labels("error").inc()
 
+    def fail_internal(self, job: Job, message: str) -> None:
+        """`fail` for an error of the engine's own (ErrorKind.INTERNAL), not the request's."""
+        self.fail(job, ErrorKind.INTERNAL, message)
+
     def cancel(self, job: Job) -> None:
         """End a job its client gave up on (it gets a "cancelled" FinishEvent)."""
         self._release(job)

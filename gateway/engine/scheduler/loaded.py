@@ -1,12 +1,13 @@
 """What the engine has once its model is loaded: the model, its cache operations, the
 prefiller, the structured-output grammars, and how to build a decode batch.
 
-Built once, on the engine thread, by `Loaded.load`; never replaced (a cache reset swaps the
-caches inside `cache_ops`, not this object). Before the load finishes the engine holds None in
-its place, so nothing here is ever half-built.
+Built once, on the engine thread, by `Loaded.load`, and handed to the `Scheduler`; never
+replaced (a cache reset swaps the caches inside `cache_ops`, not this object). Until the load
+has finished the engine has no scheduler (None), so nothing here is ever seen half-built.
 
-Thread contract: the fields are set once and may be read from any thread; the objects they
-hold are engine-thread objects except their documented thread-safe methods
+Thread contract: the fields are set once and may be read from any thread, and so may
+`cache_stats` and `clear_caches`; `new_batch` and `use_caches` run on the engine thread. The
+objects held are engine-thread objects except their documented thread-safe methods
 (`CacheOps.needs_pixels` and `disk_stats`, `Grammars.stats` and its cache's `clear`, the
 disk tier's `clear`).
 """
@@ -66,6 +67,16 @@ class Loaded:
     def new_batch(self, config: EngineConfig) -> DecodeBatch:
         """A fresh, empty decode batch (at start, and to replace one whose step raised)."""
         return DecodeBatch(self.model, config, self.grammars.masker)
+
+    def cache_stats(self) -> dict[str, dict[str, object]]:
+        """The compiled grammars' and the disk tier's counters, JSON-able (any thread)."""
+        return {"grammar": self.grammars.stats(), "disk": self.cache_ops.disk_stats()}
+
+    def clear_caches(self) -> None:
+        """Empty the disk tier and the compiled grammars (any thread)."""
+        if self.cache_ops.disk is not None:
+            self.cache_ops.disk.clear()
+        self.grammars.cache.clear()
 
     def use_caches(self, vision: VisionCache, prefix: PrefixCache) -> None:
         """Serve from fresh caches from now on (a reset, engine thread), and start the disk

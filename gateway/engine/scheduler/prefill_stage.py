@@ -17,7 +17,6 @@ import logging
 from collections import deque
 
 from gateway.config import EngineConfig
-from gateway.engine.request import ErrorKind
 from gateway.engine.scheduler.decode_batch import DecodeBatch
 from gateway.engine.scheduler.endings import Endings
 from gateway.engine.scheduler.job import Job, Stage
@@ -81,7 +80,7 @@ class PrefillStage:
                     batch.insert_prompt(job)
                 except Exception as exc:
                     log.exception("inserting %s failed", job.request_id)
-                    self._fail(job, f"internal error admitting it: {exc}")
+                    self._endings.fail_internal(job, f"internal error admitting it: {exc}")
         groups = self._prefiller.final_block_groups(prefilling)
         shared = {id(j): g for g in groups for j in g}
         for job in list(prefilling):
@@ -101,7 +100,7 @@ class PrefillStage:
                     self._first_token(job, first, batch)
             except Exception as exc:
                 log.exception("prefill of %s failed", job.request_id)
-                self._fail(job, f"internal error in the prefill: {exc}")
+                self._endings.fail_internal(job, f"internal error in the prefill: {exc}")
 
     def _feed_group(
         self, group: list[Job], budget: int, prefilling: deque[Job], batch: DecodeBatch
@@ -122,7 +121,7 @@ class PrefillStage:
         except Exception as exc:  # the forward itself: every request in it
             log.exception("the prefill of %s failed", ", ".join(j.request_id for j in jobs))
             for job in jobs:
-                self._fail(job, f"internal error in the prefill: {exc}")
+                self._endings.fail_internal(job, f"internal error in the prefill: {exc}")
             return budget - rows * len(jobs)
         self._metrics.prefill_chunks.inc()
         for job, first in zip(jobs, firsts, strict=True):
@@ -134,7 +133,7 @@ class PrefillStage:
                     self._first_token(job, first, batch)
             except Exception as exc:  # this request alone
                 log.exception("prefill of %s failed", job.request_id)
-                self._fail(job, f"internal error in the prefill: {exc}")
+                self._endings.fail_internal(job, f"internal error in the prefill: {exc}")
         return budget - fed
 
     def _first_token(self, job: Job, first: FirstToken, batch: DecodeBatch) -> None:
@@ -155,7 +154,3 @@ class PrefillStage:
             self._endings.finish(job, reason, kv, list(job.request.prompt_ids))
         else:
             batch.join(job, first.token, first.logprobs, list(job.request.prompt_ids))
-
-    def _fail(self, job: Job, message: str) -> None:
-        """A failure of this request's prefill, or its hand-over to the batch: it alone ends."""
-        self._endings.fail(job, ErrorKind.INTERNAL, message)

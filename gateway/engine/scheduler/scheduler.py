@@ -10,12 +10,11 @@ counts, and moves jobs through them:
     prefill  up to one budget of prompt tokens, oldest first (PrefillStage)
     decode   one batched step of every running row; emit tokens; finish rows
 
-The order of the stages in a step, and the loop around it, are `gateway.engine.core.Engine`'s.
-How jobs end is its `Endings`; the queues' one exit is `release`.
-
-Failure isolation: an exception while starting, encoding or prefilling one request fails that
-request; when the decode step raises, `fail_batch` replaces the batch and fails its rows;
-after any other error in a step, `fail_active` fails every request holding a row.
+`gateway.engine.core.Engine` runs them in order, one step per loop; how jobs end is the
+`Endings`'; the queues' one exit is `release`. Failure isolation: an exception while
+starting, encoding or prefilling one request fails that request; when the decode step raises,
+`fail_batch` replaces the batch and fails its rows; after any other error in a step,
+`fail_active` fails every request holding a row.
 
 Engine thread only, except the `Occupancy` it shares with the engine (thread-safe).
 """
@@ -104,8 +103,6 @@ class Scheduler:
         if job is not None:
             self.endings.cancel(job)
 
-    # ----- the stages -------------------------------------------------------------------------
-
     def admit(self) -> None:
         """Give free rows to the oldest waiting requests that are ready."""
         while self.waiting and self.occupancy.active < self.config.max_batch:
@@ -118,9 +115,8 @@ class Scheduler:
                 self._start(job)
             except Exception as exc:
                 log.exception("request %s failed to start", job.request_id)
-                self.endings.fail(
-                    job, ErrorKind.INTERNAL, f"internal error starting the request: {exc}"
-                )
+                message = f"internal error starting the request: {exc}"
+                self.endings.fail_internal(job, message)
 
     def _next_ready(self) -> Job | None:
         """The oldest waiting job whose grammar (if any) is compiled and disk read (if any)
@@ -177,7 +173,7 @@ class Scheduler:
             )
             for job, exc in failed:  # e.g. preprocessing an evicted image without pixels
                 log.error("preparing an image of %s failed: %s", job.request_id, exc)
-                self._fail(job, f"internal error preparing the image: {exc}")
+                self.endings.fail_internal(job, f"internal error preparing the image: {exc}")
             if self.group is None:
                 return
         group = self.group
@@ -188,7 +184,7 @@ class Scheduler:
             self.group = None
             log.exception("encoding a group of %d images failed", len(group.images))
             for job in group.jobs:
-                self._fail(job, f"internal error encoding the image: {exc}")
+                self.endings.fail_internal(job, f"internal error encoding the image: {exc}")
             return
         self.metrics.vision_encode_seconds.observe(time.perf_counter() - started)
         if not done:
@@ -234,8 +230,6 @@ class Scheduler:
         """Store the KV of the requests finished in this step (after their events left)."""
         self.endings.store_finished()
 
-    # ----- bookkeeping and recovery -----------------------------------------------------------
-
     def release(self, job: Job) -> None:
         """Forget a job wherever it is and free its row (idempotent). The bookkeeping is
         undone before the batch is touched, so a failing batch cannot leave a half-released
@@ -261,7 +255,7 @@ class Scheduler:
         """After an unexpected error in a step: fail every request holding a row (their state
         is unknown), with a fresh batch; queued requests are served as usual."""
         for job in [*self.encoding, *self.prefilling]:
-            self._fail(job, "internal error in the engine step")
+            self.endings.fail_internal(job, "internal error in the engine step")
         self.group = None
         self.endings.drop_stores()
         self.fail_batch()
@@ -275,7 +269,7 @@ class Scheduler:
         except Exception:
             log.exception("could not build a new batch")
         for job in failed:
-            self._fail(job, "internal error in the decode step")
+            self.endings.fail_internal(job, "internal error in the decode step")
 
     def shut_down(self) -> None:
         """Fail every request still here (SHUTTING_DOWN), wait for the batch's last step and
@@ -287,11 +281,6 @@ class Scheduler:
         except Exception:
             log.exception("the last batch step failed while shutting down")
         self._batch = None
-
-    def _fail(self, job: Job, message: str) -> None:
-        self.endings.fail(job, ErrorKind.INTERNAL, message)
-
-    # ----- the step trace ---------------------------------------------------------------------
 
     def begin_step(self) -> None:
         """Mark the start of a step for `step_counts`."""
