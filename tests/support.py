@@ -242,12 +242,12 @@ class EngineHarness:
             entered.set()
             release.wait(30)
 
-        self.engine._step_hook = pause
+        self.engine.step_hook = pause
         try:
             assert entered.wait(30), "the engine never paused"
             yield
         finally:
-            self.engine._step_hook = None
+            self.engine.step_hook = None
             release.set()
 
     def close(self) -> None:

@@ -105,7 +105,7 @@ class _Bench:
             "constrained": [True] * batch,
             "mixed": [i % 2 == 0 for i in range(batch)],
         }[mode]
-        masker = self.engine._grammars.masker  # type: ignore[union-attr]
+        masker = self.engine.loaded.grammars.masker  # type: ignore[union-attr]
         self.round(flags, min(tokens, 24), schema)  # warm: kernels for this batch size
         seconds, masks = masker.seconds, masker.masks
         steps = [s for _ in range(repeat) for s in self.round(flags, tokens, schema)]

@@ -17,7 +17,7 @@ batch's next forward. The generator then reports that first token once more (it 
 emitted from the prefill); `step` drops that report.
 
 Engine thread only. Not reusable after a step raised: the engine replaces the whole object
-(`Engine._fail_batch`), so recovery never touches a broken generator.
+(`Scheduler.fail_batch`), so recovery never touches a broken generator.
 """
 
 from __future__ import annotations

@@ -1,67 +1,74 @@
 """How a job's tokens leave the engine and how a job ends: emitted, finished (its KV queued
-for the prefix cache), failed, cancelled or released, and the recovery after a step fails.
+for the prefix cache), failed or cancelled.
 
-A mixin of `gateway.engine.core.Engine` (it uses the engine's job tables, decode batch and
-metrics, declared below); split out so the scheduling loop and the endings each fit a
-module. Engine thread only.
+A collaborator of `gateway.engine.scheduler.scheduler.Scheduler`, which owns the job tables:
+the scheduler hands it `release`, the one operation that takes a job out of them and frees its
+row; everything else it needs (metrics, cache operations) it is given at construction.
+
+Engine thread only. Events go to each job's sink, which must not block (sinks may buffer
+until the engine's `on_events` says a step's events should leave).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
 
 import mlx.core as mx
 
 from gateway.engine.cache_ops import CacheOps
 from gateway.engine.model.positions import rope_delta_at
-from gateway.engine.request import ErrorEvent, ErrorKind, FinishEvent, TokenEvent, Usage
-from gateway.engine.scheduler.decode_batch import DecodeBatch
-from gateway.engine.scheduler.encode_group import EncodeGroup
-from gateway.engine.scheduler.job import Job, Stage
+from gateway.engine.request import (
+    ErrorEvent,
+    ErrorKind,
+    FinishEvent,
+    FinishReason,
+    TokenEvent,
+    Usage,
+)
+from gateway.engine.scheduler.job import Job
 from gateway.engine.tokens.logprobs import LogprobValues, row_values
 from gateway.metrics import Metrics
 
+# The engine's own name: every line about a request's life logs under it, as it did before
+# the scheduler was split out of the engine.
 log = logging.getLogger("gateway.engine.core")
 
 
-class JobEndings:
-    """Token emission and every way a job ends; see the module docstring."""
+class Endings:
+    """Token emission and every way a job ends; see the module docstring.
 
-    metrics: Metrics
-    _jobs: dict[str, Job]
-    _waiting: deque[Job]
-    _encoding: deque[Job]
-    _prefilling: deque[Job]
-    _group: EncodeGroup | None
-    _batch: DecodeBatch
-    _cache_ops: CacheOps
-    _to_store: list[tuple[Job, object, list[int]]]
-    _count_lock: threading.Lock
-    _queued: int
-    _active: int
-    _new_batch: Callable[[], DecodeBatch]
-    _ship: Callable[[], None]
+    `release(job)` forgets the job wherever it is and frees its row (idempotent); it may
+    raise when the decode batch is broken, which `finish` and `fail` survive."""
 
-    def _emit(
+    def __init__(
+        self, metrics: Metrics, cache_ops: CacheOps, release: Callable[[Job], None]
+    ) -> None:
+        self._metrics = metrics
+        self._cache_ops = cache_ops
+        self._release = release
+        # Finished this step: (job, its KV, the tokens that KV holds), stored after the
+        # step's events have left (`store_finished`).
+        self._to_store: list[tuple[Job, object, list[int]]] = []
+
+    def emit(
         self, job: Job, token: int, logprobs: mx.array, values: LogprobValues | None = None
     ) -> None:
         """Send `token` to the job's client. `values`: its log-probabilities computed with the
         step (gateway.engine.tokens.logprobs); else read from `logprobs`, the (vocab,) row,
-        when the request asked for them."""
+        when the request asked for them. A token that leaves the job's grammar fails the job
+        instead (the caller sees `job.stage is Stage.DONE`)."""
         grammar = getattr(job.sampler, "grammar", None)
         if grammar is not None:
             grammar.accept(job.output.completion_tokens, token)
             if grammar.error is not None:  # never expected: every token was drawn under its mask
                 log.error("request %s left its grammar: %s", job.request_id, grammar.error)
-                self._fail(job, ErrorKind.INTERNAL, f"structured output failed: {grammar.error}")
+                self.fail(job, ErrorKind.INTERNAL, f"structured output failed: {grammar.error}")
                 return
         if job.first_token_time is None:
             job.first_token_time = time.perf_counter()
-            self.metrics.ttft.observe(job.elapsed())
+            self._metrics.ttft.observe(job.elapsed())
         text = job.output.push(token)
         lps = ()
         sampling = job.request.sampling
@@ -71,13 +78,16 @@ class JobEndings:
             lps = (job.output.logprob(token, values),)
         job.sink(TokenEvent(text, (token,), lps))
 
-    def _finish(self, job: Job, reason: str, kv: object, all_tokens: object) -> None:
+    def finish(self, job: Job, reason: FinishReason | str, kv: object, all_tokens: object) -> None:
+        """End the job normally with `reason` (STOP whenever a stop string ended it; mlx-lm's
+        string reasons are converted); its `kv` (holding `all_tokens`), if any, is queued for
+        the prefix cache."""
         try:
             self._release(job)
         except Exception:  # the final event below must still go out
             log.exception("releasing %s failed", job.request_id)
         tail = job.output.finish()
-        reason = "stop" if job.output.stopped else reason
+        reason = FinishReason.STOP if job.output.stopped else FinishReason(reason)
         usage = Usage(
             job.prompt_len,
             job.output.completion_tokens,
@@ -86,13 +96,13 @@ class JobEndings:
             job.vision_misses,
         )
         job.sink(FinishEvent(reason, usage, tail, job.output.stopped_by))
-        self.metrics.requests.labels("ok").inc()
-        self.metrics.prompt_tokens.inc(job.prompt_len)
-        self.metrics.latency.observe(job.elapsed())
+        self._metrics.requests.labels("ok").inc()
+        self._metrics.prompt_tokens.inc(job.prompt_len)
+        self._metrics.latency.observe(job.elapsed())
         if kv is not None and all_tokens is not None:
             self._to_store.append((job, kv, list(all_tokens)))  # type: ignore[arg-type]
 
-    def _store_finished(self) -> None:
+    def store_finished(self) -> None:
         """Store the prompt + answer KV of the requests finished in this step."""
         stores, self._to_store = self._to_store, []
         for job, kv, tokens in stores:
@@ -102,63 +112,25 @@ class JobEndings:
             except Exception:  # a cache is an optimisation: a failed store is a later miss
                 log.exception("storing the KV of %s failed", job.request_id)
 
-    def _fail(self, job: Job, kind: ErrorKind, message: str) -> None:
+    def drop_stores(self) -> None:
+        """Forget this step's finished KV unstored (the step failed: its state is unknown)."""
+        self._to_store.clear()
+
+    def fail(self, job: Job, kind: ErrorKind, message: str) -> None:
         """End a job with an ErrorEvent. Never raises: it runs inside recovery paths."""
         try:
             self._release(job)
         except Exception:
             log.exception("releasing %s failed; dropping it", job.request_id)
         job.sink(ErrorEvent(kind, message))
-        self.metrics.requests.labels("error").inc()
+        self._metrics.requests.labels("error").inc()
 
-    def _cancel(self, request_id: str) -> None:
-        job = self._jobs.get(request_id)
-        if job is None:
-            return
+    def fail_internal(self, job: Job, message: str) -> None:
+        """`fail` for an error of the engine's own (ErrorKind.INTERNAL), not the request's."""
+        self.fail(job, ErrorKind.INTERNAL, message)
+
+    def cancel(self, job: Job) -> None:
+        """End a job its client gave up on (it gets a CANCELLED FinishEvent)."""
         self._release(job)
-        job.sink(FinishEvent("cancelled", Usage(job.prompt_len, 0, job.cached_tokens)))
-        self.metrics.requests.labels("cancelled").inc()
-
-    def _release(self, job: Job) -> None:
-        """Forget a job wherever it is and free its row (idempotent). The bookkeeping is
-        undone before the batch is touched, so a failing batch cannot leave a half-released
-        job (or a leaked row count) behind."""
-        if self._jobs.pop(job.request_id, None) is None:
-            return
-        stage, job.stage = job.stage, Stage.DONE
-        if job.prefetch is not None:  # its disk read's buffers: not needed any more
-            job.prefetch.release()
-            job.prefetch = None
-        if stage is Stage.QUEUED:
-            self._waiting.remove(job)
-            with self._count_lock:
-                self._queued -= 1
-            return
-        with self._count_lock:
-            self._active -= 1
-        for pending in (self._encoding, self._prefilling):
-            if job in pending:
-                pending.remove(job)
-        job.cache = job.plan = None
-        self._batch.release(job)
-
-    def _fail_active(self) -> None:
-        """After an unexpected error in a step: fail every request holding a row (their state
-        is unknown), with a fresh batch; queued requests are served as usual."""
-        for job in [*self._encoding, *self._prefilling]:
-            self._fail(job, ErrorKind.INTERNAL, "internal error in the engine step")
-        self._group = None
-        self._to_store.clear()
-        self._fail_batch()
-        self._ship()
-
-    def _fail_batch(self) -> None:
-        """The decode step raised: the batch's state is unknown. Replace it first, then fail
-        its rows (releasing them no longer touches the broken batch)."""
-        failed = self._batch.forget_rows()
-        try:
-            self._batch = self._new_batch()
-        except Exception:
-            log.exception("could not build a new batch")
-        for job in failed:
-            self._fail(job, ErrorKind.INTERNAL, "internal error in the decode step")
+        job.sink(FinishEvent.cancelled(job.prompt_len, job.cached_tokens))
+        self._metrics.requests.labels("cancelled").inc()

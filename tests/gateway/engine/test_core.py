@@ -167,16 +167,16 @@ def test_a_burst_prefilled_together_equals_each_alone(loose_harness: EngineHarne
     # short prompts: a burst is only prompts that fit one prefill budget (16 tokens here)
     bodies = [chat_body(text, max_tokens=6) for text in ("hi", "one two", "x y z", "ok", "b c")]
     alone = [harness.run(body) for body in bodies]
-    engine = harness.engine
+    batch = harness.engine.scheduler.batch
     burst_inserts = []
-    insert_prompt = engine._insert_prompt
-    engine._insert_prompt = lambda job: (burst_inserts.append(job), insert_prompt(job))
+    insert_prompt = batch.insert_prompt
+    batch.insert_prompt = lambda job: (burst_inserts.append(job), insert_prompt(job))
     try:
         with harness.arriving_together():
             runs = [harness.submit(body) for body in bodies]
         together = [run.wait() for run in runs]
     finally:
-        del engine._insert_prompt
+        del batch.insert_prompt
     assert len(burst_inserts) == len(bodies)  # the burst path was taken
     for single, burst in zip(alone, together, strict=True):
         assert burst.token_ids == single.token_ids

@@ -31,7 +31,7 @@ def _fail_next_steps(harness: EngineHarness, times: int) -> list[int]:
             calls[0] += 1
             raise RuntimeError("injected decode fault")
 
-    harness.engine._step_hook = hook
+    harness.engine.step_hook = hook
     return calls
 
 
@@ -57,7 +57,7 @@ def test_recovery_survives_a_batch_that_cannot_remove_rows(harness: EngineHarnes
     rows = [harness.submit(chat_body(f"row {i}", max_tokens=200)) for i in range(2)]
     for run in rows:
         run.wait_tokens(1)
-    broken = harness.engine._batch
+    broken = harness.engine.scheduler.batch
 
     def broken_remove(*_: object, **__: object) -> None:
         raise RuntimeError("injected remove fault")
@@ -66,7 +66,7 @@ def test_recovery_survives_a_batch_that_cannot_remove_rows(harness: EngineHarnes
     _fail_next_steps(harness, 1)
     for run in rows:
         assert isinstance(run.wait().finish, ErrorEvent)
-    assert harness.engine._batch is not broken
+    assert harness.engine.scheduler.batch is not broken
     later = harness.run(chat_body("still alive?", max_tokens=3))
     assert isinstance(later.finish, FinishEvent)
     assert harness.engine.running == 0
@@ -77,7 +77,7 @@ def test_a_failing_prefill_fails_only_its_request(harness: EngineHarness) -> Non
     request decoding at the same time finishes with all its tokens."""
     running = harness.submit(chat_body("keep going", max_tokens=30))
     running.wait_tokens(1)
-    prefiller = harness.engine._prefiller
+    prefiller = harness.engine.loaded.prefiller
     original = prefiller.feed
 
     def feed(job, budget):  # noqa: ANN001, ANN202
@@ -99,7 +99,7 @@ def test_a_failure_when_joining_the_batch_fails_one_request_and_the_loop_lives(
 ) -> None:
     """Invariant: an exception while a prefilled request joins the batch (outside the decode
     step) fails that request only; the engine thread keeps serving."""
-    batch = harness.engine._batch
+    batch = harness.engine.scheduler.batch
     join = batch.join
     calls = [0]
 

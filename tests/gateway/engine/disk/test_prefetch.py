@@ -89,7 +89,7 @@ def test_other_rows_decode_while_a_disk_hit_is_read(written, second, monkeypatch
     _, cold = written
     stream = second.submit(chat_body("count", max_tokens=1000, ignore_eos=True))
     stream.wait_tokens(1)  # (its own read done: it shares the system prompt's blocks)
-    gate = Gate(second.engine._cache_ops.disk.store, monkeypatch)
+    gate = Gate(second.engine.loaded.cache_ops.disk.store, monkeypatch)
     try:
         run = second.submit(_question(), [IMAGE])
         assert gate.entered.wait(30)
@@ -113,7 +113,7 @@ def test_a_request_cancelled_while_its_files_are_read(written, second, monkeypat
     for the disk), its read stops and its buffers are dropped; the next request is served
     from disk, exactly."""
     _, cold = written
-    gate = Gate(second.engine._cache_ops.disk.store, monkeypatch)
+    gate = Gate(second.engine.loaded.cache_ops.disk.store, monkeypatch)
     run = second.submit(_question(), [IMAGE])
     try:
         assert gate.entered.wait(30)
@@ -122,7 +122,7 @@ def test_a_request_cancelled_while_its_files_are_read(written, second, monkeypat
         assert run.finish.finish_reason == "cancelled"
     finally:
         gate.opened.set()
-    reader = second.engine._cache_ops.disk.reader
+    reader = second.engine.loaded.cache_ops.disk.reader
     assert reader.submit(_noop_plan()).result() is not None  # the reader is past it
     stats = reader.stats()
     assert stats["reads_cancelled"] == 1 and stats["read_held_bytes"] == 0
@@ -140,7 +140,7 @@ def test_a_file_damaged_while_the_request_waits(written, second, monkeypatch) ->
     from caches.disk_format import decode
 
     folder, cold = written
-    store = second.engine._cache_ops.disk.store
+    store = second.engine.loaded.cache_ops.disk.store
     gate = Gate(store, monkeypatch)
     run = second.submit(_question(), [IMAGE])
     try:
@@ -158,7 +158,7 @@ def test_a_file_damaged_while_the_request_waits(written, second, monkeypatch) ->
     admitted = _admitted(run)
     assert admitted.disk_cached_tokens == 0 and admitted.vision_disk_hits == 1
     assert second.engine.cache_stats()["disk"]["prefix"]["corrupt"] == 1
-    second.engine._cache_ops.disk.writer.flush()
+    second.engine.loaded.cache_ops.disk.writer.flush()
     decode(path.read_bytes())  # written again, whole
 
 
@@ -167,7 +167,7 @@ def test_memory_serves_what_it_got_while_a_read_waited(written, second) -> None:
     one admitted second finds them in memory (promoted by the first) and uses memory; both
     answers are exact and nothing stays held."""
     _, cold = written
-    reader = second.engine._cache_ops.disk.reader
+    reader = second.engine.loaded.cache_ops.disk.reader
     with second.arriving_together():  # (its holder request is admitted and read first)
         base = reader.stats()["read_files"]
         runs = [second.submit(_question(), [IMAGE]) for _ in range(2)]
@@ -186,7 +186,7 @@ def test_memory_serves_what_it_got_while_a_read_waited(written, second) -> None:
 def test_only_requests_with_files_to_read_wait_for_the_reader(second, monkeypatch) -> None:  # noqa: ANN001
     """Invariant: a read is planned only where memory misses and a file is there (a stat):
     a memory hit and a new image are admitted without a round trip through the reader."""
-    reader = second.engine._cache_ops.disk.reader
+    reader = second.engine.loaded.cache_ops.disk.reader
     plans = []
     real = reader.submit
     monkeypatch.setattr(reader, "submit", lambda plan: plans.append(plan) or real(plan))

@@ -167,11 +167,11 @@ def test_the_warm_up_neither_reads_nor_writes_the_disk(tmp_path: Path) -> None:
     h = EngineHarness("qwen2_vl", cache=_disk(tmp_path), warmup=True)
     try:
         _ask(h)
-        h.engine._cache_ops.disk.writer.flush()
+        h.engine.loaded.cache_ops.disk.writer.flush()
         assert _files(tmp_path) == []
         h.engine.reset_caches()
         _ask(h, "Another question?")
-        h.engine._cache_ops.disk.writer.flush()
+        h.engine.loaded.cache_ops.disk.writer.flush()
         assert _files(tmp_path, "vision") and _files(tmp_path, "prefix")
     finally:
         h.close()
@@ -186,7 +186,7 @@ def test_clearing_the_caches_clears_the_disk_tier(tmp_path: Path) -> None:
         first, _ = _ask(h)
         _, admitted = _ask(h)
         assert admitted.cached_tokens > 0  # the image's KV: the tower was not needed
-        h.engine._cache_ops.disk.writer.flush()
+        h.engine.loaded.cache_ops.disk.writer.flush()
         assert _files(tmp_path, "vision") and _files(tmp_path, "prefix")
         h.engine.clear_caches()
         assert _files(tmp_path) == []
@@ -224,7 +224,7 @@ def test_memory_hits_keep_their_files_young(tmp_path: Path) -> None:
     h = EngineHarness("qwen2_vl", cache=_disk(tmp_path), warmup=False)
     try:
         _ask(h)
-        disk = h.engine._cache_ops.disk
+        disk = h.engine.loaded.cache_ops.disk
         disk.writer.flush()
         blocks = set(_files(tmp_path, "prefix"))  # the question's blocks
         _ask(h, first=True)
@@ -279,7 +279,7 @@ def test_the_budget_holds_with_a_real_engine(tmp_path: Path) -> None:
         for seed in range(6):
             body = chat_body("What is it?", images=1, max_tokens=2)
             h.run(body, [noise_image(100 + seed, 84, 56)])
-            h.engine._cache_ops.disk.writer.flush()
+            h.engine.loaded.cache_ops.disk.writer.flush()
             total = sum(p.stat().st_size for p in _files(tmp_path))
             assert total <= 40_000, f"after image {seed}: {total} bytes"
         stats = h.engine.cache_stats()["disk"]

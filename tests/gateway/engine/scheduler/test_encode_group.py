@@ -34,7 +34,7 @@ def _watch_groups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             sizes.append(len(group.images))
         return group, failed
 
-    monkeypatch.setattr("gateway.engine.scheduler.stages.start_group", spy)
+    monkeypatch.setattr("gateway.engine.scheduler.scheduler.start_group", spy)
     return sizes
 
 
@@ -101,7 +101,7 @@ def test_a_failing_image_fails_only_its_own_request(harness: EngineHarness) -> N
         good = harness.submit(chat_body("fine", images=1, max_tokens=3), [noise_image(61, 56, 56)])
         bad_body = chat_body("broken", images=1, max_tokens=3)
         bad = harness.submit(bad_body, [noise_image(62, 56, 56)])
-        job = harness.engine._jobs.get(f"req-{harness._ids}")
+        job = harness.engine.scheduler.jobs.get(f"req-{harness._ids}")
         if job is None:  # not yet drained into the engine: patch the queued message instead
             message = harness.engine._inbox.queue[-1]
             images = tuple(

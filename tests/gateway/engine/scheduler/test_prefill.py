@@ -54,7 +54,7 @@ def test_final_blocks_share_a_forward_and_answer_as_alone(arch: str, weights: st
     group, shared = model.prefill_group, []
     joined: list[int] = []
     inserted: list[int] = []
-    join, insert = cached.engine._batch.join, cached.engine._batch.insert
+    join, insert = cached.engine.scheduler.batch.join, cached.engine.scheduler.batch.insert
 
     def spy_group(parts, rows):  # noqa: ANN001, ANN202
         shared.append((len(parts), rows, parts[0].cache[0].offset))
@@ -69,8 +69,8 @@ def test_final_blocks_share_a_forward_and_answer_as_alone(arch: str, weights: st
         return insert(job, tokens, *args)
 
     model.prefill_group = spy_group
-    cached.engine._batch.join = spy_join
-    cached.engine._batch.insert = spy_insert
+    cached.engine.scheduler.batch.join = spy_join
+    cached.engine.scheduler.batch.insert = spy_insert
     try:
         image = noise_image(71, 224, 224)
         together = _burst(cached, image, together=True)
@@ -93,7 +93,7 @@ def _burst_with_one_broken(patch: str) -> tuple[list, object]:
     """Three short prompts arriving together while a request decodes, the second one's
     `patch` (a Prefiller method) raising; returns (the three runs, the decoding run)."""
     h = EngineHarness("qwen2_vl", "bfloat16", max_batch=8)
-    prefiller = h.engine._prefiller
+    prefiller = h.engine.loaded.prefiller
     original = getattr(prefiller, patch)
 
     def broken(job, *args):  # noqa: ANN001, ANN002, ANN202
@@ -104,7 +104,7 @@ def _burst_with_one_broken(patch: str) -> tuple[list, object]:
     setattr(prefiller, patch, broken)
     try:
         with h.arriving_together():
-            holder = h.engine._jobs["req-1"]  # the request that holds the engine, decoding
+            holder = h.engine.scheduler.jobs["req-1"]  # the request that holds the engine, decoding
             runs = [h.submit(chat_body(q, max_tokens=4)) for q in ("Hi?", "Hey?", "Yo?")]
         runs = [r.wait() for r in runs]
         holder_run = holder.sink.__self__.wait()
@@ -128,7 +128,7 @@ def test_prefill_budget_bounds_the_stall_of_a_busy_batch_and_widens_for_bursts()
     """Invariant: a request arriving alone at a decoding batch is prefilled one chunk per step
     (the rows' stall bound); with nothing decoding, or a burst of at least a quarter of the
     rows, a step may prefill 4 chunks (fewer, larger forwards)."""
-    from gateway.engine.scheduler.stages import prefill_budget
+    from gateway.engine.scheduler.prefill_stage import prefill_budget
 
     assert prefill_budget(512, rows=8, waiting=1) == 512  # one image joins 8 streams
     assert prefill_budget(512, rows=32, waiting=1) == 512
