@@ -4,9 +4,12 @@ browser) against `vision-gateway serve` on 127.0.0.1, through the pages' data-te
 Pinned: a fixture image uploaded and asked about twice streams answers equal to the same
 conversation sent by the `openai` SDK, and the second answer's cache badge shows the cached
 tokens the server reported; the dashboard's counters, bytes and entry table move with that
-traffic and its clear button (after confirmation) empties the caches; the stop button cancels
-the request on the server; a broken image shows the server's error; a server with --api-key
-gets a key prompt whose key lasts for the tab; the happy paths log no console errors.
+traffic, its entry cells do not wrap, and its clear button (after confirmation) empties the
+caches; the stop button cancels the request on the server; a broken image shows the server's
+error, naming the attachment; a file that is neither an image nor a video is refused when
+attached, by name, thumbnails show whole images and a video goes as a video; a server with
+--api-key gets a key prompt whose key lasts for the tab (the dashboard's "API key needed" in
+the error colour); the happy paths log no console errors.
 
 Needs a Chromium binary (`apt-get install chromium` on Debian; `.ci/run` installs it) or
 VISION_GATEWAY_CHROMIUM=/path/to/chrome; without one these tests are skipped, saying so.
@@ -29,12 +32,21 @@ import pytest
 from PIL import Image
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
 from support import ServerProcess
+from video_clips import lossy_clip, noise_frames
 
 from caches.entries import HASH_PREFIX_CHARS
 from caches.hashing import pixel_hash
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 WAIT_MS = 120_000  # a loaded 2-core CI machine runs the vision tower in seconds
+BAD_COLOUR = "rgb(198, 40, 40)"  # style.css --bad (light scheme, headless Chromium's)
+
+# Per table cell of the dashboard's entry tables: how many lines its text takes.
+_CELL_LINES = """() => Array.from(document.querySelectorAll(".entries tbody td")).map((td) => {
+    const range = document.createRange();
+    range.selectNodeContents(td);
+    return new Set(Array.from(range.getClientRects()).map((r) => Math.round(r.top))).size;
+})"""
 
 
 def _chromium() -> str | None:
@@ -211,6 +223,8 @@ def test_dashboard_moves_with_traffic_and_clears_after_confirmation(
     expect(dashboard.get_by_test_id("cache-bytes-prefix")).to_contain_text(" of 2.00 GiB")
     expect(dashboard.get_by_test_id("entries-largest")).to_contain_text(_hash_prefix(image))
     expect(dashboard.get_by_test_id("ttft")).to_contain_text("p50")
+    lines = dashboard.evaluate(_CELL_LINES)
+    assert len(lines) >= 6 and set(lines) == {1}, lines  # size "1.23 MiB", age "3 s": one line
     _screenshot(dashboard, "dashboard.png")
 
     dashboard.once("dialog", lambda d: d.dismiss())
@@ -277,7 +291,7 @@ def test_a_broken_image_shows_the_servers_error(
     expect(page.get_by_test_id("model-name")).to_have_text("test")
     page.get_by_test_id("image-input").set_input_files(str(broken))
     _ask(page, "What is this?", 1)
-    expect(page.get_by_test_id("error")).to_contain_text("could not decode image")
+    expect(page.get_by_test_id("error")).to_contain_text("broken.png: could not decode image")
     expect(page.locator("article.user.failed")).to_have_count(1)
     page.get_by_test_id("max-tokens").fill("4")
     _ask(page, "Hello?", 2)
@@ -311,6 +325,8 @@ def test_api_key_prompt_keeps_the_key_for_the_tab(browser: Browser, console: Con
         other = console.watch(page.context.new_page())
         other.goto(server.base_url + "/dashboard")
         expect(other.get_by_test_id("api-key-prompt")).to_be_visible()
+        expect(other.get_by_test_id("status")).to_have_text("API key needed")
+        expect(other.get_by_test_id("status")).to_have_css("color", BAD_COLOUR)
         assert console.besides_http_errors() == []
     finally:
         assert server.stop(), server.log()
@@ -362,3 +378,39 @@ def test_pasted_dropped_and_url_images_join_one_turn(
     cache = _x_cache(headers[0])
     assert cache["vision-hits"] + cache["vision-misses"] == 3  # a new image comes first
     assert console.errors == []
+
+
+def test_only_images_and_videos_attach_and_thumbnails_show_them_whole(
+    server: ServerProcess, browser: Browser, console: Console, tmp_path: Path
+) -> None:
+    """Invariant: among files chosen together, a text file is refused at once with a message
+    naming it (nothing sent), the image and the video are attached; the wide image's
+    thumbnail is letterboxed, not cropped; the turn sends the image as `image_url` and the
+    video as `video_url` and gets an answer; no console errors."""
+    notes, wide, clip = tmp_path / "notes.txt", tmp_path / "wide.png", tmp_path / "clip.mp4"
+    notes.write_text("not a picture")
+    Image.new("RGB", (168, 56), (30, 90, 200)).save(wide)
+    clip.write_bytes(lossy_clip(noise_frames(4, 64, 64)))
+    page = _page(browser, console)
+    page.goto(server.base_url + "/")
+    expect(page.get_by_test_id("model-name")).to_have_text("test")
+    bodies: list[dict] = []
+    page.on(
+        "request",
+        lambda r: r.url.endswith("/v1/chat/completions") and bodies.append(r.post_data_json),
+    )
+    page.get_by_test_id("image-input").set_input_files([str(notes), str(wide), str(clip)])
+    expect(page.get_by_test_id("attach-error")).to_have_text(
+        'Not attached: "notes.txt" is not an image or a video.'
+    )
+    expect(page.get_by_test_id("thumbnail")).to_have_count(2)
+    thumb = page.get_by_test_id("thumbnail").locator("img")
+    expect(thumb).to_have_css("object-fit", "contain")
+    _screenshot(page, "playground-attachments.png")
+    page.get_by_test_id("max-tokens").fill("2")
+    _ask(page, "Describe both.", 1)
+    expect(page.locator("article.assistant[data-state=done]")).to_have_count(1)
+    parts = bodies[0]["messages"][0]["content"]
+    assert [p["type"] for p in parts] == ["image_url", "video_url", "text"]
+    assert parts[1]["video_url"]["url"].startswith("data:video/mp4;base64,")
+    assert console.besides_http_errors() == []
