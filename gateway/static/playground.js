@@ -116,9 +116,17 @@
 
   // ----- chat view -------------------------------------------------------------------------
 
+  // At most once a frame: reading scrollHeight forces a layout, and a fast stream sends
+  // hundreds of chunks a second.
+  let scrollQueued = false;
   function scrollDown() {
-    const chat = $("chat");
-    chat.scrollTop = chat.scrollHeight;
+    if (scrollQueued) return;
+    scrollQueued = true;
+    requestAnimationFrame(() => {
+      scrollQueued = false;
+      const chat = $("chat");
+      chat.scrollTop = chat.scrollHeight;
+    });
   }
 
   function showUser(text, images) {
@@ -281,7 +289,7 @@
           run.lastAt = now;
           run.chunks += 1;
           run.text += delta.content;
-          view.answer.textContent = run.text;
+          view.answer.append(delta.content); // not textContent = run.text: O(chunk), not O(answer)
           scrollDown();
         }
       });
