@@ -135,6 +135,7 @@ def test_entries_refuse_bad_parameters(server: ServerProcess, query: str, param:
 def test_dashboard_numbers_move_with_traffic(server: ServerProcess) -> None:
     """Invariant: /v1/dashboard's cache counters, TTFT count and history grow after a request
     (sampled at most about once a second: a second poll within that reuses the sample)."""
+    time.sleep(1.0)  # a fresh sample: an earlier test may have taken one within the second
     before = httpx.get(server.base_url + "/v1/dashboard", timeout=10).json()
     _ask(server, noise_png(33), "Describe it.")
     time.sleep(1.0)
