@@ -108,7 +108,8 @@ class LiveStats:
 
     def add(self, sample: Sample) -> None:
         """Append a sample; drop those older than `history_s`. Counters that went backwards
-        (the caches were replaced, e.g. after warm-up) start a new history."""
+        (the caches were replaced or the TTFT histogram started over, e.g. after warm-up)
+        start a new history."""
         if self._samples and _went_backwards(self._samples[-1], sample):
             self._samples.clear()
         self._samples.append(sample)
@@ -177,6 +178,10 @@ class LiveStats:
         return out
 
 
+def _ttft_count(s: Sample) -> float:
+    return s.ttft_buckets[-1][1] if s.ttft_buckets else 0.0
+
+
 def _get(cache: str, name: str) -> Callable[[Sample], float]:
     return lambda s: s.counter(cache, name)
 
@@ -219,7 +224,7 @@ def _ratio(
 
 
 def _went_backwards(before: Sample, after: Sample) -> bool:
-    if after.generated < before.generated:
+    if after.generated < before.generated or _ttft_count(after) < _ttft_count(before):
         return True
     return any(
         after.counter(c, k) < before.counter(c, k)

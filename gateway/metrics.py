@@ -51,18 +51,16 @@ class Metrics:
         )
         self.running = Gauge(p + "running_requests", "Requests decoding in the batch", registry=r)
         self.waiting = Gauge(p + "waiting_requests", "Requests queued for a batch row", registry=r)
-        self.ttft = Histogram(
-            p + "time_to_first_token_seconds",
-            "Arrival to first token",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        # Request timings describe the users' traffic: they start over when the warm-up ends
+        # (`reset_request_timings`), as the cache counters do.
+        self.ttft = RestartableHistogram(
+            p + "time_to_first_token_seconds", "Arrival to first token", _LATENCY_BUCKETS
         )
-        self.latency = Histogram(
-            p + "request_latency_seconds",
-            "Arrival to last token",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
+        self.latency = RestartableHistogram(
+            p + "request_latency_seconds", "Arrival to last token", _LATENCY_BUCKETS
         )
+        r.register(self.ttft)
+        r.register(self.latency)
         self.step_seconds = Histogram(
             p + "engine_step_seconds",
             "One engine loop iteration",
@@ -83,12 +81,42 @@ class Metrics:
         )
         self.mlx_peak_bytes = Gauge(p + "mlx_peak_bytes", "MLX peak memory", registry=r)
 
+    def reset_request_timings(self) -> None:
+        """Empty the TTFT and request latency histograms: called when the start-up warm-up
+        ends (the engine's cache reset), before the port opens, so no scrape ever sees the
+        warm-up's requests in them and none sees a histogram go backwards."""
+        self.ttft.restart()
+        self.latency.restart()
+
     def add_collector(self, collector: object) -> None:
         """Register a custom collector (e.g. cache stats read at scrape time)."""
         self.registry.register(collector)  # type: ignore[arg-type]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RestartableHistogram:
+    """A histogram that can start over empty (prometheus_client's cannot), exported as one
+    family through this collector. `restart` swaps in a new histogram in one attribute store,
+    so a concurrent scrape sees the old or the new one, never neither; thread-safe."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]) -> None:
+        self._spec = (name, documentation, buckets)
+        self._histogram = self._new()
+
+    def _new(self) -> Histogram:
+        name, documentation, buckets = self._spec
+        return Histogram(name, documentation, buckets=buckets, registry=None)
+
+    def observe(self, seconds: float) -> None:
+        self._histogram.observe(seconds)
+
+    def restart(self) -> None:
+        self._histogram = self._new()
+
+    def collect(self) -> Iterator[Any]:
+        return self._histogram.collect()
 
 
 class EdgeMetrics:

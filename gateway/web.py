@@ -28,11 +28,12 @@ from gateway.dashboard import LiveStats, Sample, parse_engine_metrics
 from gateway.errors import invalid
 
 STATIC = Path(__file__).parent / "static"
-# The pages load only their own scripts and styles; images may come from anywhere the user
-# points the playground at (the thumbnail of an image URL), and from pasted/dropped files.
+# The pages load only their own scripts and styles; images and videos may come from anywhere
+# the user points the playground at (the thumbnail of a URL), and from pasted/dropped files.
 PAGE_HEADERS = {
     "content-security-policy": (
         "default-src 'self'; img-src 'self' data: blob: http: https:; "
+        "media-src 'self' data: blob: http: https:; "
         "object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
     ),
     "x-content-type-options": "nosniff",

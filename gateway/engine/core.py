@@ -260,6 +260,7 @@ class Engine:
                 self._cancel(message.request_id)
             elif isinstance(message, ResetCaches):
                 self._new_caches()
+                self.metrics.reset_request_timings()  # the warm-up's timings are not the users'
             else:
                 self._enqueue(message.request, message.sink)
             try:

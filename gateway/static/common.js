@@ -27,15 +27,21 @@ const VG = (() => {
     return response;
   }
 
-  // The message of an OpenAI error object, else the status line.
-  async function errorMessage(response) {
+  // {message, param} of an OpenAI error object, else the status line (param null).
+  async function errorDetails(response) {
     try {
       const body = await response.json();
-      if (body && body.error && body.error.message) return body.error.message;
+      if (body && body.error && body.error.message) {
+        return { message: body.error.message, param: body.error.param || null };
+      }
     } catch (_) {
       // not JSON: fall through to the status
     }
-    return `HTTP ${response.status} ${response.statusText}`.trim();
+    return { message: `HTTP ${response.status} ${response.statusText}`.trim(), param: null };
+  }
+
+  async function errorMessage(response) {
+    return (await errorDetails(response)).message;
   }
 
   function askForKey(message) {
@@ -94,5 +100,5 @@ const VG = (() => {
     return node;
   }
 
-  return { request, errorMessage, askForKey, setupKeyPrompt, formatBytes, formatPercent, formatAge, el };
+  return { request, errorDetails, errorMessage, askForKey, setupKeyPrompt, formatBytes, formatPercent, formatAge, el };
 })();

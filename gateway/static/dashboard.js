@@ -117,6 +117,7 @@
       if (live.status === 401 || entries.status === 401) {
         stopped = true;
         $("status").textContent = "API key needed";
+        $("status").classList.add("down");
         return;
       }
       if (!live.ok) throw new Error(await VG.errorMessage(live));

@@ -10,7 +10,8 @@
   const state = {
     model: null,
     history: [], // OpenAI messages sent so far (user turns with their images, answers)
-    pending: [], // images for the next user turn: {url, name}
+    names: [], // per history message: the names of its attachments, in content order
+    pending: [], // attachments for the next user turn: {url, name, kind: "image" | "video"}
     controller: null, // AbortController of the request in flight
   };
 
@@ -47,27 +48,53 @@
     });
   }
 
+  // Only images and videos can be attached: anything else is refused here, by name, rather
+  // than sent for the server to refuse.
+  function mediaKind(type) {
+    if (type.startsWith("image/")) return "image";
+    return type.startsWith("video/") ? "video" : null;
+  }
+
+  const VIDEO_URL = /^data:video\/|\.(mp4|m4v|webm|mkv|mov|avi)(\?.*)?$/i;
+
+  function showAttachError(message) {
+    $("attach-error").textContent = message;
+    $("attach-error").hidden = !message;
+  }
+
   async function addFiles(files) {
+    const refused = [];
     for (const file of files) {
-      state.pending.push({ url: await readFile(file), name: file.name || "pasted image" });
+      const name = file.name || "pasted file";
+      const kind = mediaKind(file.type || "");
+      if (kind) state.pending.push({ url: await readFile(file), name, kind });
+      else refused.push(name);
     }
+    showAttachError(
+      refused.length
+        ? `Not attached: ${refused.map((n) => `"${n}"`).join(", ")} ${refused.length === 1 ? "is" : "are"} not an image or a video.`
+        : ""
+    );
     renderThumbs();
   }
 
   function addUrl() {
     const url = $("image-url").value.trim();
     if (!url) return;
-    state.pending.push({ url, name: url });
+    state.pending.push({ url, name: url, kind: VIDEO_URL.test(url) ? "video" : "image" });
     $("image-url").value = "";
+    showAttachError("");
     renderThumbs();
   }
 
   function thumbnail(image, onRemove) {
-    const img = el("img", { src: image.url, alt: image.name, title: image.name });
-    const frame = el("figure", { className: "thumb", testid: "thumbnail" }, img);
+    const media = image.kind === "video"
+      ? el("video", { src: image.url, title: image.name, muted: true, preload: "metadata" })
+      : el("img", { src: image.url, alt: image.name, title: image.name });
+    const frame = el("figure", { className: "thumb", testid: "thumbnail" }, media);
     // A URL the browser cannot show (a server-side path, a broken file) still gets sent;
     // the server decides, and its error says what is wrong.
-    img.addEventListener("error", () => img.replaceWith(el("span", { className: "noimg", text: image.name })));
+    media.addEventListener("error", () => media.replaceWith(el("span", { className: "noimg", text: image.name })));
     if (onRemove) {
       frame.append(el("button", { type: "button", className: "remove", title: "remove", text: "×" }));
       frame.lastChild.addEventListener("click", onRemove);
@@ -89,9 +116,17 @@
 
   // ----- chat view -------------------------------------------------------------------------
 
+  // At most once a frame: reading scrollHeight forces a layout, and a fast stream sends
+  // hundreds of chunks a second.
+  let scrollQueued = false;
   function scrollDown() {
-    const chat = $("chat");
-    chat.scrollTop = chat.scrollHeight;
+    if (scrollQueued) return;
+    scrollQueued = true;
+    requestAnimationFrame(() => {
+      scrollQueued = false;
+      const chat = $("chat");
+      chat.scrollTop = chat.scrollHeight;
+    });
   }
 
   function showUser(text, images) {
@@ -113,6 +148,14 @@
     $("chat").append(root);
     scrollDown();
     return { root, answer, badge };
+  }
+
+  // The server's error; when its `param` points into a message's content
+  // (`messages[i].content[j]...`), the attachment's name is put first.
+  function errorText(error) {
+    const at = /^messages\[(\d+)\]\.content\[(\d+)\]/.exec(error.param || "");
+    const name = at && (state.names[Number(at[1])] || [])[Number(at[2])];
+    return name ? `${name}: ${error.message}` : error.message;
   }
 
   function showError(view, message) {
@@ -201,20 +244,22 @@
     if (!text && !state.pending.length) return;
     if (!state.model) await loadModel();
     const images = state.pending;
-    const content = images.length
-      ? [...images.map((i) => ({ type: "image_url", image_url: { url: i.url } })), { type: "text", text }]
-      : text;
+    const part = (i) => (i.kind === "video" ? { type: "video_url", video_url: { url: i.url } } : { type: "image_url", image_url: { url: i.url } });
+    const content = images.length ? [...images.map(part), { type: "text", text }] : text;
     const userNode = showUser(text, images);
     state.pending = [];
+    showAttachError("");
     renderThumbs();
     $("question").value = "";
     state.history.push({ role: "user", content });
+    state.names.push(images.map((i) => i.name));
     const view = showAssistant();
     const run = { sentAt: performance.now(), firstAt: null, lastAt: null, chunks: 0, usage: null, cache: {}, text: "" };
     const controller = (state.controller = new AbortController());
     setBusy(true);
     const rollBack = () => {
       state.history.pop();
+      state.names.pop();
       userNode.classList.add("failed");
     };
     try {
@@ -232,10 +277,10 @@
           max_tokens: Number($("max-tokens").value),
         }),
       });
-      if (!response.ok) throw new Error(await VG.errorMessage(response));
+      if (!response.ok) throw new Error(errorText(await VG.errorDetails(response)));
       run.cache = parseXCache(response.headers.get("x-cache"));
       await readEvents(response, (chunk) => {
-        if (chunk.error) throw new Error(chunk.error.message);
+        if (chunk.error) throw new Error(errorText(chunk.error));
         if (chunk.usage) run.usage = chunk.usage;
         const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
         if (delta && delta.content) {
@@ -244,18 +289,21 @@
           run.lastAt = now;
           run.chunks += 1;
           run.text += delta.content;
-          view.answer.textContent = run.text;
+          view.answer.append(delta.content); // not textContent = run.text: O(chunk), not O(answer)
           scrollDown();
         }
       });
       state.history.push({ role: "assistant", content: run.text });
+      state.names.push([]);
       view.root.dataset.state = "done";
       showStats(view, run, false);
     } catch (error) {
       if (error.name === "AbortError") {
         // The server sees the connection close and frees the request's batch row.
-        if (run.text) state.history.push({ role: "assistant", content: run.text });
-        else rollBack();
+        if (run.text) {
+          state.history.push({ role: "assistant", content: run.text });
+          state.names.push([]);
+        } else rollBack();
         view.root.dataset.state = "stopped";
         showStats(view, run, true);
       } else {
@@ -291,6 +339,7 @@
     $("new-chat").addEventListener("click", () => {
       if (state.controller) state.controller.abort();
       state.history = [];
+      state.names = [];
       $("chat").replaceChildren($("empty"));
       $("empty").hidden = false;
     });
@@ -306,7 +355,7 @@
       }
     });
     document.addEventListener("paste", (event) => {
-      const files = Array.from(event.clipboardData.files).filter((f) => f.type.startsWith("image/"));
+      const files = Array.from(event.clipboardData.files);
       if (files.length) {
         event.preventDefault();
         addFiles(files);

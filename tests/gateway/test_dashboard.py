@@ -40,6 +40,24 @@ def test_parse_engine_metrics_reads_the_engines_own_registry() -> None:
     assert [b for b, _ in buckets] == sorted(b for b, _ in buckets) and buckets[-1][0] == INF
 
 
+def test_request_timings_start_over_and_the_counters_do_not() -> None:
+    """Invariant: `reset_request_timings` (the end of the warm-up) empties the TTFT and
+    latency histograms, keeps their families in the text, and leaves the counters alone;
+    later observations count from zero."""
+    metrics = Metrics()
+    metrics.generation_tokens.inc(5)
+    metrics.ttft.observe(0.02)
+    metrics.latency.observe(0.3)
+    metrics.reset_request_timings()
+    text = metrics.render().decode()
+    assert "vision_gateway_time_to_first_token_seconds_count 0.0" in text
+    assert "vision_gateway_request_latency_seconds_count 0.0" in text
+    generated, buckets = parse_engine_metrics(text)
+    assert generated == 5 and buckets[-1] == (INF, 0)
+    metrics.ttft.observe(7.0)
+    assert dict(parse_engine_metrics(metrics.render())[1])[5.0] == 0
+
+
 @pytest.mark.parametrize(
     "q, buckets, expected",
     [
@@ -89,7 +107,8 @@ def test_report_carries_latest_counts_and_ttft_over_its_window() -> None:
 
 def test_history_is_bounded_due_is_rate_limited_and_resets_restart_it() -> None:
     """Invariant: samples older than history_s are dropped; due() is False within
-    min_interval_s of the last sample; counters going backwards start a new history."""
+    min_interval_s of the last sample; counters (the TTFT count included) going backwards
+    start a new history."""
     now = [0.0]
     live = LiveStats(history_s=10, min_interval_s=1, clock=lambda: now[0])
     assert live.due()
@@ -102,3 +121,6 @@ def test_history_is_bounded_due_is_rate_limited_and_resets_restart_it() -> None:
     assert live.due()
     live.add(_sample(15.0, generated=0))  # the engine's counters restarted
     assert live.report()["samples"] == 1
+    live.add(_sample(16.0, generated=1, buckets=((1.0, 3.0), (INF, 3.0))))
+    live.add(_sample(17.0, generated=2, buckets=((1.0, 0.0), (INF, 0.0))))  # TTFT started over
+    assert live.report()["samples"] == 1 and live.report()["ttft"]["count"] == 0

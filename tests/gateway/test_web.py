@@ -4,8 +4,9 @@ process, and with `--in-process-engine`).
 Pinned: the pages and their static files are served from the package with a same-origin CSP
 and need no key; `GET /v1/cache/entries` reports the entries the caches really hold (pixel
 hash prefixes, hits, bytes agreeing with `/v1/cache/stats`) in both engine modes and refuses
-bad parameters with a 400 that names them; `GET /v1/dashboard` moves with traffic; with
-`--api-key` every JSON endpoint the pages call wants the key.
+bad parameters with a 400 that names them; `GET /v1/dashboard` moves with traffic and, like
+the caches, counts no warm-up request in its TTFT; with `--api-key` every JSON endpoint the
+pages call wants the key.
 """
 
 from __future__ import annotations
@@ -57,6 +58,20 @@ def _ask(server: ServerProcess, png: bytes, system: str) -> None:
         max_tokens=3,
         temperature=0,
     )
+
+
+def test_the_warm_up_is_not_in_the_ttft_figures(server: ServerProcess) -> None:
+    """Invariant: on a server that has served nobody yet, the start-up warm-up's requests
+    (counted by `requests_total`) are in neither the dashboard's TTFT nor /metrics' TTFT and
+    latency histograms: those start over with the caches when the warm-up ends. (First in
+    the module: it needs the server untouched.)"""
+    metrics = server.metrics()
+    assert metrics['vision_gateway_requests_total{status="ok"}'] > 0  # the warm-up ran
+    assert metrics["vision_gateway_time_to_first_token_seconds_count"] == 0
+    assert metrics["vision_gateway_request_latency_seconds_count"] == 0
+    live = httpx.get(server.base_url + "/v1/dashboard", timeout=10).json()
+    assert live["ttft"]["count"] == 0 and live["ttft"]["p50_ms"] is None
+    assert live["caches"]["vision"]["queries"] == 0
 
 
 def test_pages_and_static_files_are_served_with_a_same_origin_policy(
@@ -120,6 +135,7 @@ def test_entries_refuse_bad_parameters(server: ServerProcess, query: str, param:
 def test_dashboard_numbers_move_with_traffic(server: ServerProcess) -> None:
     """Invariant: /v1/dashboard's cache counters, TTFT count and history grow after a request
     (sampled at most about once a second: a second poll within that reuses the sample)."""
+    time.sleep(1.0)  # a fresh sample: an earlier test may have taken one within the second
     before = httpx.get(server.base_url + "/v1/dashboard", timeout=10).json()
     _ask(server, noise_png(33), "Describe it.")
     time.sleep(1.0)
