@@ -6,27 +6,33 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
-from collections.abc import Callable
-from typing import Any
 
 from gateway.cluster.config import ClusterConfig
 from gateway.config import ConfigError
+from gateway.flags import DefaultsFormatter, add_serve_flags, configs_from_args
+from gateway.server import bind_socket, resolve_model
 
 _DEFAULTS = ClusterConfig()
+# From a source checkout the package is not on an index: the editable install names the extra.
+INSTALL_HINT = (
+    "pip install -e '.[cluster]' in a source checkout, "
+    "or pip install 'vision-gateway[cluster]' for an installed wheel"
+)
 
 
-def add_cluster_parser(serve_parser: Callable[..., argparse.ArgumentParser], sub: Any) -> None:
-    p = serve_parser(
-        sub,
+def add_cluster_parser(sub: argparse._SubParsersAction) -> None:
+    """`cluster` on the subcommands `sub`: every `serve` flag, then the cluster's own."""
+    p = sub.add_parser(
         "cluster",
         help="run N engine replicas on Ray Serve behind one endpoint (affinity routing)",
         description="Serve the same API as `serve` over N engine replicas deployed on Ray "
         "Serve (a local Ray instance, or an existing cluster with --ray-address). Requests "
         "about the same image, and turns of one conversation, go to the same replica. "
-        "Every serve flag applies to every replica. Needs the `cluster` extra "
-        "(pip install 'vision-gateway[cluster]').",
+        f"Every serve flag applies to every replica. Needs the `cluster` extra ({INSTALL_HINT}).",
+        formatter_class=DefaultsFormatter,
     )
-    a = p.add_argument
+    add_serve_flags(p)
+    a = p.add_argument_group("cluster").add_argument
     a("--replicas", type=int, default=_DEFAULTS.replicas, help="engine replicas")
     a(
         "--ray-address",
@@ -104,13 +110,14 @@ def cluster_config(args: argparse.Namespace) -> ClusterConfig:
 
 
 def cluster(args: argparse.Namespace) -> None:
-    from gateway.cli import configs_from_args, resolve_model
-
+    """Run `vision-gateway cluster` from its parsed flags until SIGINT or SIGTERM. Raises
+    ConfigError before starting anything when a value is out of range or the port is taken."""
     if importlib.util.find_spec("ray") is None:
-        sys.exit("vision-gateway: `cluster` needs Ray Serve: pip install 'vision-gateway[cluster]'")
+        sys.exit(f"vision-gateway: `cluster` needs Ray Serve: {INSTALL_HINT}")
     settings = cluster_config(args)
     server, engine, media = configs_from_args(args)
-    engine, notice = resolve_model(engine)
-    from gateway.cluster.launch import run_cluster
+    with bind_socket(server) as sock:  # before Ray and the model: a busy port fails at once
+        engine, notice = resolve_model(engine)
+        from gateway.cluster.launch import run_cluster
 
-    run_cluster(settings, server, engine, media, notice)
+        run_cluster(settings, server, engine, media, notice, sock)

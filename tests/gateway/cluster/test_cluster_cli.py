@@ -6,9 +6,10 @@ import argparse
 
 import pytest
 
-from gateway.cli import build_parser, configs_from_args
+from gateway.cli import build_parser
 from gateway.cluster.cli import cluster_config
 from gateway.config import ConfigError
+from gateway.flags import configs_from_args
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
