@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from gateway.cluster.cli import add_cluster_parser, cluster
 from gateway.config import ConfigError
@@ -114,14 +116,32 @@ def main(argv: Sequence[str] | None = None) -> None:
     level = getattr(args, "log_level", "info").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        if args.command == "make-model":
+            _make_model(args)
+            return
         if args.command == "serve":
             serve(*configs_from_args(args))
-        elif args.command == "cluster":
-            cluster(args)
         else:
-            _make_model(args)
+            cluster(args)
     except ConfigError as exc:
         sys.exit(f"vision-gateway: {exc}")
     except KeyboardInterrupt:  # Ctrl-C before the server took over its signals (model load)
         print("vision-gateway: interrupted", file=sys.stderr)
-        sys.exit(130)
+        _exit_without_finalizing(130)
+    _exit_without_finalizing(0)  # the server drained and stopped after SIGINT or SIGTERM
+
+
+def _exit_without_finalizing(status: int) -> NoReturn:
+    """Flush the logs and output and leave at once, skipping interpreter finalization.
+
+    mlx 0.32 (pinned) aborts the process ("terminate called without an active exception",
+    SIGABRT) when a thread that used MLX exits while the interpreter finalizes: its
+    thread-local destructors take the GIL (ml-explore/mlx#3126, fixed after 0.32). This
+    process's worker threads use MLX (the model's prompt side), and joining them in Python
+    returns before their destructors have run. After a drained shutdown there is nothing left
+    to finalize: the engine process has stopped and the caches have reached the disk.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
