@@ -44,10 +44,13 @@ class Flag:
     off_help: str = ""
 
 
-def flag(name: str, help: str, default: Any = MISSING, **options: Any) -> Any:
-    """A dataclass field with `default` whose command-line flag is `Flag(name, help,
-    **options)`."""
-    return field(default=default, metadata={"flag": Flag(name, help, **options)})
+def flag(
+    name: str, help: str, default: Any = MISSING, *, factory: Any = MISSING, **options: Any
+) -> Any:
+    """A dataclass field with `default` (or `factory`, as `default_factory`) whose
+    command-line flag is `Flag(name, help, **options)`."""
+    metadata = {"flag": Flag(name, help, **options)}
+    return field(default=default, default_factory=factory, metadata=metadata)
 
 
 @dataclass(frozen=True)

@@ -64,10 +64,22 @@ def flagged_fields(config: type) -> list[tuple[dataclasses.Field, Flag]]:
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     """Add every `serve` flag to `parser`, one argument group per config dataclass."""
     for config, title in SECTIONS:
-        group = parser.add_argument_group(title)
-        hints = typing.get_type_hints(config)
-        for f, spec in flagged_fields(config):
-            _add_flag(group, spec, f, hints[f.name])
+        add_config_flags(parser, config, title)
+
+
+def add_config_flags(parser: argparse.ArgumentParser, config: type, title: str) -> None:
+    """Add the flags of `config`'s fields to `parser`, as the argument group `title`."""
+    group = parser.add_argument_group(title)
+    hints = typing.get_type_hints(config)
+    for f, spec in flagged_fields(config):
+        _add_flag(group, spec, f, hints[f.name])
+
+
+def _default(f: dataclasses.Field) -> Any:
+    """The field's default (None when it has none)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
 
 
 def _add_flag(group: Any, spec: Flag, f: dataclasses.Field, hint: Any) -> None:
@@ -86,12 +98,11 @@ def _add_flag(group: Any, spec: Flag, f: dataclasses.Field, hint: Any) -> None:
         options["choices"] = list(spec.choices)
     if spec.kind == "list":
         element = _parse_type(typing.get_args(hint)[0])
-        if f.default:
-            options["help"] = spec.help.format(default=" and ".join(map(str, f.default)))
+        if _default(f):
+            options["help"] = spec.help.format(default=" and ".join(map(str, _default(f))))
         group.add_argument(spec.name, action="append", type=element, **options)
     else:
-        default = None if f.default is dataclasses.MISSING else f.default
-        group.add_argument(spec.name, type=_parse_type(hint), default=default, **options)
+        group.add_argument(spec.name, type=_parse_type(hint), default=_default(f), **options)
     if spec.off:
         group.add_argument(spec.off, action="store_true", help=spec.off_help)
 
@@ -116,7 +127,7 @@ def _value(ns: argparse.Namespace, spec: Flag, f: dataclasses.Field) -> Any:
     if spec.kind == "off":
         return not given
     if spec.kind == "list":
-        return tuple(given) if given else f.default
+        return tuple(given) if given else _default(f)
     if spec.off and getattr(ns, _dest(spec.off)):
         return None
     if spec.env:
@@ -124,8 +135,9 @@ def _value(ns: argparse.Namespace, spec: Flag, f: dataclasses.Field) -> Any:
     return given
 
 
-def _build(config: type, ns: argparse.Namespace, **derived: Any) -> Any:
-    """`config` from its flags' values; `derived` gives the fields computed otherwise."""
+def build_config(config: type, ns: argparse.Namespace, **derived: Any) -> Any:
+    """`config` from the values of its flags (added by `add_config_flags`) in `ns`; `derived`
+    gives the fields computed otherwise. Raises ConfigError on an out-of-range value."""
     values = {f.name: _value(ns, spec, f) for f, spec in flagged_fields(config)}
     return config(**{**values, **derived})
 
@@ -133,13 +145,13 @@ def _build(config: type, ns: argparse.Namespace, **derived: Any) -> Any:
 def configs_from_args(ns: argparse.Namespace) -> tuple[ServerConfig, EngineConfig, MediaConfig]:
     """The configs `serve` runs with, from a namespace parsed with `add_serve_flags`' flags.
     Raises ConfigError on an out-of-range value (its message names the flag)."""
-    server = _build(ServerConfig, ns, responses=_build(ResponsesConfig, ns))
-    cache = _build(CacheConfig, ns)
+    server = build_config(ServerConfig, ns, responses=build_config(ResponsesConfig, ns))
+    cache = build_config(CacheConfig, ns)
     # The command line puts the disk tier in the user cache dir unless told otherwise (the
     # dataclass default, None, is what tests and library callers get: off).
     if cache.cache_dir is None and not ns.no_disk_cache:
         cache = dataclasses.replace(cache, cache_dir=default_disk_cache_dir())
     model = ns.model or ""
     name = ns.served_model_name or (Path(model).name if model else EMBEDDED_MODEL_NAME)
-    engine = _build(EngineConfig, ns, model=model, served_model_name=name, cache=cache)
-    return server, engine, _build(MediaConfig, ns)
+    engine = build_config(EngineConfig, ns, model=model, served_model_name=name, cache=cache)
+    return server, engine, build_config(MediaConfig, ns)

@@ -10,8 +10,9 @@ import pytest
 
 from gateway.cli import build_parser
 from gateway.cluster.cli import cluster, cluster_config
+from gateway.cluster.config import ClusterConfig
 from gateway.config import ConfigError
-from gateway.flags import configs_from_args
+from gateway.flags import configs_from_args, flagged_fields
 
 
 def _subparser(name: str) -> argparse.ArgumentParser:
@@ -97,3 +98,11 @@ def test_the_install_hint_works_from_a_checkout(capsys: pytest.CaptureFixture[st
         build_parser().parse_args(["cluster", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "pip install -e '.[cluster]'" in text and "'vision-gateway[cluster]'" in text
+
+
+def test_cluster_flags_are_declared_on_cluster_config_fields():
+    """The cluster's own flags are generated from ClusterConfig's field metadata, as serve's
+    are from the serve configs: each declared once, the default being the field's."""
+    own = _options(_subparser("cluster")) - _options(_subparser("serve"))
+    assert own == {spec.name for _, spec in flagged_fields(ClusterConfig)}
+    assert cluster_config(build_parser().parse_args(["cluster"])) == ClusterConfig()
