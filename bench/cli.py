@@ -306,3 +306,18 @@ def _hotpath(args: argparse.Namespace) -> None:
         print(f"json: {args.out}")
     if args.plot and plot([Row.from_dict(r) for r in payload["rows"]], str(args.plot)):
         print(f"plot: {args.plot}")
+
+
+def require_plotting(args: argparse.Namespace) -> None:
+    """A bench asked for a plot fails before it runs, not silently after, without matplotlib.
+    (Moved from gateway/cli.py's bench dispatch: the bench entry calls it before `args.run`.)"""
+    if getattr(args, "plot", None) is None:
+        return
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("matplotlib") is None:
+        sys.exit(
+            "vision-gateway: --plot needs matplotlib: pip install 'vision-gateway[bench]' "
+            "(or leave out --plot)"
+        )

@@ -5,8 +5,9 @@ Nothing below the edge reads argv or the environment: it receives one of these.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
+from typing import Any
 
 MIB = 1024 * 1024
 
@@ -21,27 +22,92 @@ def _require(ok: bool, message: str) -> None:
 
 
 @dataclass(frozen=True)
+class Flag:
+    """The command-line flag of one config field: `gateway.flags` builds `serve`'s parser and
+    reads the parsed values back from these, so a flag is declared once, beside its field.
+
+    kind: "value" (`NAME VALUE`, parsed as the field's type; absent: the field's default),
+    "list" (repeatable, a tuple of the field's element type; absent: the field's default,
+    which `help` may show as "{default}"), "on" / "off" (a switch that sets the field True /
+    False), "both" (`NAME` and its `--no-` form). `env`: an environment variable read when the
+    flag is absent or empty (secrets stay out of `ps` and shell history). `off`: a second
+    switch (with `off_help`) that sets the field to None (a part turned off).
+    """
+
+    name: str
+    help: str
+    kind: str = "value"
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    env: str | None = None
+    off: str | None = None
+    off_help: str = ""
+
+
+def flag(
+    name: str, help: str, default: Any = MISSING, *, factory: Any = MISSING, **options: Any
+) -> Any:
+    """A dataclass field with `default` (or `factory`, as `default_factory`) whose
+    command-line flag is `Flag(name, help, **options)`."""
+    metadata = {"flag": Flag(name, help, **options)}
+    return field(default=default, default_factory=factory, metadata=metadata)
+
+
+@dataclass(frozen=True)
 class MediaConfig:
     """Limits and permissions for loading images from URLs, data URIs and local paths."""
 
-    allowed_media_dirs: tuple[Path, ...] = ()
-    allow_private_urls: bool = False
-    allowed_url_hosts: tuple[str, ...] = ()  # empty: any public host
-    max_image_bytes: int = 20 * MIB
-    max_image_pixels: int = 40_000_000  # per image, checked from the header before decoding
-    max_request_pixels: int = 160_000_000  # all images of one request together
-    max_images_per_request: int = 16
+    allowed_media_dirs: tuple[Path, ...] = flag(
+        "--allowed-media-dir",
+        "serve local image paths under DIR (repeatable); none: paths are refused",
+        (),
+        kind="list",
+        metavar="DIR",
+    )
+    allow_private_urls: bool = flag(
+        "--allow-private-urls",
+        "allow image URLs on loopback/private/link-local addresses (off: SSRF protection)",
+        False,
+        kind="on",
+    )
+    allowed_url_hosts: tuple[str, ...] = flag(  # empty: any public host
+        "--allowed-url-host",
+        "only fetch image URLs from these hosts (repeatable)",
+        (),
+        kind="list",
+        metavar="HOST",
+    )
+    max_image_bytes: int = flag("--max-image-bytes", "per image, bytes", 20 * MIB)
+    max_image_pixels: int = flag(
+        "--max-image-pixels", "per image, checked from the header before decoding", 40_000_000
+    )
+    max_request_pixels: int = flag(
+        "--max-request-pixels", "all images of one request together", 160_000_000
+    )
+    max_images_per_request: int = flag(
+        "--max-images-per-request", "images in one request (more: 400)", 16
+    )
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 15.0
-    max_redirects: int = 3
+    max_redirects: int = flag("--max-redirects", "redirects followed per image URL", 3)
     decode_memo_mb: int = 64  # encoded-bytes hash -> decoded image memo
     # Video (the `video_url` part): the encoded clip's size, its length, and how many frames
     # are sampled from it (at `video_fps` frames per second, spread evenly when the clip is
     # longer than max_video_frames / video_fps seconds).
-    max_video_bytes: int = 64 * MIB
-    max_video_seconds: float = 120.0
-    max_video_frames: int = 32
-    video_fps: float = 2.0
+    max_video_bytes: int = flag(
+        "--max-video-bytes", "per video (the encoded clip), bytes (more: 413)", 64 * MIB
+    )
+    max_video_seconds: float = flag(
+        "--max-video-seconds", "per video, its length in seconds (longer: 413)", 120.0
+    )
+    max_video_frames: int = flag(
+        "--max-video-frames",
+        "frames sampled per video at most (a longer clip is sampled more sparsely)",
+        32,
+    )
+    video_fps: float = flag(
+        "--video-fps", "frames sampled per second of video (up to --max-video-frames)", 2.0
+    )
 
     def __post_init__(self) -> None:
         _require(self.max_image_bytes > 0, "--max-image-bytes must be > 0")
@@ -76,26 +142,58 @@ CPU_KV_BLOCK_TOKENS = 32
 class CacheConfig:
     """Budgets for the content-addressed caches (bytes of used array size)."""
 
-    vision_cache_mb: float = 512
-    kv_cache_mb: float = 2048
-    vision_enabled: bool = True
-    prefix_enabled: bool = True
+    vision_cache_mb: float = flag("--vision-cache-mb", "vision-feature cache budget, MiB", 512)
+    kv_cache_mb: float = flag("--kv-cache-mb", "KV prefix cache budget, MiB", 2048)
+    vision_enabled: bool = flag(
+        "--no-vision-cache", "disable the vision-feature cache", True, kind="off"
+    )
+    prefix_enabled: bool = flag(
+        "--no-prefix-cache", "disable the KV prefix cache", True, kind="off"
+    )
     # Exact KV reuse (docs/caching.md): every prompt position's KV is computed by a forward
     # over exactly one block of `kv_block_tokens` rows at a fixed absolute position (the last
     # block padded), in the cached and the uncached path alike, and only whole prefill-computed
     # blocks are reused. So a hit is bit-identical to no cache on any backend whose kernels
     # are deterministic for a given shape. The block is also the unit a block-structured KV
     # store would key on.
-    exact_reuse: bool = True
+    exact_reuse: bool = flag(
+        "--exact-cache",
+        "compute and reuse KV in fixed blocks so a cache hit is bit-identical to no cache on "
+        "every backend (docs/caching.md); --no-exact-cache reuses any prefix",
+        True,
+        kind="both",
+    )
     # 0: by device. A GPU forward of 256 rows costs about one of 32 (the weight read
     # dominates), so larger blocks there mean fewer forwards for a cold prompt; on a CPU every
     # padded row costs its own compute.
-    kv_block_tokens: int = 0
-    grammar_cache_mb: float = 64  # compiled structured-output grammars (estimated bytes)
+    kv_block_tokens: int = flag(
+        "--kv-block-tokens",
+        "block size (tokens) of --exact-cache: prefill forwards and KV reuse granularity; "
+        "0: 256 on a GPU, 32 on CPU",
+        0,
+    )
+    grammar_cache_mb: float = flag(  # compiled structured-output grammars (estimated bytes)
+        "--grammar-cache-mb",
+        "compiled structured-output grammars cache budget, MiB (estimated sizes)",
+        64,
+    )
     # The disk tier under both caches (docs/caching.md): None is off. The CLI defaults it to a
     # folder of the user cache dir; several servers may share one folder.
-    cache_dir: Path | None = None
-    disk_cache_gb: float = 10  # GiB for the whole folder (all models), files' sizes
+    cache_dir: Path | None = flag(
+        "--cache-dir",
+        "folder of the disk tier under both caches (vision features and KV blocks survive "
+        "restarts; several servers may share it); default: disk-cache/ in the user cache dir "
+        "($VISION_GATEWAY_CACHE, else $XDG_CACHE_HOME/vision-gateway, else "
+        "~/.cache/vision-gateway)",
+        None,
+        off="--no-disk-cache",
+        off_help="no disk tier: the caches live in memory only",
+    )
+    disk_cache_gb: float = flag(  # GiB for the whole folder (all models), files' sizes
+        "--disk-cache-gb",
+        "disk tier budget for the whole --cache-dir, GiB; least recently used files go",
+        10,
+    )
 
     def __post_init__(self) -> None:
         _require(self.vision_cache_mb >= 0, "--vision-cache-mb must be >= 0")
@@ -134,23 +232,58 @@ class CacheConfig:
 class EngineConfig:
     """The model and how the one MLX thread schedules work."""
 
-    model: str  # local directory or hub id
-    served_model_name: str
-    max_batch: int = 16  # rows decoding at once
-    max_waiting: int = 64  # admitted-but-not-running requests before 429
-    prefill_chunk_tokens: int = 512  # image prefill chunk between two decode steps
-    default_max_tokens: int = 512
-    max_context_tokens: int = 32768
+    model: str = flag(  # local directory or hub id
+        "--model", "local model dir or hub id (default: the embedded tiny offline model)"
+    )
+    served_model_name: str = flag(
+        "--served-model-name", "model name clients send (default: derived from --model)"
+    )
+    max_batch: int = flag("--max-batch", "rows decoding at once", 16)
+    max_waiting: int = flag(  # admitted-but-not-running requests before 429
+        "--max-waiting",
+        "requests queued beyond the running rows; more are refused (429, or 529 on /v1/messages)",
+        64,
+    )
+    prefill_chunk_tokens: int = flag(  # image prefill chunk between two decode steps
+        "--prefill-chunk", "tokens per prefill chunk between decodes", 512
+    )
+    default_max_tokens: int = flag("--default-max-tokens", "when a request sets none", 512)
+    max_context_tokens: int = flag("--max-context", "prompt + completion tokens", 32768)
     seed: int = 0
-    mlx_cache_limit_mb: float | None = None  # MLX's pool of freed buffers; None: MLX default
+    mlx_cache_limit_mb: float | None = flag(  # MLX's pool of freed buffers; None: MLX default
+        "--mlx-cache-limit-mb",
+        "cap MLX's pool of freed buffers (MiB); default: MLX's own limit",
+        None,
+    )
     cache: CacheConfig = field(default_factory=CacheConfig)
     # cuDNN attention builds one plan per (query, key) length pair (tens of ms each); serving
     # meets new lengths on almost every request (prompts, turns, image grids), so MLX's own
     # attention kernels are used unless this is set.
-    cudnn_attention: bool = False
-    warmup: bool = True  # run synthetic requests at start-up, before /health says ready
-    warmup_image_sizes: tuple[int, ...] = (448, 1024)  # square sizes (px) warmed at start-up
-    step_trace: Path | None = None  # append one JSON line per engine step here (diagnostics)
+    cudnn_attention: bool = flag(
+        "--cudnn-attention",
+        "use cuDNN attention on CUDA (fast for repeated shapes; plans a new one per length)",
+        False,
+        kind="on",
+    )
+    warmup: bool = flag(  # run synthetic requests at start-up, before /health says ready
+        "--no-warmup",
+        "skip the start-up warm-up (the first requests then pay for kernel compilation)",
+        True,
+        kind="off",
+    )
+    warmup_image_sizes: tuple[int, ...] = flag(  # square sizes (px) warmed at start-up
+        "--warmup-image-size",
+        "square image size to warm up at start-up (repeatable; default: {default})",
+        (448, 1024),
+        kind="list",
+        metavar="PX",
+    )
+    step_trace: Path | None = flag(  # append one JSON line per engine step here (diagnostics)
+        "--step-trace",
+        "append one JSON line per engine step to FILE (stage times, rows; diagnostics)",
+        None,
+        metavar="FILE",
+    )
 
     def __post_init__(self) -> None:
         _require(self.max_batch >= 1, "--max-batch must be >= 1")
@@ -170,9 +303,21 @@ class ResponsesConfig:
     `max_stored` 0 stores nothing (`previous_response_id` then always 404s); `ttl_s` 0: no
     expiry. Bytes count texts, rendered bodies and the kept decoded images (3 bytes/pixel)."""
 
-    max_stored: int = 1000
-    max_mb: float = 256
-    ttl_s: float = 86400.0
+    max_stored: int = flag(
+        "--responses-max-stored",
+        "Responses API: stored responses kept for previous_response_id (LRU; 0: none)",
+        1000,
+    )
+    max_mb: float = flag(
+        "--responses-store-mb",
+        "Responses API: MiB for stored conversations, their decoded images included",
+        256,
+    )
+    ttl_s: float = flag(
+        "--responses-ttl-s",
+        "Responses API: seconds a stored response is kept (0: until evicted)",
+        86400.0,
+    )
 
     def __post_init__(self) -> None:
         _require(self.max_stored >= 0, "--responses-max-stored must be >= 0")
@@ -188,18 +333,54 @@ class ResponsesConfig:
 class ServerConfig:
     """The HTTP edge."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    metrics_api_key: str | None = None  # None: /metrics uses api_key
+    host: str = flag("--host", "bind address", "127.0.0.1")
+    port: int = flag("--port", "TCP port", 8000)
+    api_key: str | None = flag(
+        "--api-key",
+        "require the key as `Authorization: Bearer KEY` or `x-api-key: KEY` "
+        "(env VISION_GATEWAY_API_KEY)",
+        None,
+        env="VISION_GATEWAY_API_KEY",
+    )
+    metrics_api_key: str | None = flag(  # None: /metrics uses api_key
+        "--metrics-api-key",
+        "separate key for /metrics (env VISION_GATEWAY_METRICS_API_KEY; default: --api-key)",
+        None,
+        env="VISION_GATEWAY_METRICS_API_KEY",
+    )
     # The OpenAI API's own payload limit (50 MB): larger bodies are refused before being read.
-    max_body_bytes: int = 50_000_000
+    max_body_bytes: int = flag(
+        "--max-body-bytes",
+        "request body cap, bytes (413 over it, checked before the body is read whole)",
+        50_000_000,
+    )
     # Bodies being read at once, all requests together: many large uploads together get a 429
     # (Retry-After) instead of exhausting memory.
-    max_inflight_body_mb: float = 256
-    shutdown_grace_s: float = 30.0
-    log_level: str = "info"
-    engine_process: bool = True  # run the engine in its own process (its own GIL)
+    max_inflight_body_mb: float = flag(
+        "--max-inflight-body-mb",
+        "request bodies being read at once, all requests together, MiB (over it: 429)",
+        256,
+    )
+    shutdown_grace_s: float = flag("--shutdown-grace", "seconds to finish running requests", 30.0)
+    log_level: str = flag(
+        "--log-level",
+        "log level of the server and the engine process",
+        "info",
+        choices=("debug", "info", "warning", "error"),
+    )
+    # uvicorn's event loop: "auto" is uvloop when it is installed, else asyncio.
+    loop: str = flag(
+        "--loop",
+        "event loop of the HTTP server (auto: uvloop when installed, else asyncio)",
+        "auto",
+        choices=("auto", "asyncio", "uvloop"),
+    )
+    engine_process: bool = flag(  # run the engine in its own process (its own GIL)
+        "--in-process-engine",
+        "run the engine thread inside the HTTP process (one GIL: slower on a GPU)",
+        True,
+        kind="off",
+    )
     responses: ResponsesConfig = field(default_factory=ResponsesConfig)
 
     def __post_init__(self) -> None:

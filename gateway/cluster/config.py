@@ -1,9 +1,11 @@
 """The cluster command's own settings (everything else is `serve`'s configuration, passed to
-every replica unchanged)."""
+every replica unchanged). Each field with a flag declares it here (`gateway.config.flag`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from gateway.config import ConfigError, flag
 
 
 @dataclass(frozen=True)
@@ -17,20 +19,49 @@ class ClusterConfig:
     `mac` per Mac node) so Ray places one per GPU or per machine.
     """
 
-    replicas: int = 2
-    ray_address: str | None = None
-    replica_cpus: float = 1.0
-    replica_gpus: float = 0.0
-    replica_resources: dict[str, float] = field(default_factory=dict)
-    load_factor: float = 1.25
-    min_load: int = 4  # the load bound's floor (`gateway.cluster.router`)
-    local_cpus: int = 0
-    object_store_mb: int = 256
+    replicas: int = flag("--replicas", "engine replicas", 2)
+    ray_address: str | None = flag(
+        "--ray-address",
+        "join this Ray cluster ('auto': the one `ray start` made on this machine; or "
+        "HOST:PORT); default: start a local Ray instance",
+        None,
+    )
+    replica_cpus: float = flag("--replica-cpus", "logical CPUs each replica reserves in Ray", 1.0)
+    replica_gpus: float = flag(
+        "--replica-gpus", "GPUs each replica reserves (1: one replica per GPU)", 0.0
+    )
+    # From NAME=AMOUNT items (`gateway.cluster.cli.cluster_config`).
+    replica_resources: dict[str, float] = flag(
+        "--replica-resource",
+        "a custom Ray resource each replica reserves, e.g. mac=1 with nodes started as "
+        "`ray start --resources '{\"mac\": 1}'` for one replica per Mac (repeatable)",
+        factory=dict,
+        kind="list",
+        metavar="NAME=AMOUNT",
+    )
+    load_factor: float = flag(
+        "--affinity-load-factor",
+        "a replica takes up to this times the mean in-flight load before a request's key "
+        "spills to its next replica",
+        1.25,
+    )
+    min_load: int = flag(  # the load bound's floor (`gateway.cluster.router`)
+        "--affinity-min-load",
+        "... but always up to this many in flight (a replica batches them; a spill costs a "
+        "cache miss)",
+        4,
+    )
+    local_cpus: int = flag(
+        "--ray-num-cpus",
+        "logical CPUs of a local Ray instance (0: this machine's, or what the replicas need)",
+        0,
+    )
+    object_store_mb: int = flag(
+        "--ray-object-store-mb", "object store of a local Ray instance, MiB", 256
+    )
     app_prefix: str = "vision-gateway"
 
     def __post_init__(self) -> None:
-        from gateway.config import ConfigError
-
         if not 1 <= self.replicas <= 256:
             raise ConfigError("--replicas must be in 1..256")
         if self.replica_cpus < 0 or self.replica_gpus < 0:

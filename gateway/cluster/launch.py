@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import signal
+import socket
 from typing import Any
 
 from gateway.cluster.config import ClusterConfig
@@ -97,17 +98,19 @@ def run_cluster(
     engine: EngineConfig,
     media: MediaConfig,
     notice: str | None,
+    sock: socket.socket,
 ) -> None:
-    """Run until SIGINT/SIGTERM: Ray, the replicas, and the ingress on server.host:port."""
+    """Run until SIGINT/SIGTERM: Ray, the replicas, and the ingress on `sock` (bound to
+    server.host:port by `gateway.server.bind_socket`); then delete the replicas, stop a Ray
+    this started, and return (a signalled shutdown is a clean exit, as `serve`'s is)."""
     import ray
 
     from gateway.app import create_app
-    from gateway.cli import uvicorn_server
     from gateway.cluster.routed_engine import RoutedEngine
     from gateway.cluster.router import AffinityRouter
+    from gateway.server import run_app
 
     started = start_ray(cluster)
-    terminated = False
     try:
         handles = deploy_replicas(cluster, engine, server.engine_process, server.log_level)
         router = AffinityRouter(
@@ -123,14 +126,13 @@ def run_cluster(
         log.info(
             "cluster: %d replicas, ingress on %s:%d", cluster.replicas, server.host, server.port
         )
-        uvicorn_server(app, server).run()
+        run_app(app, server, sock)
     except SystemExit as exc:
-        # uvicorn re-raises SIGTERM after its graceful shutdown, and Ray's handler in this
-        # driver turns it into SystemExit(15); re-raised below once the replicas are gone,
-        # so the exit status is `serve`'s (143).
+        # Outside the ingress's own handlers (Ray's start, the deployment) Ray's handler in
+        # this driver turns SIGTERM into SystemExit(15): a stop asked for, not a failure.
         if exc.code != signal.SIGTERM:
             raise
-        terminated = True
+        log.info("cluster: SIGTERM during start-up; stopping")
     finally:
         delete_replicas(cluster)
         if started:
@@ -138,6 +140,3 @@ def run_cluster(
 
             serve.shutdown()
             ray.shutdown()
-    if terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.raise_signal(signal.SIGTERM)

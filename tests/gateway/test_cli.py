@@ -1,5 +1,6 @@
 """The command line: flags take their defaults from the config dataclasses (one source), the
-help shows each default once and every flag has help, and --version answers."""
+help shows each default once and every flag has help, --version answers, and `bench` (no
+longer a subcommand) says where it went."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import re
 
 import pytest
 
-from gateway.cli import build_parser, configs_from_args, default_disk_cache_dir, main
+from gateway.cli import build_parser, main
 from gateway.config import CacheConfig, EngineConfig, MediaConfig, ServerConfig
+from gateway.flags import configs_from_args
+from gateway.server import default_disk_cache_dir
 
 
 def test_no_flags_give_the_config_dataclasses_defaults() -> None:
@@ -58,7 +61,7 @@ def test_help_shows_each_default_once_and_never_none(capsys: pytest.CaptureFixtu
 def test_every_flag_has_help() -> None:
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
-    for name in ("serve", "make-model"):  # bench flags: bench/cli.py
+    for name in ("serve", "cluster", "make-model"):
         command = sub.choices[name]  # type: ignore[union-attr]
         for action in command._actions:
             assert action.help, f"{name} {action.option_strings or action.dest} has no help"
@@ -71,23 +74,25 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     assert re.fullmatch(r"vision-gateway \S+\n", capsys.readouterr().out)
 
 
-def test_a_plot_without_matplotlib_fails_before_the_bench_runs(
-    monkeypatch: pytest.MonkeyPatch, tmp_path
-) -> None:
-    """Invariant: `bench ... --plot FILE` without matplotlib exits with a message naming the
-    missing package, before any server starts (it used to write nothing and say nothing)."""
-    import importlib.util
+def test_make_model_help_shows_the_seed_default(capsys: pytest.CaptureFixture[str]) -> None:
+    """A default of 0 is shown like any other (it used to be hidden as if it were None)."""
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["make-model", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--seed SEED weights seed (default: 0)" in text
 
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(
-        importlib.util,
-        "find_spec",
-        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a),
-    )
-    ran = []
-    from bench import cli as bench_cli
 
-    monkeypatch.setattr(bench_cli, "_load", lambda args: ran.append(args))
+def test_serve_help_names_the_three_apis(capsys: pytest.CaptureFixture[str]) -> None:
+    text = " ".join(_serve_help(capsys).split())
+    assert "OpenAI Chat Completions, Responses and Anthropic Messages APIs" in text
+
+
+def test_bench_is_not_a_product_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """Invariant: `vision-gateway bench ...` (the bench left the wheel) exits with a usage error
+    that says to run `python -m bench` from a source checkout, and runs nothing."""
     with pytest.raises(SystemExit) as exit_info:
-        main(["bench", "load", "--seconds", "1", "--plot", str(tmp_path / "rss.png")])
-    assert "matplotlib" in str(exit_info.value) and not ran
+        main(["bench", "load", "--seconds", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "python -m bench" in err and "source checkout" in err, err
+    assert "invalid choice" not in err

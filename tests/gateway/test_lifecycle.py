@@ -3,8 +3,8 @@
 Pinned invariants:
 - a stream running when SIGTERM arrives still completes (finish_reason, usage, [DONE]) within
   --shutdown-grace, new connections are refused meanwhile, and the process exits cleanly
-  (uvicorn re-raises SIGTERM after a graceful shutdown: -15 plus 'Application shutdown
-  complete' in the log, as LocalServer.stop checks);
+  (status 0 and 'Application shutdown complete' in the log, as LocalServer.stop checks;
+  tests/gateway/test_server.py pins status 0 for SIGINT and SIGTERM to the process group);
 - a request that outlives the grace period does not keep the process alive: it exits soon
   after the grace period, cleanly, and the client's connection is closed;
 - a stream still running when the grace period ends gets an SSE error event (503
@@ -143,6 +143,7 @@ def test_sigterm_lets_a_running_stream_finish_and_refuses_new_requests() -> None
         assert usage == [b"500"], data[-800:]
         assert b'"error"' not in data
         assert _exited_within(server.proc, 25), server.log()
+        assert server.proc.returncode == 0, server.log()
         assert time.monotonic() - sent < 20 + 5
     finally:
         if stream is not None:

@@ -1,0 +1,155 @@
+"""Running the gateway from typed configs: the model to serve, the listening socket, uvicorn.
+
+`serve` is what `vision-gateway serve` runs; `cluster` reuses `bind_socket`, `resolve_model`
+and `run_app` for its ingress. Order matters for a new user: the port is bound first (a busy
+port fails in a second, not after minutes of model loading), then the model is resolved, then
+the app starts. SIGINT and SIGTERM (from a terminal's Ctrl-C or a service manager, to the
+whole process group) drain running requests and return normally: the process exits 0, without
+a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import errno
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from gateway.config import ConfigError, EngineConfig, MediaConfig, ServerConfig
+
+EMBEDDED_NOTICE = (
+    "This is the embedded tiny random-weight test model: its answers are noise. "
+    "Start the server with --model <dir or hub id> to serve a real Qwen-VL model."
+)
+
+
+def default_disk_cache_dir() -> Path:
+    """The disk tier's default folder: disk-cache/ in the user cache dir (where the embedded
+    model is built too)."""
+    from gateway.offline_model import cache_root
+
+    return cache_root() / "disk-cache"
+
+
+def serve(server: ServerConfig, engine: EngineConfig, media: MediaConfig) -> None:
+    """Run the gateway until SIGINT or SIGTERM, then drain and return. Raises ConfigError
+    (before loading anything) when the address is taken or `engine.model` is a missing
+    directory."""
+    from gateway.app import create_app
+
+    with bind_socket(server) as sock:
+        engine, notice = resolve_model(engine)
+        run_app(create_app(server, engine, media, notice=notice), server, sock)
+
+
+def bind_socket(server: ServerConfig) -> socket.socket:
+    """A TCP socket bound (not yet listening) to server.host:server.port; the caller owns and
+    closes it. Raises ConfigError naming the address when it cannot be bound (in use, not an
+    address of this machine, a privileged port)."""
+    family = socket.AF_INET6 if ":" in server.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    # As uvicorn does: a restart can reuse the port while old connections are in TIME_WAIT
+    # (a port another process listens on still fails).
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((server.host, server.port))
+    except OSError as exc:
+        sock.close()
+        where = f"{server.host}:{server.port}"
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(
+                f"--port {server.port}: {where} is already in use (another server running?); "
+                "stop it or pick another --port"
+            ) from None
+        reason = exc.strerror or str(exc)
+        raise ConfigError(f"--host/--port: cannot listen on {where}: {reason}") from None
+    return sock
+
+
+def resolve_model(engine: EngineConfig) -> tuple[EngineConfig, str | None]:
+    """Check `--model`, or build the embedded tiny model: the config to serve and the
+    notice for /v1/models (None for a real model)."""
+    model = engine.model
+    if (
+        model
+        and model.startswith(("/", "./", "../", "~"))
+        and not Path(model).expanduser().is_dir()
+    ):
+        raise ConfigError(
+            f"--model {model}: no such directory; pass a local model directory or a hub id "
+            "such as mlx-community/Qwen2.5-VL-7B-Instruct-4bit"
+        )
+    notice = None
+    if not engine.model:
+        from gateway.offline_model import ensure_model
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        path = ensure_model(progress=lambda msg: logging.info("embedded model: %s", msg))
+        engine = dataclasses.replace(engine, model=str(path))
+        notice = EMBEDDED_NOTICE
+        logging.warning(EMBEDDED_NOTICE)
+    return engine, notice
+
+
+def run_app(app: Any, server: ServerConfig, sock: socket.socket) -> None:
+    """Serve `app` (from `create_app`) on `sock` (from `bind_socket`) until SIGINT or SIGTERM,
+    then drain (`--shutdown-grace`) and return."""
+    uvicorn_server(app, server).run(sockets=[sock])
+
+
+def uvicorn_server(app: Any, server: ServerConfig) -> Any:
+    """uvicorn's server for `app` with `server`'s settings, telling the app when a shutdown
+    signal arrives (uvicorn itself only stops accepting connections and waits) so that running
+    streams can end with an error event before the grace period runs out. Run it with
+    `.run(sockets=[bind_socket(server)])`; it returns after a signal's graceful shutdown."""
+    import uvicorn
+
+    config = uvicorn.Config(
+        app,
+        host=server.host,
+        port=server.port,
+        log_level=server.log_level,
+        loop=server.loop,
+        # 0 must mean 'no grace', not uvicorn's None ('wait forever')
+        timeout_graceful_shutdown=max(server.shutdown_grace_s, 0.001),
+    )
+    on_exit = app.state.gateway.begin_shutdown
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            on_exit()
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # uvicorn's own re-raises the signal once shut down, so that the process dies of
+            # it: a KeyboardInterrupt traceback (exit 130) for Ctrl-C, status 143 for SIGTERM.
+            # A drained shutdown is a clean exit here: handlers in, and back out, only.
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = (signal.SIGINT, signal.SIGTERM)
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            if self.started and sockets:  # uvicorn logs this only for sockets it bound
+                host, port = server.host, sockets[0].getsockname()[1]
+                url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+                logging.getLogger("uvicorn.error").info(
+                    "Uvicorn running on %s (Press CTRL+C to quit)", url
+                )
+
+    return Server(config)

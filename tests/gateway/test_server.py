@@ -1,0 +1,110 @@
+"""`vision-gateway serve` as a process: a busy port fails at once, before the model loads, and
+Ctrl-C (SIGINT to the process group) or SIGTERM drains and exits 0 without a traceback, on
+both event loops.
+
+Real signals to a real `python -m gateway serve` subprocess on 127.0.0.1 (the tiny model, no
+warm-up); each server runs in its own session so that its process group is the server and
+its engine child only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from support import tiny_model
+
+from bench.server import free_port
+from gateway.config import ConfigError, ServerConfig
+from gateway.server import bind_socket
+
+LOOPS = ["asyncio"] + (["uvloop"] if importlib.util.find_spec("uvloop") else [])
+
+
+def _start(port: int, *flags: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "gateway", "serve", "--model", str(tiny_model())]
+    cmd += ["--port", str(port), "--no-warmup", "--no-disk-cache", *flags]
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: the server and its engine child
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+
+
+def _wait_ready(proc: subprocess.Popen, port: int, timeout: float = 180.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    pytest.fail(f"server not ready:\n{proc.communicate()[1][-3000:]}")
+
+
+def _finish(proc: subprocess.Popen, timeout: float) -> str:
+    """The process's stderr once it exits (killed, and the test failed, after `timeout`)."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"still running {timeout} s on:\n{proc.communicate()[1][-3000:]}")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_process_group_drains_and_exits_0(sig: int, loop: str) -> None:
+    """Invariant: Ctrl-C in a terminal (SIGINT to the server and its engine child) and SIGTERM
+    shut down gracefully and exit 0, with no traceback (it used to die of the re-raised signal:
+    a KeyboardInterrupt traceback and status 130, and at times SIGABRT under uvloop)."""
+    port = free_port()
+    proc = _start(port, "--loop", loop)
+    _wait_ready(proc, port)
+    os.killpg(proc.pid, sig)
+    err = _finish(proc, 60)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "terminate called" not in err, err[-3000:]
+    assert "Application shutdown complete" in err, err[-3000:]
+
+
+def test_a_busy_port_fails_before_the_model_loads() -> None:
+    """Invariant: a --port another process listens on is reported in one line, with a non-zero
+    exit, before anything is loaded (it used to come after the model load and warm-up)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        started = time.monotonic()
+        proc = _start(port)
+        err = _finish(proc, 60)
+    assert proc.returncode not in (0, None)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err[-3000:]
+    assert f"127.0.0.1:{port} is already in use" in lines[0] and "--port" in lines[0]
+    assert "engine" not in err and time.monotonic() - started < 60
+
+
+def test_bind_socket_names_the_address() -> None:
+    """A busy port and an address not of this machine are ConfigErrors naming the flag."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"--port {port}: .* already in use"):
+            bind_socket(ServerConfig(port=port))
+    with pytest.raises(ConfigError, match="--host/--port: cannot listen on 192.0.2.1"):
+        bind_socket(ServerConfig(host="192.0.2.1", port=0))  # TEST-NET-1: never local
+    with bind_socket(ServerConfig(port=0)) as sock:
+        assert sock.getsockname()[0] == "127.0.0.1" and sock.getsockname()[1] > 0
