@@ -61,13 +61,6 @@ def require_plotting(args: argparse.Namespace) -> None:
         )
 
 
-def add_bench_parser(sub: argparse._SubParsersAction) -> None:
-    """The product CLI's `bench` subcommand: only while gateway/cli.py still calls this
-    (issue 23 drops the subcommand there; delete this function then)."""
-    bench = sub.add_parser("bench", help="benchmarks against a local server")
-    add_commands(bench.add_subparsers(dest="bench", required=True))
-
-
 def add_commands(kinds: argparse._SubParsersAction) -> None:
     """Every bench as a subcommand of `kinds`; each sets `run` to its entry point."""
     _client_parsers(kinds)
@@ -306,18 +299,3 @@ def _hotpath(args: argparse.Namespace) -> None:
         print(f"json: {args.out}")
     if args.plot and plot([Row.from_dict(r) for r in payload["rows"]], str(args.plot)):
         print(f"plot: {args.plot}")
-
-
-def require_plotting(args: argparse.Namespace) -> None:
-    """A bench asked for a plot fails before it runs, not silently after, without matplotlib.
-    (Moved from gateway/cli.py's bench dispatch: the bench entry calls it before `args.run`.)"""
-    if getattr(args, "plot", None) is None:
-        return
-    import importlib.util
-    import sys
-
-    if importlib.util.find_spec("matplotlib") is None:
-        sys.exit(
-            "vision-gateway: --plot needs matplotlib: pip install 'vision-gateway[bench]' "
-            "(or leave out --plot)"
-        )

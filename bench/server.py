@@ -94,8 +94,8 @@ class LocalServer:
         return sum(_rss_bytes(pid) for pid in _process_tree(self.proc.pid))
 
     def stop(self, timeout: float = 60.0) -> bool:
-        """SIGTERM and wait. True when the server shut down cleanly (uvicorn re-raises SIGTERM
-        after a graceful shutdown, so -15 after 'Application shutdown complete' is clean)."""
+        """SIGTERM and wait. True when the server shut down cleanly: it drained ('Application
+        shutdown complete') and exited 0, as `serve` does on SIGTERM and SIGINT."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -105,7 +105,7 @@ class LocalServer:
                 self.proc.wait(10)
         self._log.close()
         clean = "Application shutdown complete" in self.log(20000)
-        return self.proc.returncode in (0, -signal.SIGTERM) and clean
+        return self.proc.returncode == 0 and clean
 
     def __enter__(self) -> LocalServer:
         return self
