@@ -22,9 +22,11 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from caches.entries import MAX_LIMIT, check_query, entries_report
+from caches.entries import MAX_LIMIT, check_query
 from gateway.api.http import authorize
+from gateway.config import EngineConfig, ServerConfig
 from gateway.dashboard import LiveStats, Sample, parse_engine_metrics
+from gateway.engine.client import EngineClient
 from gateway.errors import invalid
 
 STATIC = Path(__file__).parent / "static"
@@ -45,9 +47,9 @@ PAGE_HEADERS = {
 class _Gateway(Protocol):
     """What the web routes use of `gateway.app.Gateway`."""
 
-    server: Any
-    engine: Any
-    engine_config: Any
+    server: ServerConfig
+    engine: EngineClient
+    engine_config: EngineConfig
 
     async def _engine_call(self, method: Any) -> Any: ...
 
@@ -78,7 +80,7 @@ class Web:
         except ValueError as exc:
             param = "kind" if raw.isdigit() and 1 <= limit <= MAX_LIMIT else "limit"
             raise invalid(str(exc), param) from None
-        return JSONResponse(await g._engine_call(lambda: _entries(g.engine, limit, kind)))
+        return JSONResponse(await g._engine_call(lambda: g.engine.cache_entries(limit, kind)))
 
     async def dashboard_data(self, request: Request) -> Response:
         """The dashboard's numbers: samples the engine at most once per ~second, then reports
@@ -101,15 +103,6 @@ class Web:
         caches = engine.cache_stats()
         generated, ttft = parse_engine_metrics(engine.metrics_text())
         return Sample(self.live.clock(), caches, engine.running, engine.waiting, generated, ttft)
-
-
-def _entries(engine: Any, limit: int, kind: str | None) -> dict[str, Any]:
-    """The entries report from an engine in its own process (`RemoteEngine.cache_entries`) or
-    in this one (its caches are thread-safe to read from here)."""
-    remote = getattr(engine, "cache_entries", None)
-    if remote is not None:
-        return remote(limit, kind)
-    return entries_report(engine.vision_cache, engine.prefix_cache, limit, kind)
 
 
 def web_routes(gateway: _Gateway) -> list[BaseRoute]:

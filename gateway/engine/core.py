@@ -248,31 +248,27 @@ class Engine:
         self._serving.loaded.use_caches(self.vision_cache, self.prefix_cache)
 
     def _drain_inbox(self, block: bool) -> bool:
-        """Apply queued submits/cancels. Returns False on stop."""
+        """Apply the inbox's queued messages (gateway.engine.wire.Message). Returns False on
+        Stop."""
         try:
             message = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
         except queue.Empty:
             return True
         while True:
-            if isinstance(message, Stop):
-                return False
-            if isinstance(message, Cancel):
-                self._cancel(message.request_id)
-            elif isinstance(message, ResetCaches):
-                self._new_caches()
-                self.metrics.reset_request_timings()  # the warm-up's timings are not the users'
-            else:
-                self._enqueue(message.request, message.sink)
+            match message:
+                case Stop():
+                    return False
+                case Cancel(request_id):
+                    self._serving.cancel(request_id)
+                case ResetCaches():
+                    self._new_caches()
+                    self.metrics.reset_request_timings()  # the warm-up's are not the users'
+                case Enqueue(request, sink):
+                    self._serving.enqueue(request, sink)
             try:
                 message = self._inbox.get_nowait()
             except queue.Empty:
                 return True
-
-    def _cancel(self, request_id: str) -> None:
-        self._serving.cancel(request_id)
-
-    def _enqueue(self, request: EngineRequest, sink: Sink) -> None:
-        self._serving.enqueue(request, sink)
 
     def step(self) -> None:
         """One scheduling step (engine thread only: the loop calls it). Events leave after
