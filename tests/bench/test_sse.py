@@ -12,13 +12,13 @@ import asyncio
 import json
 import socket
 import threading
-import time
 
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
+from support import wait_until
 
 from bench.sse import ChatClient
 
@@ -53,9 +53,7 @@ def _serve() -> tuple[uvicorn.Server, str]:
     app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
     server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))
     threading.Thread(target=server.run, daemon=True).start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: server.started, 10, interval=0.02, message="the peer server did not start")
     return server, f"http://127.0.0.1:{port}"
 
 

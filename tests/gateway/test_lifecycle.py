@@ -24,7 +24,7 @@ import threading
 import time
 
 import httpx
-from support import ServerProcess
+from support import ServerProcess, wait_until
 
 CHAT = "/v1/chat/completions"
 
@@ -74,13 +74,18 @@ class RawStream:
     def events(self) -> int:
         return bytes(self.data).count(b"data: ")
 
-    def wait_events(self, count: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self.ended.is_set():
-            if self.events() >= count:
-                return True
-            time.sleep(0.01)
-        return self.events() >= count
+    def wait_events(self, count: int, timeout: float) -> None:
+        """Fail unless `count` SSE events arrive within `timeout` (or before the stream ends)."""
+        wait_until(
+            lambda: self.events() >= count or self.ended.is_set(),
+            timeout,
+            interval=0.01,
+            message=lambda: f"{self.events()} of {count} events arrived: {self.tail()!r}",
+        )
+        assert self.events() >= count, f"the stream ended at {self.events()}: {self.tail()!r}"
+
+    def tail(self) -> bytes:
+        return bytes(self.data)[-500:]
 
     def close(self) -> None:
         self.sock.close()
@@ -125,15 +130,23 @@ def test_sigterm_lets_a_running_stream_finish_and_refuses_new_requests() -> None
     stream = None
     try:
         stream = RawStream(server.port, 500)
-        assert stream.wait_events(3, 30), bytes(stream.data)[-500:]
+        stream.wait_events(3, 30)
         sent = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
-        outcome, refused_at = "served", None
-        deadline = time.monotonic() + 5
-        while outcome == "served" and time.monotonic() < deadline:
-            outcome = _new_request_outcome(server)
-            refused_at = time.monotonic()
-        assert outcome in ("refused", "503")
+        outcomes: list[str] = []
+
+        def new_request_refused() -> float | None:
+            """When a new request was refused (None while they are still served)."""
+            outcomes.append(_new_request_outcome(server))
+            return time.monotonic() if outcomes[-1] != "served" else None
+
+        refused_at = wait_until(
+            new_request_refused,
+            5,
+            interval=0,  # ask again at once: the refusal must come before the stream ends
+            message=lambda: f"all {len(outcomes)} new requests after SIGTERM were served",
+        )
+        assert outcomes[-1] in ("refused", "503")
         assert stream.ended.wait(25), "the stream did not finish within the grace period"
         data = bytes(stream.data)
         assert stream.done_at is not None, data[-800:]
@@ -160,7 +173,7 @@ def test_grace_expiry_bounds_shutdown_time() -> None:
     stream = None
     try:
         stream = RawStream(server.port, 20_000)
-        assert stream.wait_events(3, 30), bytes(stream.data)[-500:]
+        stream.wait_events(3, 30)
         sent = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
         assert _exited_within(server.proc, 15), server.log()
@@ -189,7 +202,7 @@ def test_zero_grace_does_not_wait_for_running_requests() -> None:
     stream = None
     try:
         stream = RawStream(server.port, 20_000)
-        assert stream.wait_events(3, 30), bytes(stream.data)[-500:]
+        stream.wait_events(3, 30)
         server.proc.send_signal(signal.SIGTERM)
         assert _exited_within(server.proc, 5), "still running 5 s after SIGTERM"
     finally:

@@ -10,10 +10,9 @@ edge, yet are the chat completions the OpenAI parser makes of the same messages 
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import pytest
-from support import EngineHarness
+from support import EngineHarness, wait_until
 
 from gateway.api.openai.parse import parse_chat_request
 from gateway.frontend.chat import ChatRequest, ImagePart
@@ -33,11 +32,12 @@ def test_warmup_covers_each_decode_path_and_leaves_caches_empty() -> None:
     h.engine.submit = spy  # type: ignore[method-assign]
     try:
         Warmup(h.engine, h.prompts, timeout_s=300, bursts=True).run([56])
-        deadline = time.monotonic() + 30  # the reset is applied in the engine's inbox order
-        while (stats := h.engine.cache_stats())["prefix"][
-            "entries"
-        ] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # The reset is applied in the engine's inbox order: wait until it has been.
+        stats = wait_until(
+            lambda: (s := h.engine.cache_stats())["prefix"]["entries"] == 0 and s,
+            30,
+            message=lambda: f"entries left after the warm-up: {h.engine.cache_stats()}",
+        )
     finally:
         h.close()
     sampling = [r.sampling for r in submitted]

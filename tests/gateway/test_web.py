@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import io
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from PIL import Image
-from support import ServerProcess, data_uri, noise_png
+from support import ServerProcess, data_uri, noise_png, wait_until
 
 from caches.entries import HASH_PREFIX_CHARS
 from caches.hashing import pixel_hash
@@ -135,19 +134,34 @@ def test_entries_refuse_bad_parameters(server: ServerProcess, query: str, param:
 def test_dashboard_numbers_move_with_traffic(server: ServerProcess) -> None:
     """Invariant: /v1/dashboard's cache counters, TTFT count and history grow after a request
     (sampled at most about once a second: a second poll within that reuses the sample)."""
-    time.sleep(1.0)  # a fresh sample: an earlier test may have taken one within the second
-    before = httpx.get(server.base_url + "/v1/dashboard", timeout=10).json()
+    # A fresh sample first: an earlier test may have taken one within the second, before its
+    # own traffic.
+    stale = _dashboard(server)["samples"]
+    before = _next_sample(server, stale)
     _ask(server, noise_png(33), "Describe it.")
-    time.sleep(1.0)
-    after = httpx.get(server.base_url + "/v1/dashboard", timeout=10).json()
+    after = _next_sample(server, before["samples"])
     assert after["model"] == "test"
     assert after["caches"]["vision"]["queries"] == before["caches"]["vision"]["queries"] + 1
     assert after["ttft"]["count"] >= 1
     assert after["samples"] == before["samples"] + 1
     assert len(after["series"]["t"]) == len(after["series"]["vision_hit_rate"])
     assert after["tokens_per_s"] is None or after["tokens_per_s"] >= 0
-    again = httpx.get(server.base_url + "/v1/dashboard", timeout=10).json()
+    again = _dashboard(server)
     assert again["samples"] == after["samples"]
+
+
+def _dashboard(server: ServerProcess) -> dict:
+    return httpx.get(server.base_url + "/v1/dashboard", timeout=10).json()
+
+
+def _next_sample(server: ServerProcess, samples: int) -> dict:
+    """The dashboard once it has taken a sample after the one that made `samples` (asking
+    meanwhile reuses the latest sample)."""
+    return wait_until(
+        lambda: (d := _dashboard(server))["samples"] > samples and d,
+        10,
+        message=f"the dashboard took no sample after its #{samples}",
+    )
 
 
 def test_api_key_guards_the_json_endpoints_not_the_pages() -> None:

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import base64
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from PIL import Image
-from playwright.sync_api import Browser, expect
-from support import ServerProcess
+from playwright.sync_api import Browser, Dialog, Request, expect
+from support import ServerProcess, wait_until
 from web_pages import (
     FIXTURES,
     NEEDS_CHROMIUM,
@@ -167,13 +166,32 @@ def test_dashboard_moves_with_traffic_and_clears_after_confirmation(
     assert len(lines) >= 6 and set(lines) == {1}, lines  # size "1.23 MiB", age "3 s": one line
     screenshot(dashboard, "dashboard.png")
 
-    dashboard.once("dialog", lambda d: d.dismiss())
+    clears: list[str] = []  # the page's requests to clear the caches
+    dialogs: list[str] = []
+
+    def on_request(request: Request) -> None:
+        if request.url.endswith("/v1/cache/clear"):
+            clears.append(request.method)
+
+    def dismiss(dialog: Dialog) -> None:
+        dialogs.append(dialog.type)
+        dialog.dismiss()
+
+    dashboard.on("request", on_request)
+    dashboard.once("dialog", dismiss)
     dashboard.get_by_test_id("clear-caches").click()
-    time.sleep(1.5)
+    # confirm() holds the page's script until the dialog is dismissed; then the click
+    # handler runs on to its first await, which would be the clear's fetch, before any other
+    # script. So once a script evaluated now has had its own request answered, the handler
+    # has had its chance to send the clear.
+    stats = dashboard.evaluate("() => fetch('/v1/cache/stats').then((r) => r.json())")
+    assert dialogs == ["confirm"] and clears == []
+    assert stats["vision"]["entries"]
     assert httpx.get(server.base_url + "/v1/cache/stats", timeout=10).json()["vision"]["entries"]
     dashboard.once("dialog", lambda d: d.accept())
     dashboard.get_by_test_id("clear-caches").click()
     expect(dashboard.get_by_test_id("clear-result")).to_have_text("cleared")
+    assert clears == ["POST"]  # a clear is seen when the page sends one
     expect(dashboard.get_by_test_id("cache-bytes-vision")).to_have_attribute("data-bytes", "0")
     expect(dashboard.get_by_test_id("entries-prefix")).to_have_text("0")
     expect(dashboard.get_by_test_id("entries-largest")).to_contain_text("no entries")
@@ -205,9 +223,12 @@ def test_stop_cancels_the_request_on_the_server(
     expect(stopped).to_have_count(1)
     expect(stopped.get_by_test_id("cache-badge")).to_contain_text("stopped")
     text = stopped.get_by_test_id("answer").text_content()
-    deadline = time.monotonic() + 30
-    while _metric(server, cancelled) < before + 1 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(
+        lambda: _metric(server, cancelled) >= before + 1,
+        30,
+        interval=0.2,
+        message=lambda: f"{cancelled} stayed at {_metric(server, cancelled)} (was {before})",
+    )
     assert _metric(server, cancelled) == before + 1
     assert httpx.get(server.base_url + "/health", timeout=10).json()["running"] == 0
     assert stopped.get_by_test_id("answer").text_content() == text

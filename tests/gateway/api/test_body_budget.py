@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
-from support import ServerProcess
+from support import ServerProcess, wait_until
 
 from gateway.api.body_budget import BodyBudget
 from gateway.config import MIB, ConfigError, ServerConfig
@@ -65,13 +65,6 @@ def _status(sock: socket.socket, timeout: float = 10.0) -> tuple[int, bytes]:
     return int(head.split(b" ", 2)[1]), rest
 
 
-def _wait_for(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.02)
-
-
 def test_a_50_mib_body_is_refused_before_it_is_read() -> None:
     """Invariant: with default limits, a body announcing 50 MiB is a 413 at once although
     none of it was sent."""
@@ -114,7 +107,12 @@ def test_bodies_read_at_once_share_the_budget(
     leaves the budget is whole again."""
     slow = _raw(tight.port, path, CAP, b'{"model": "test", "pad": "')
     try:
-        _wait_for(lambda: _reading(tight) == CAP)  # the server is reading the slow body
+        wait_until(  # the server is reading the slow body
+            lambda: _reading(tight) == CAP,
+            30,
+            interval=0.02,
+            message=lambda: f"body bytes being read: {_reading(tight)}, not {CAP}",
+        )
         big = b'{"model": "test", "pad": "' + b"x" * (CAP - 40) + b'"}'
         r = httpx.post(tight.base_url + path, content=big, timeout=30)
         assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
@@ -123,7 +121,12 @@ def test_bodies_read_at_once_share_the_budget(
         assert small.status_code == 400  # read and parsed: refused for its content, not size
     finally:
         slow.close()
-    _wait_for(lambda: _reading(tight) == 0)
+    wait_until(  # the slow client left: its share of the budget was given back
+        lambda: _reading(tight) == 0,
+        30,
+        interval=0.02,
+        message=lambda: f"body bytes still being read: {_reading(tight)}",
+    )
     r = httpx.post(tight.base_url + path, content=big, timeout=30)
     assert r.status_code == 400, r.text  # now read whole (and refused for missing messages)
     assert json.loads(r.text)

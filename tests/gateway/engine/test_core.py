@@ -8,7 +8,7 @@ cancellation frees rows; per-request seeds make sampling independent of the batc
 from __future__ import annotations
 
 import pytest
-from support import EngineHarness, chat_body, noise_image
+from support import EngineHarness, chat_body, noise_image, wait_until
 
 from gateway.config import CacheConfig
 from gateway.engine.request import FinishEvent
@@ -210,9 +210,11 @@ def test_requests_arriving_together_share_every_decode_step() -> None:
 
 
 def _wait_until_idle(h: EngineHarness, timeout: float = 60.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while h.engine.running or h.engine.waiting:
-        assert time.monotonic() < deadline, "the engine did not go idle"
-        time.sleep(0.01)
+    wait_until(
+        lambda: not (h.engine.running or h.engine.waiting),
+        timeout,
+        interval=0.01,
+        message=lambda: (
+            f"the engine did not go idle ({h.engine.running} running, {h.engine.waiting} waiting)"
+        ),
+    )
