@@ -198,19 +198,5 @@ def warmup_request(
         if k:
             messages.append(ChatMessage("assistant", (TextPart("ok"),)))
         messages.append(ChatMessage("user", parts))
-    chat = ChatRequest(
-        model="warm-up",
-        messages=tuple(messages),
-        max_tokens=max_tokens,
-        temperature=0.0,
-        top_p=1.0,
-        top_k=0,
-        seed=None,
-        stop=(),
-        logprobs=False,
-        top_logprobs=0,
-        stream=False,
-        include_usage=False,
-        ignore_eos=True,
-    )
+    chat = ChatRequest.greedy("warm-up", tuple(messages), max_tokens, ignore_eos=True)
     return replace(chat, **(options or {}))

@@ -8,6 +8,7 @@ and the warm-up only read it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,25 @@ class ChatRequest:
     # Text the answer continues (Anthropic's final assistant message): appended after the
     # template's opening of the assistant turn; the response holds only what follows it.
     prefill: str = ""
+
+    @classmethod
+    def greedy(
+        cls, model: str, messages: tuple[ChatMessage, ...], max_tokens: int | None, **fields: Any
+    ) -> ChatRequest:
+        """A greedy request with every sampling and rendering option off (what the warm-up
+        and tests build without a wire format); `fields` override any other field."""
+        off: dict[str, Any] = {
+            "temperature": 0.0,
+            "top_p": 1.0,
+            "top_k": 0,
+            "seed": None,
+            "stop": (),
+            "logprobs": False,
+            "top_logprobs": 0,
+            "stream": False,
+            "include_usage": False,
+        }
+        return cls(model=model, messages=messages, max_tokens=max_tokens, **(off | fields))
 
     @property
     def images(self) -> list[ImagePart]:

@@ -72,20 +72,7 @@ class FakePrompts:
 
 
 def _chat(model: str = "test", text: str = "hello") -> ChatRequest:
-    return ChatRequest(
-        model=model,
-        messages=(ChatMessage("user", (TextPart(text),)),),
-        max_tokens=4,
-        temperature=0.0,
-        top_p=1.0,
-        top_k=0,
-        seed=None,
-        stop=(),
-        logprobs=False,
-        top_logprobs=0,
-        stream=False,
-        include_usage=False,
-    )
+    return ChatRequest.greedy(model, (ChatMessage("user", (TextPart(text),)),), 4)
 
 
 def _run(

@@ -14,20 +14,7 @@ from gateway.frontend.prompt import PromptBuilder, UnsupportedImage, template_me
 
 
 def _chat(*messages: ChatMessage, max_tokens: int | None = None) -> ChatRequest:
-    return ChatRequest(
-        model="m",
-        messages=messages,
-        max_tokens=max_tokens,
-        temperature=0.0,
-        top_p=1.0,
-        top_k=0,
-        seed=None,
-        stop=(),
-        logprobs=False,
-        top_logprobs=0,
-        stream=False,
-        include_usage=False,
-    )
+    return ChatRequest.greedy("m", messages, max_tokens)
 
 
 IMAGE = ImagePart("x", "messages[0].content[1]")

@@ -38,11 +38,7 @@ def video(frames: np.ndarray, fps: float = 2.0) -> DecodedVideo:
 
 def chat(question: str, videos: int = 1, max_tokens: int = 6) -> ChatRequest:
     parts = (*[VideoPart("x", "v")] * videos, TextPart(question))
-    return ChatRequest(
-        model="test", messages=(ChatMessage("user", parts),), max_tokens=max_tokens,
-        temperature=0.0, top_p=1.0, top_k=0, seed=None, stop=(), logprobs=True,
-        top_logprobs=0, stream=False, include_usage=False,
-    )  # fmt: skip
+    return ChatRequest.greedy("test", (ChatMessage("user", parts),), max_tokens, logprobs=True)
 
 
 _ids = iter(range(10**6))
