@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from PIL import Image
 from playwright.sync_api import Browser, expect
 from support import ServerProcess
@@ -24,30 +22,12 @@ from web_pages import (
     NEEDS_CHROMIUM,
     Console,
     ask,
-    launch_browser,
     open_page,
     screenshot,
     x_cache,
 )
 
 pytestmark = NEEDS_CHROMIUM
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    yield from launch_browser()
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess()
-    yield proc
-    assert proc.stop(), proc.log()
-
-
-@pytest.fixture
-def console() -> Console:
-    return Console()
 
 
 def test_a_broken_image_shows_the_servers_error(

@@ -1,6 +1,6 @@
 """The playground and the dashboard driven by headless Chromium (Playwright, the system's
 browser) against `vision-gateway serve` on 127.0.0.1, through the pages' data-testid hooks
-(attachments: test_web_browser_attach.py; shared steps: tests/web_pages.py).
+(attachments: test_attach.py; fixtures: conftest.py; shared steps: tests/web_pages.py).
 
 Pinned: a fixture image uploaded and asked about twice streams answers equal to the same
 conversation sent by the `openai` SDK, and the second answer's cache badge shows the cached
@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import pytest
 from PIL import Image
 from playwright.sync_api import Browser, Dialog, Request, expect
 from support import ServerProcess, wait_until
@@ -32,7 +30,6 @@ from web_pages import (
     WAIT_MS,
     Console,
     ask,
-    launch_browser,
     open_page,
     screenshot,
     x_cache,
@@ -50,23 +47,6 @@ _CELL_LINES = """() => Array.from(document.querySelectorAll(".entries tbody td")
     range.selectNodeContents(td);
     return new Set(Array.from(range.getClientRects()).map((r) => Math.round(r.top))).size;
 })"""
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    yield from launch_browser()
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    proc = ServerProcess()
-    yield proc
-    assert proc.stop(), proc.log()
-
-
-@pytest.fixture
-def console() -> Console:
-    return Console()
 
 
 def _hash_prefix(path: Path) -> str:
