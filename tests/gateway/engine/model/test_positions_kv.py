@@ -19,9 +19,9 @@ from gateway.engine.model.positions import ImageLayout, mrope_positions, rope_de
 @pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_positions_match_mlx_vlm(arch: str) -> None:
     """Invariant: mrope_positions == mlx-vlm get_rope_index (positions and final delta)."""
-    from gateway.engine.model.vlm import VisionLanguageModel
+    from gateway.engine.families.qwen_vl import QwenVL
 
-    model = VisionLanguageModel(str(tiny_model(arch)))
+    model = QwenVL(str(tiny_model(arch)))
     patch = int(model.image_processor.patch_size)
     m = model.merge_size
     for grids in ([], [(1, 2 * m, 3 * m)], [(1, 4 * m, 2 * m), (1, 2 * m, 2 * m)]):
