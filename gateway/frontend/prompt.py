@@ -92,16 +92,18 @@ class PromptBuilder:
         return prompt, layouts, grids
 
     def _check_media_kinds(self, chat: ChatRequest) -> None:
-        """Refuse a media part the model does not take (an image sent to a text model), named
-        by its place among the request's media."""
+        """Refuse a media part the model does not take (an image sent to a text model): the
+        message names the part's field (APIs without a `param`, like Anthropic's, show only
+        the message) and the error carries its place among the request's media."""
         for index, part in enumerate(chat.media):
             kind = "video" if isinstance(part, VideoPart) else "image"
             if kind not in self.model.media:
                 model = self.model
                 raise UnsupportedImage(
                     index,
-                    f"this model ({model.model_type}, family {model.family}) does not take "
-                    f"{kind} input; send text only, or serve a model that reads {kind}s",
+                    f"{part.param}: this model ({model.model_type}, family {model.family}) "
+                    f"does not take {kind} input; send text only, or serve a model that reads "
+                    f"{kind}s",
                 )
 
     def _grid(self, index: int, item: Media) -> Grid:
