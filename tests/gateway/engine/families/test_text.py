@@ -160,3 +160,20 @@ def test_cache_policy_turns_the_prefix_cache_off_with_its_reason() -> None:
         assert stats["family"]["family"] == "text"
     finally:
         h.close()
+
+
+def test_without_the_exact_rule_answers_still_equal_mlx_lm() -> None:
+    """Invariant: with --no-exact-cache (text prefill through `text_core` and mlx-lm's own
+    batch prefill) the greedy tokens are still mlx-lm's, cached or not."""
+    path = text_checkpoint("qwen3")
+    h = EngineHarness(path=path, max_batch=4, cache=CacheConfig(exact_reuse=False))
+    try:
+        question = "What is a prime number?"
+        body = {**chat_body(question, max_tokens=16), "messages": _messages(question)}
+        first, second = h.run(body), h.run(body)
+        prompt = h.engine.model.tokenize(h.engine.model.render(_messages(question)))
+        ids, _ = _reference(str(path), prompt, 16)
+        assert first.token_ids == ids and second.token_ids == ids
+        assert second.finish.usage.cached_tokens > 0
+    finally:
+        h.close()

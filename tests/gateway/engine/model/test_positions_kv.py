@@ -95,3 +95,13 @@ def test_snapshot_is_independent_and_exactly_sized() -> None:
     fork = RowKVCache.from_arrays(snap.keys, snap.values, -2)
     fork.update_and_fetch(k * 7, k * 7)
     assert float(mx.max(snap.keys).item()) == 1.0 and snap.offset == 3
+
+
+def test_a_flat_span_shifts_nothing() -> None:
+    """Invariant: a 1D family's span (ImageLayout.flat) covers its tokens and leaves the
+    text after it at index positions (rope delta 0), wherever the cut."""
+    from gateway.engine.model.positions import ImageLayout, rope_delta_at
+
+    span = ImageLayout.flat(5, 64)
+    assert (span.start, span.end, span.num_tokens, span.rope_shift) == (5, 69, 64, 0)
+    assert rope_delta_at([span, ImageLayout.flat(80, 7)], 100) == 0
