@@ -22,22 +22,73 @@ def instantiate(config: dict[str, Any], runtime: str = "mlx-vlm") -> Any:
     Nothing is evaluated, so even 7b shapes cost no memory: use it for parameter names and
     shapes. Raises whatever mlx-vlm / mlx-lm raises for a config it does not accept.
     """
+    return _instantiate(config, runtime)[0]
+
+
+def _instantiate(config: dict[str, Any], runtime: str) -> tuple[Any, Any]:
+    """(model, its mlx-vlm model module, or None for mlx-lm)."""
     if runtime == "mlx-lm":
         from mlx_lm.utils import _get_classes  # what mlx_lm.load_model uses (pinned version)
 
         model_class, args_class = _get_classes(copy.deepcopy(config))
-        return model_class(args_class.from_dict(copy.deepcopy(config)))
+        return model_class(args_class.from_dict(copy.deepcopy(config))), None
     if runtime != "mlx-vlm":
         raise ValueError(f"unknown runtime {runtime!r}; expected one of {RUNTIMES}")
     from mlx_vlm.utils import get_model_and_args, update_module_configs
 
+    # As mlx_vlm.utils.load_model prepares the config.
     cfg = copy.deepcopy(config)
     module, _ = get_model_and_args(cfg)
-    cfg.setdefault("text_config", {})
+    cfg.setdefault("text_config", cfg.pop("llm_config", {}))
     cfg.setdefault("vision_config", {})
+    cfg.setdefault("audio_config", {})
     model_cfg = module.ModelConfig.from_dict(cfg)
-    model_cfg = update_module_configs(model_cfg, module, cfg, ["text", "vision"])
-    return module.Model(model_cfg)
+    modules = ["text", "vision", "perceiver", "projector", "audio"]
+    model_cfg = update_module_configs(model_cfg, module, cfg, modules)
+    return module.Model(model_cfg), module
+
+
+def _sanitized(model: Any, module: Any, weights: dict[str, Any]) -> dict[str, Any]:
+    """`weights` after the sanitize steps the model's runtime applies while loading
+    (`module`: the mlx-vlm model module, None for mlx-lm)."""
+    if module is None:  # mlx-lm: the model's own sanitize
+        return model.sanitize(dict(weights)) if hasattr(model, "sanitize") else dict(weights)
+    from mlx_vlm.utils import sanitize_weights
+
+    out = sanitize_weights(model, dict(weights))
+    for part, key in (
+        ("VisionModel", "vision"),
+        ("LanguageModel", "text"),
+        ("AudioModel", "audio"),
+    ):
+        config = getattr(model.config, f"{key}_config", None)
+        if hasattr(module, part) and config is not None:
+            out = sanitize_weights(getattr(module, part), out, config)
+    return out
+
+
+def _written(model: Any, module: Any, specs: dict[str, ParamSpec]) -> dict[str, ParamSpec]:
+    """The specs a checkpoint must hold: those the load keeps as written.
+
+    A parameter the load derives from another one (mlx-vlm's gemma3 always copies the
+    embedding into lm_head) is left out, as upstream checkpoints leave it out. A parameter the
+    load would transform (transpose, rename) is an error: the builder writes final names and
+    layouts only. Runs the sanitize chain on lazy zeros, so it allocates nothing.
+    """
+    import mlx.core as mx
+
+    zeros = {name: mx.zeros(spec.shape, dtype=mx.float32) for name, spec in specs.items()}
+    out = _sanitized(model, module, zeros)
+    by_id = {id(v): k for k, v in zeros.items()}
+    keep = {}
+    for name, spec in specs.items():
+        got = out.get(name)
+        if got is zeros[name]:
+            keep[name] = spec
+        elif got is None or id(got) not in by_id:
+            raise ValueError(f"the runtime's sanitize drops or transforms {name}")
+        # else: derived from another parameter at load time; not written
+    return keep
 
 
 def _validate_with_transformers(config: dict[str, Any]) -> None:
@@ -128,10 +179,10 @@ def validate_config(config: dict[str, Any], runtime: str = "mlx-vlm") -> dict[st
     The names are the runtime's post-`sanitize` names; a checkpoint written under them must
     load unchanged (each family's tests check that every tensor loads as written).
     """
-    model = instantiate(config, runtime)
+    model, module = _instantiate(config, runtime)
     _check_token_ids(config)
     _validate_with_transformers(config)
-    return param_specs(model)
+    return _written(model, module, param_specs(model))
 
 
 def param_count(config: dict[str, Any], runtime: str = "mlx-vlm") -> int:
