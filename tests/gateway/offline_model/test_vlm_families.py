@@ -17,6 +17,7 @@ import mlx.core as mx  # noqa: E402
 import mlx_vlm  # noqa: E402
 import pytest  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
+from mlx_vlm.models.cache import make_prompt_cache  # noqa: E402
 from mlx_vlm.prompt_utils import apply_chat_template  # noqa: E402
 from mlx_vlm.utils import prepare_inputs  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
@@ -36,6 +37,7 @@ EXPECT: dict[str, dict[str, Any]] = {
         image_token="<image_soft_token>",
         tokens_448=64,
         tokens_56=64,  # every image is resized to the tower's 224 px
+        tokens_wide=64,
         caches=["RotatingKVCache"] * 5 + ["KVCache"],
         window=48,
         derived={"language_model.lm_head.weight": "language_model.model.embed_tokens.weight"},
@@ -43,6 +45,16 @@ EXPECT: dict[str, dict[str, Any]] = {
             "<bos><start_of_turn>user\n<start_of_image>What is in this picture?<end_of_turn>\n"
             "<start_of_turn>model\n"
         ),
+    ),
+    "smolvlm": dict(
+        processor="SmolVLMProcessor",
+        tokenizer="TokenizersBackend",
+        image_token="<image>",
+        tokens_448=160,  # 3 x 3 tiles + the global image, 16 tokens each
+        tokens_56=160,  # small images are scaled up to the 192 px longest edge too
+        tokens_wide=112,  # 640 x 360: 3 x 2 tiles + global
+        caches=["KVCache"] * 2,  # no make_cache: the default prompt cache
+        prompt="<|im_start|>User:<image>What is in this picture?<end_of_utterance>\nAssistant:",
     ),
 }
 ARCHS = tuple(EXPECT)
@@ -52,6 +64,15 @@ ARCHS = tuple(EXPECT)
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("vlm")
     return {arch: om.build_model(root / arch, arch, "tiny", seed=0) for arch in ARCHS}
+
+
+@pytest.fixture(scope="module")
+def wide_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("images") / "wide.png"
+    Image.open(IMAGE_448).convert("RGB").resize((640, 360)).save(path)
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -121,10 +142,12 @@ def test_template_renders_as_the_real_one(loaded: dict[str, tuple[Any, Any]], ar
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("image", ["448", "56"])
-def test_image_token_count(loaded: dict[str, tuple[Any, Any]], arch: str, image: str) -> None:
+@pytest.mark.parametrize("image", ["448", "56", "wide"])
+def test_image_token_count(
+    loaded: dict[str, tuple[Any, Any]], wide_image: str, arch: str, image: str
+) -> None:
     model, processor = loaded[arch]
-    path = {"448": IMAGE_448, "56": IMAGE_56}[image]
+    path = {"448": IMAGE_448, "56": IMAGE_56, "wide": wide_image}[image]
     inputs = prepare_inputs(processor, images=[path], prompts=_prompt(arch, loaded, 1))
     token = processor.tokenizer.convert_tokens_to_ids(EXPECT[arch]["image_token"])
     counts = Counter(inputs["input_ids"][0].tolist())
@@ -133,9 +156,8 @@ def test_image_token_count(loaded: dict[str, tuple[Any, Any]], arch: str, image:
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cache_layout(loaded: dict[str, tuple[Any, Any]], arch: str) -> None:
-    model = loaded[arch][0]
-    make = getattr(model.language_model, "make_cache", None)
-    caches = make() if make else []
+    # What mlx-vlm's generate makes: the model's make_cache, else one KVCache per layer.
+    caches = make_prompt_cache(loaded[arch][0].language_model)
     assert [type(c).__name__ for c in caches] == EXPECT[arch]["caches"]
     windows = {c.max_size for c in caches if type(c).__name__ == "RotatingKVCache"}
     assert windows == ({EXPECT[arch]["window"]} if "window" in EXPECT[arch] else set())
