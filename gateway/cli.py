@@ -27,7 +27,16 @@ NO_BENCH = (
 )
 # `make-model --arch` choices: gateway.offline_model.ARCHS, spelled out here so that parsing
 # argv does not import the builder (tokenizers, mlx); tests/test_cli.py keeps them equal.
-MAKE_MODEL_ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "gemma3", "smolvlm", "qwen3", "llama")
+MAKE_MODEL_ARCHS = (
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "gemma3",
+    "smolvlm",
+    "mistral3",
+    "qwen3",
+    "llama",
+)
 TEXT_ARCHS = ("qwen3", "llama")
 
 

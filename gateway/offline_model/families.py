@@ -6,13 +6,20 @@
 
 from __future__ import annotations
 
-from . import gemma3, llama, qwen3, qwen_vl, smolvlm
+from . import gemma3, llama, mistral3, qwen3, qwen_vl, smolvlm
 from .family import Family
 from .shapes import DEFAULT_DTYPE, DTYPES
 
 FAMILIES: dict[str, Family] = {
     f.arch: f
-    for f in (*qwen_vl.FAMILIES, gemma3.FAMILY, smolvlm.FAMILY, qwen3.FAMILY, llama.FAMILY)
+    for f in (
+        *qwen_vl.FAMILIES,
+        gemma3.FAMILY,
+        smolvlm.FAMILY,
+        mistral3.FAMILY,
+        qwen3.FAMILY,
+        llama.FAMILY,
+    )
 }
 ARCHS: tuple[str, ...] = tuple(FAMILIES)
 

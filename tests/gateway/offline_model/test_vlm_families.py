@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,26 @@ EXPECT: dict[str, dict[str, Any]] = {
         tokens_wide=112,  # 640 x 360: 3 x 2 tiles + global
         caches=["KVCache"] * 2,  # no make_cache: the default prompt cache
         prompt="<|im_start|>User:<image>What is in this picture?<end_of_utterance>\nAssistant:",
+    ),
+    "mistral3": dict(
+        processor="Mistral3Processor",
+        tokenizer="TokenizersBackend",
+        image_token="[IMG]",
+        tokens_448=64,  # 8 x 8 cells of 28 px (+ 7 [IMG_BREAK] + [IMG_END])
+        tokens_56=4,  # never scaled up: 2 x 2 cells
+        tokens_wide=40,  # 640 x 360 -> 224 x 126 -> 8 x 5 cells
+        caches=["KVCache"] * 2,
+        # Mistral's default system message names today's date (strftime_now).
+        prompt="<s>[SYSTEM_PROMPT]You are Mistral Small 3, a Large Language Model (LLM) "
+        "created by Mistral AI, a French startup headquartered in Paris.\nYour knowledge base "
+        "was last updated on 2023-10-01. The current date is {today}.\n\nWhen you're not "
+        "sure about some information, you say that you don't have the information and don't "
+        "make up anything.\nIf the user's question is not clear, ambiguous, or does not "
+        "provide enough context for you to accurately answer the question, you do not try to "
+        "answer it right away and you rather ask the user to clarify their request (e.g. "
+        '"What are some good restaurants around me?" => "Where are you?" or "When is the next '
+        'flight to Tokyo" => "Where do you travel from?")[/SYSTEM_PROMPT][INST][IMG]What is '
+        "in this picture?[/INST]",
     ),
 }
 ARCHS = tuple(EXPECT)
@@ -138,7 +159,41 @@ def test_tokenizer_json_and_transformers_encode_alike(
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_template_renders_as_the_real_one(loaded: dict[str, tuple[Any, Any]], arch: str) -> None:
-    assert _prompt(arch, loaded, 1) == EXPECT[arch]["prompt"]
+    today = datetime.now().strftime("%Y-%m-%d")  # as the template's strftime_now
+    assert _prompt(arch, loaded, 1) == EXPECT[arch]["prompt"].replace("{today}", today)
+
+
+NEWLINE = "\u010a"  # "\n" in byte-level spelling
+
+
+def _smolvlm_span(rows: int, cols: int) -> list[str]:
+    """Idefics3's layout: per tile `<fake_token_around_image><row_r_col_c>` + 16 image
+    tokens, a newline after each tile row, then a newline and the global image."""
+    out: list[str] = []
+    for r in range(1, rows + 1):
+        for c in range(1, cols + 1):
+            out += ["<fake_token_around_image>", f"<row_{r}_col_{c}>", *["<image>"] * 16]
+        out.append(NEWLINE)
+    glob = ["<fake_token_around_image>", "<global-img>", *["<image>"] * 16]
+    return [*out, NEWLINE, *glob, "<fake_token_around_image>"]
+
+
+# The image span each family's processor writes for the 448 px image, as token names.
+SPANS = {
+    "gemma3": ["<start_of_image>", *["<image_soft_token>"] * 64, "<end_of_image>"],
+    "mistral3": [*(["[IMG]"] * 8 + ["[IMG_BREAK]"]) * 7, *["[IMG]"] * 8, "[IMG_END]"],
+    "smolvlm": _smolvlm_span(3, 3),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_image_span_layout(loaded: dict[str, tuple[Any, Any]], arch: str) -> None:
+    model, processor = loaded[arch]
+    inputs = prepare_inputs(processor, images=[IMAGE_448], prompts=_prompt(arch, loaded, 1))
+    tokens = processor.tokenizer.convert_ids_to_tokens(inputs["input_ids"][0].tolist())
+    span = SPANS[arch]
+    starts = [i for i in range(len(tokens)) if tokens[i : i + len(span)] == span]
+    assert len(starts) == 1, tokens
 
 
 @pytest.mark.parametrize("arch", ARCHS)
