@@ -8,8 +8,7 @@ among the request's media, before any pixel work.
 from __future__ import annotations
 
 import pytest
-from support import decoded, noise_image
-from text_models import text_checkpoint
+from support import decoded, noise_image, tiny_model
 
 from gateway.api.openai.parse import parse_chat_request
 from gateway.engine.families import load_model
@@ -18,7 +17,7 @@ from gateway.frontend.prompt import PromptBuilder, UnsupportedImage
 
 @pytest.fixture(scope="module")
 def builder() -> PromptBuilder:
-    model = load_model(str(text_checkpoint("qwen3")), lazy=True)
+    model = load_model(str(tiny_model("qwen3")), lazy=True)
     return PromptBuilder(model, lambda ids, spans: [True] * len(spans), 4096, 16)
 
 
@@ -29,7 +28,7 @@ def test_text_prompt_is_the_templates_ids(builder: PromptBuilder) -> None:
         {"model": "t", "messages": [{"role": "user", "content": "Hello there"}]}
     )
     request = builder.build(chat, [], "r1", 0.0)
-    tokenizer = load_tokenizer(text_checkpoint("qwen3"))
+    tokenizer = load_tokenizer(tiny_model("qwen3"))
     expected = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Hello there"}], add_generation_prompt=True
     )

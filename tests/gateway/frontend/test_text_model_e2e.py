@@ -15,8 +15,7 @@ import anthropic
 import httpx
 import openai
 import pytest
-from support import noise_png
-from text_models import text_checkpoint
+from support import noise_png, tiny_model
 
 from bench.server import LocalServer
 
@@ -25,7 +24,7 @@ SYSTEM = "You are a careful assistant. " * 6
 
 @pytest.fixture(scope="module")
 def server():
-    path = str(text_checkpoint("qwen3"))
+    path = str(tiny_model("qwen3"))
     proc = LocalServer(["--model", path, "--served-model-name", "test", "--kv-block-tokens", "8"])
     yield proc
     assert proc.stop(), proc.log()
