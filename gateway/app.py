@@ -33,7 +33,7 @@ from gateway.api.responses import routes as responses_api
 from gateway.config import EngineConfig, MediaConfig, ServerConfig
 from gateway.engine.client import EngineClient, EngineUnavailable
 from gateway.engine.core import Engine
-from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.families.family import ModelFamily
 from gateway.engine.remote.client import RemoteEngine
 from gateway.errors import APIError
 from gateway.frontend.errors import engine_unavailable
@@ -57,7 +57,7 @@ class Gateway:
         server: ServerConfig,
         engine_config: EngineConfig,
         media: MediaConfig,
-        loader: Callable[[], VisionLanguageModel] | None = None,
+        loader: Callable[[], ModelFamily] | None = None,
         notice: str | None = None,
         engine: EngineClient | None = None,
     ) -> None:
@@ -101,7 +101,9 @@ class Gateway:
                 self.engine_config.default_max_tokens,
             )
             if self.engine_config.warmup:
-                sizes = self.engine_config.warmup_image_sizes
+                # (a text model takes no images: its warm-up is text only)
+                takes_images = "image" in self.engine.model.media
+                sizes = self.engine_config.warmup_image_sizes if takes_images else ()
                 log.info("warming up (text, image sizes %s); --no-warmup skips this", sizes)
                 seconds = await asyncio.to_thread(Warmup(self.engine, prompts).run, sizes)
                 log.info("warm-up done in %.1f s", seconds)
@@ -191,6 +193,9 @@ class Gateway:
             "owned_by": "vision-gateway",
             "root": name,
         }
+        model = self.engine.model
+        if model is not None:  # the family, its media and what it caches
+            card.update(model.describe())
         if self.notice:
             card["notice"] = self.notice
         return JSONResponse({"object": "list", "data": [card]})
@@ -242,7 +247,7 @@ def create_app(
     server: ServerConfig,
     engine: EngineConfig,
     media: MediaConfig,
-    loader: Callable[[], VisionLanguageModel] | None = None,
+    loader: Callable[[], ModelFamily] | None = None,
     notice: str | None = None,
     engine_client: EngineClient | None = None,
 ) -> Starlette:

@@ -25,6 +25,19 @@ NO_BENCH = (
     "`bench` is not part of the installed package: run the benchmarks from a source "
     "checkout with `python -m bench ...` (docs/benchmarks.md)"
 )
+# `make-model --arch` choices: gateway.offline_model.ARCHS, spelled out here so that parsing
+# argv does not import the builder (tokenizers, mlx); tests/test_cli.py keeps them equal.
+MAKE_MODEL_ARCHS = (
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "gemma3",
+    "smolvlm",
+    "mistral3",
+    "qwen3",
+    "llama",
+)
+TEXT_ARCHS = ("qwen3", "llama")
 
 
 def _version() -> str:
@@ -47,16 +60,20 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
 def _add_make_model_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "make-model",
-        help="build a random-weight Qwen-VL checkpoint offline",
-        description="Build a deterministic random-weight checkpoint that mlx_vlm.load accepts.",
+        help="build a tiny random-weight checkpoint of a supported family offline",
+        description="Build a deterministic random-weight checkpoint that mlx_vlm.load (or, for "
+        "text models, mlx_lm.load) accepts, with the family's tokenizer, special tokens and "
+        "real chat template.",
         formatter_class=DefaultsFormatter,
     )
     p.add_argument("out", type=Path, help="directory to write the checkpoint to")
     p.add_argument(
         "--arch",
         default="qwen2_vl",
-        choices=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"],
-        help="architecture",
+        choices=MAKE_MODEL_ARCHS,
+        help="model family, as config.json's model_type: vision-language (mlx-vlm) "
+        f"{', '.join(a for a in MAKE_MODEL_ARCHS if a not in TEXT_ARCHS)}; "
+        f"text only (mlx-lm) {', '.join(TEXT_ARCHS)}",
     )
     p.add_argument("--size", default="tiny", choices=["tiny", "7b"], help="shapes")
     p.add_argument("--seed", type=int, default=0, help="weights seed")

@@ -189,10 +189,15 @@ class Run:
 
 
 class EngineHarness:
-    """An Engine plus a PromptBuilder, driven directly (no HTTP)."""
+    """An Engine plus a PromptBuilder, driven directly (no HTTP). `path`: serve that
+    checkpoint instead of the tiny `arch` one."""
 
     def __init__(
-        self, arch: str = "qwen2_vl", weights: str = "float32", **engine_kwargs: object
+        self,
+        arch: str = "qwen2_vl",
+        weights: str = "float32",
+        path: Path | None = None,
+        **engine_kwargs: object,
     ) -> None:
         from gateway.config import CacheConfig, EngineConfig
         from gateway.engine.core import Engine
@@ -200,14 +205,15 @@ class EngineHarness:
         from gateway.metrics import Metrics
 
         caches = engine_kwargs.pop("cache", CacheConfig())
+        loader = engine_kwargs.pop("loader", None)  # a model-family loader to use instead
         config = EngineConfig(
-            model=str(tiny_model(arch, weights)),
+            model=str(path or tiny_model(arch, weights)),
             served_model_name="test",
             cache=caches,
             **engine_kwargs,
         )
         self.metrics = Metrics()
-        self.engine = Engine(config, self.metrics)
+        self.engine = Engine(config, self.metrics, loader=loader)  # type: ignore[arg-type]
         self.engine.start(timeout=300)
         self.prompts = PromptBuilder(self.engine.model, self.engine.needs_pixels, 8192, 16)
         self._ids = 0

@@ -11,7 +11,7 @@ variants interleaved per repetition (a lent VM drifts within minutes):
 
     raw_one        mlx-lm's text model (bench.raw), the whole prompt in one forward
     raw_blocks     the same model, the prompt in blocks of `block` rows (last one partial)
-    engine_blocks  the engine's prefill path (`VisionLanguageModel.prefill` on a plan from
+    engine_blocks  the engine's prefill path (`QwenVL.prefill` on a plan from
                    `prefill_plan`), blocks of `block` rows, the last padded as the engine
                    pads it (`final_rows`); text blocks take the one-kernel rope (1bc88c4)
     engine_blocks_mrope  the same with the multimodal rope for every block (the path image
@@ -38,9 +38,9 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from bench.raw import load_text_model
 from bench.raw_measure import token_ids
+from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.model.compiled_mrope import eager_mrope
 from gateway.engine.model.prompt_forward import forward
-from gateway.engine.model.vlm import VisionLanguageModel
 from gateway.engine.scheduler.prefill import final_rows
 
 
@@ -48,7 +48,7 @@ def _spans(n: int, block: int) -> list[tuple[int, int]]:
     return [(lo, min(lo + block, n)) for lo in range(0, n, block)]
 
 
-def variants(raw: Any, vlm: VisionLanguageModel, ids: list[int], block: int) -> dict[str, Any]:
+def variants(raw: Any, vlm: QwenVL, ids: list[int], block: int) -> dict[str, Any]:
     """name -> a function running the whole prompt once from an empty cache and returning
     the wall ms of each forward (each forward evaluated before the next)."""
 
@@ -119,7 +119,7 @@ def variants(raw: Any, vlm: VisionLanguageModel, ids: list[int], block: int) -> 
     }
 
 
-def mrope_identical(vlm: VisionLanguageModel, ids: list[int], block: int) -> bool:
+def mrope_identical(vlm: QwenVL, ids: list[int], block: int) -> bool:
     """The first block's hidden states and KV through the multimodal rope, compiled against
     mlx-vlm's eager apply: bit-identical on this backend? (Pinned on CPU by the tests; this
     checks the device the bench runs on.)"""
@@ -141,7 +141,7 @@ def mrope_identical(vlm: VisionLanguageModel, ids: list[int], block: int) -> boo
 
 
 def measure(model_dir: str, prompt_tokens: int, block: int, reps: int) -> dict[str, Any]:
-    vlm = VisionLanguageModel(model_dir)
+    vlm = QwenVL(model_dir)
     raw = load_text_model(model_dir)
     ids = token_ids(prompt_tokens, vlm.vocab_size, 5)
     runs = variants(raw, vlm, ids, block)

@@ -4,7 +4,7 @@
 
 Two levels, on whatever device MLX uses (CPU here, CUDA on the H200):
 - forward: N text prompts' final partial blocks (the exact-reuse rule's shared forward,
-  `VisionLanguageModel.prefill_group`) against each prompt's block alone (`prefill`): how many
+  `QwenVL.prefill_group`) against each prompt's block alone (`prefill`): how many
   rows' last hidden states and KV are bit-identical, and the largest difference;
 - engine: N greedy requests (distinct prompts, `ignore_eos`, logprobs) each alone, then all
   submitted at once (their final blocks share a forward, they decode as one batch): how many
@@ -31,8 +31,8 @@ import numpy as np
 
 from gateway.config import CacheConfig, EngineConfig
 from gateway.engine.core import Engine
+from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.model.prompt_forward import GroupPart
-from gateway.engine.model.vlm import VisionLanguageModel
 from gateway.engine.request import (
     EngineRequest,
     ErrorEvent,
@@ -68,7 +68,7 @@ def _prompts(vocab: int, count: int, lengths: tuple[int, int]) -> list[list[int]
     return [rng.integers(100, vocab - 100, size=int(n)).tolist() for n in sizes]
 
 
-def forward_level(model: VisionLanguageModel, prompts: list[list[int]], rows: int) -> dict:
+def forward_level(model: QwenVL, prompts: list[list[int]], rows: int) -> dict:
     """Each prompt's single block (`rows` query rows) alone vs all in one shared forward."""
     plans = [model.prefill_plan(p, [], [], 0, len(p)) for p in prompts]
     alone_h, alone_k = [], []
@@ -131,7 +131,7 @@ def engine_level(engine: Engine, prompts: list[list[int]], tokens: int) -> dict:
 def run(model_dir: str, requests: int, tokens: int, lengths: tuple[int, int]) -> dict[str, Any]:
     """Both levels on one loaded model: the forward level on this thread first, then the
     engine (which owns the model from then on)."""
-    model = VisionLanguageModel(model_dir)
+    model = QwenVL(model_dir)
     on_gpu = mx.default_device().type == mx.DeviceType.gpu
     caches = CacheConfig(vision_enabled=False, prefix_enabled=False)
     block = caches.exact_block_tokens(on_gpu)

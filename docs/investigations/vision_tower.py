@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 from PIL import Image
 
-from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.model.window_attention import (
     batch_segment_attention,
     restore_per_segment_attention,
@@ -43,7 +43,7 @@ def _features(out: Any) -> mx.array:
     return out[0] if isinstance(out, tuple) else out  # Qwen3-VL also returns deepstack
 
 
-def _time_size(model: VisionLanguageModel, size: int, repeats: int, compare: bool) -> dict:
+def _time_size(model: QwenVL, size: int, repeats: int, compare: bool) -> dict:
     """One image size. Variants are interleaved within each repeat, so load on a shared
     machine hits them alike; each reports the median ms after one warm-up round (which
     absorbs kernel compilation and allocator growth, and is reported as `*_first_ms`)."""
@@ -97,7 +97,7 @@ def time_tower(
     (`batched_ms`, one mx.eval at the end) and of the engine's stepwise encode (`stepwise_ms`,
     one eval per block). With `compare` also mlx-vlm's per-window attention (`per_window_ms`)
     on the same weights, and the max abs difference of the two outputs' features."""
-    model = VisionLanguageModel(model_dir)
+    model = QwenVL(model_dir)
     return {
         "model": model_dir,
         "arch": model.arch,

@@ -91,9 +91,9 @@ class RoutedEngine(ReplicaQueries):
     def start(self, timeout: float | None = None) -> None:
         """Load the prompt side here and wait until every replica answers (model loaded and
         warmed up there)."""
-        from gateway.engine.model.vlm import VisionLanguageModel
+        from gateway.engine.families import load_model
 
-        self.model = VisionLanguageModel(self.config.model, lazy=True)
+        self.model = load_model(self.config.model, lazy=True)
         self.open(timeout)
 
     def open(self, timeout: float | None = None) -> None:

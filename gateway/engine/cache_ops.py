@@ -29,8 +29,8 @@ from gateway.engine.disk.kv import (
 from gateway.engine.disk.plan import ReadPlan
 from gateway.engine.disk.reader import Prefetch, Prefetched
 from gateway.engine.disk.tier import DiskTier, open_disk_tier
+from gateway.engine.families.family import ModelFamily
 from gateway.engine.model.kv import assemble
-from gateway.engine.model.vlm import VisionLanguageModel
 from gateway.engine.scheduler.job import Job
 
 log = logging.getLogger(__name__)
@@ -47,11 +47,15 @@ class CacheOps:
     `disk` (optional) is the tier under both caches: read ahead for a request while it waits
     (`prefetch`: what the memory caches lack when it arrives), used at admission where memory
     still misses (a hit is promoted to memory), written in the background when an entry is
-    first computed."""
+    first computed.
+
+    The model family's `cache_policy` can turn either cache off for this model (a layer type
+    that cannot be restored exactly): lookups then miss, nothing is stored, in memory or on
+    disk, and the reason shows in /v1/cache/stats (`Loaded.cache_stats`)."""
 
     def __init__(
         self,
-        model: VisionLanguageModel,
+        model: ModelFamily,
         vision: VisionCache,
         prefix: PrefixCache,
         exact_block: int = 0,
@@ -67,6 +71,8 @@ class CacheOps:
         self._align = max(exact_block, 1)
         self._dtype = str(model.embed_dtype).replace("mlx.core.", "")
         self._layers = len(model.new_cache())
+        self._prefix_on = model.cache_policy.prefix_off is None
+        self._vision_on = model.cache_policy.vision_off is None
 
     @property
     def prefix(self) -> PrefixCache:
@@ -90,21 +96,25 @@ class CacheOps:
         """Per image: is it neither covered by a prefix-cache hit nor in the vision cache, so
         the tower must run on it? Thread-safe (the caches lock); advisory: if an entry is
         evicted before admission, the engine preprocesses the image itself."""
-        covered = self.prefix.peek(prompt_ids, images, self._align)
+        covered = self.prefix.peek(prompt_ids, images, self._align) if self._prefix_on else 0
         return [
             span.end > covered and not self._vision_held(self.vision_key(span.content_hash))
             for span in images
         ]
 
     def _vision_held(self, key: VisionKey) -> bool:
+        if not self._vision_on:
+            return False
         if key in self.vision:
             return True
         return self._disk_for(self.vision) and self.disk.has_vision(key)  # type: ignore[union-attr]
 
     def _disk_for(self, cache: VisionCache | PrefixCache) -> bool:
         """Is there an active disk tier under `cache`? A cache turned off has none (so
-        --no-vision-cache / --no-prefix-cache still mean what they say)."""
-        return self.disk is not None and self.disk.active and cache.capacity_bytes > 0
+        --no-vision-cache / --no-prefix-cache still mean what they say), nor one the model
+        family turned off."""
+        on = self._prefix_on if isinstance(cache, PrefixCache) else self._vision_on
+        return on and self.disk is not None and self.disk.active and cache.capacity_bytes > 0
 
     def vision_key(self, content_hash: str) -> VisionKey:
         return VisionKey(
@@ -140,7 +150,7 @@ class CacheOps:
             )
             if blocks and not disk.store.probe("prefix", blocks[0].key):
                 blocks = ()
-        covered = self.prefix.peek(request.prompt_ids, spans, self._align)
+        covered = self.prefix.peek(request.prompt_ids, spans, self._align) if self._prefix_on else 0
         images = []
         for image in request.images if self._disk_for(self.vision) else ():
             key = self.vision_key(image.content_hash)
@@ -174,7 +184,7 @@ class CacheOps:
         layouts = [i.layout for i in request.images]
         hit = None
         try:
-            if request.use_caches:
+            if request.use_caches and self._prefix_on:
                 hit = self.prefix.lookup(request.prompt_ids, self.spans(job), self._align)
             if request.use_caches and self._disk_for(self.prefix):
                 touch_blocks(self.disk, hit)  # type: ignore[arg-type]
@@ -194,7 +204,7 @@ class CacheOps:
         job.fed = job.cached_tokens
         for i in pending:
             entry = None
-            if request.use_caches:
+            if request.use_caches and self._vision_on:
                 entry = self._vision_lookup(request.images[i].content_hash, layouts[i].num_tokens)
             if entry is None and request.use_caches:
                 entry = self._vision_from_disk(request.images[i], found)
@@ -236,6 +246,8 @@ class CacheOps:
 
     def store_vision(self, key: VisionKey, entry: VisionEntry) -> None:
         """A freshly encoded image: into the memory cache, and queued for the disk tier."""
+        if not self._vision_on:
+            return
         self.vision.store(key, entry)
         if self._disk_for(self.vision):
             try:
@@ -278,7 +290,8 @@ class CacheOps:
     def _store(self, job: Job, tokens: Any, kv: list[Any], length: int) -> None:
         """Store whole blocks of tokens[:length]; only blocks the tree lacks are copied."""
         try:
-            if self.prefix.capacity_bytes == 0 or not job.request.use_caches or not kv:
+            off = self.prefix.capacity_bytes == 0 or not self._prefix_on
+            if off or not job.request.use_caches or not kv:
                 return
             layouts = [i.layout for i in job.request.images]
             block, new = self.prefix.block_tokens, []

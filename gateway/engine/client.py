@@ -20,7 +20,7 @@ from gateway.config import EngineConfig
 from gateway.engine.request import EngineRequest, Sink
 
 if TYPE_CHECKING:  # the model pulls in MLX; the contract itself does not need it
-    from gateway.engine.model.vlm import VisionLanguageModel
+    from gateway.engine.families.family import ModelFamily
 
 
 class EngineBusy(Exception):
@@ -56,7 +56,7 @@ class EngineClient(Protocol):
     """The settings the engine runs with (capacity: `max_batch + max_waiting`)."""
 
     @property
-    def model(self) -> VisionLanguageModel | None:
+    def model(self) -> ModelFamily | None:
         """The model's prompt side (tokenizer, processor) once started, else None. Proxies
         hold it without weights: use it to build prompts, never to compute."""
         ...

@@ -34,8 +34,8 @@ from caches.prefix import ImageSpan, PrefixCache
 from caches.vision import VisionCache
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import cache_stats
+from gateway.engine.families import ModelFamily, load_model
 from gateway.engine.model.cudnn import disable_cudnn_attention
-from gateway.engine.model.vlm import VisionLanguageModel
 from gateway.engine.request import EngineRequest
 from gateway.engine.scheduler.job import Sink
 from gateway.engine.scheduler.loaded import Loaded
@@ -59,11 +59,11 @@ class Engine:
         self,
         config: EngineConfig,
         metrics: Metrics,
-        loader: Callable[[], VisionLanguageModel] | None = None,
+        loader: Callable[[], ModelFamily] | None = None,
     ) -> None:
         self.config = config
         self.metrics = metrics
-        self._loader = loader or (lambda: VisionLanguageModel(config.model))
+        self._loader = loader or (lambda: load_model(config.model))
         # Replaced (not cleared) by `reset_caches`; any thread reads them.
         self.vision_cache = VisionCache(config.cache.vision_capacity_bytes)
         self.prefix_cache = PrefixCache(config.cache.kv_capacity_bytes)
@@ -137,7 +137,7 @@ class Engine:
         return None if scheduler is None else scheduler.loaded
 
     @property
-    def model(self) -> VisionLanguageModel | None:
+    def model(self) -> ModelFamily | None:
         """The loaded model (None before it is loaded)."""
         loaded = self.loaded
         return None if loaded is None else loaded.model

@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from caches.prefix import ImageSpan
+from gateway.engine.families.family import ModelFamily
 from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.video_layout import VideoLayout
-from gateway.engine.model.vlm import VisionLanguageModel
 from gateway.engine.request import EngineRequest, ImageInput, SamplingParams
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatRequest, ImagePart, TextPart, VideoPart
@@ -55,7 +55,8 @@ def template_messages(chat: ChatRequest) -> list[dict[str, Any]]:
 
 
 class PromptBuilder:
-    """Builds engine requests for one model. Thread-safe (the model guards its tokenizer).
+    """Builds engine requests for one model (any family). Thread-safe (the model guards its
+    tokenizer).
 
     `needs_pixels(prompt_ids, spans)` tells, per image, whether the engine will run the
     vision tower on it (not covered by a prefix-cache hit, not in the vision cache). Other
@@ -65,7 +66,7 @@ class PromptBuilder:
 
     def __init__(
         self,
-        model: VisionLanguageModel,
+        model: ModelFamily,
         needs_pixels: Callable[[list[int], list[ImageSpan]], list[bool]],
         max_context_tokens: int,
         default_max_tokens: int,
@@ -82,12 +83,28 @@ class PromptBuilder:
     def _layout(
         self, chat: ChatRequest, media: Sequence[Media]
     ) -> tuple[list[int], list[ImageLayout], list[Grid]]:
+        self._check_media_kinds(chat)
         # An assistant prefill continues the assistant turn the template just opened.
         text = self.model.render(template_messages(chat)) + chat.prefill
         ids = self.model.tokenize(text)
         grids = [self._grid(index, item) for index, item in enumerate(media)]
         prompt, layouts = self.model.layout_prompt(ids, grids)
         return prompt, layouts, grids
+
+    def _check_media_kinds(self, chat: ChatRequest) -> None:
+        """Refuse a media part the model does not take (an image sent to a text model): the
+        message names the part's field (APIs without a `param`, like Anthropic's, show only
+        the message) and the error carries its place among the request's media."""
+        for index, part in enumerate(chat.media):
+            kind = "video" if isinstance(part, VideoPart) else "image"
+            if kind not in self.model.media:
+                model = self.model
+                raise UnsupportedImage(
+                    index,
+                    f"{part.param}: this model ({model.model_type}, family {model.family}) "
+                    f"does not take {kind} input; send text only, or serve a model that reads "
+                    f"{kind}s",
+                )
 
     def _grid(self, index: int, item: Media) -> Grid:
         what = "video frames" if isinstance(item, DecodedVideo) else "image"

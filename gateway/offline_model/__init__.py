@@ -1,19 +1,22 @@
-"""Offline builder of random-weight Qwen-VL checkpoints that `mlx_vlm.load` accepts.
+"""Offline builder of random-weight checkpoints that mlx-vlm / mlx-lm load as real ones.
 
     build_model(out_dir, arch, size, seed, progress) -> out_dir
     ensure_model(arch, size, seed, progress) -> default_model_dir(arch, size, seed), built once
 
 Either takes `quantize=4|8` (and `group_size`): the float checkpoint is built first, then
-quantized by mlx-vlm's own converter (see quantize.py).
+quantized by the runtime's own converter (see quantize.py).
 
-A checkpoint is: a byte-level BPE tokenizer trained here (Qwen2-VL special tokens and a
-Qwen2-VL-style chat template; padded with never-encoded filler words up to the embedding
+`arch` is a family (`families.ARCHS`): the Qwen-VL ones (qwen2_vl, qwen2_5_vl, qwen3_vl),
+the vision-language families loaded by mlx-vlm, and the text models loaded by mlx-lm (qwen3,
+llama). A checkpoint is: a BPE tokenizer trained here with the family's pipeline, special
+tokens and real chat template (padded with never-encoded filler words up to the embedding
 size, so every id the model samples decodes to text), config.json / generation_config.json
-checked by mlx-vlm's own config classes, preprocessor_config.json, and normal(0, 0.02)
-weights (norms 1/0) in safetensors under the exact names mlx-vlm's Model uses. Everything
-is a pure function of (arch, size, seed, dtype, quantization, BUILDER_VERSION): the same
-arguments give byte-identical files. Nothing touches the network. The answers of such a
-model are noise; only its shapes, tokenizer and processing are real.
+and the family's processor files, checked by the runtime's own config classes and by
+transformers', and normal(0, 0.02) weights (norm scales 1, shifts 0) in safetensors under the
+exact names the runtime's Model uses. Everything is a pure function of (arch, size, seed,
+dtype, quantization, BUILDER_VERSION): the same arguments give byte-identical files. Nothing
+touches the network. The answers of such a model are noise; only its shapes, tokenizer and
+processing are real.
 """
 
 from __future__ import annotations
@@ -28,20 +31,21 @@ from importlib import metadata
 from pathlib import Path
 
 from .checkpoint import write_weights
+from .families import ARCHS, FAMILIES, check_arch_size, family
 from .params import validate_config
 from .quantize import DEFAULT_GROUP_SIZE, check_quantize, quantize_checkpoint
-from .shapes import (
-    ARCHS,
-    SIZES,
-    check_arch_size,
-    generation_config,
-    model_config,
-    preprocessor_config,
-    text_vocab_size,
-)
-from .tokenizer import train_tokenizer, write_tokenizer_files
+from .shapes import SIZES
 
-__all__ = ["ARCHS", "SIZES", "BUILDER_VERSION", "build_model", "default_model_dir", "ensure_model"]
+__all__ = [
+    "ARCHS",
+    "FAMILIES",
+    "SIZES",
+    "BUILDER_VERSION",
+    "build_model",
+    "default_model_dir",
+    "ensure_model",
+    "family",
+]
 
 # Bump by hand for changes the digest below cannot see, and as a record when the files of an
 # existing build change. 2: specials and filler tokens in the BPE vocab, tokenizer padded to
@@ -51,13 +55,15 @@ MARKER = "vision_gateway_build.json"  # written last: its presence means the bui
 
 
 def _builder_version() -> str:
-    # The recipe version plus a digest of this package's sources and of the library versions
-    # that shape the bytes (BPE training, numpy's normal sampler, mlx-vlm's parameter names):
-    # editing the recipe or upgrading one of them yields a new cache dir, never a stale one.
+    # The recipe version plus a digest of this package's sources (chat templates included) and
+    # of the library versions that shape the bytes (BPE training, numpy's normal sampler, the
+    # runtimes' parameter names, their quantizers and mlx-lm's tokenizer re-save): editing the
+    # recipe or upgrading one of them yields a new cache dir, never a stale one.
     h = hashlib.sha256()
-    for src in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(src.name.encode() + b"\0" + src.read_bytes())
-    for dist in ("tokenizers", "numpy", "mlx-vlm"):
+    root = Path(__file__).parent
+    for src in sorted(root.rglob("*.py")):
+        h.update(src.relative_to(root).as_posix().encode() + b"\0" + src.read_bytes())
+    for dist in ("tokenizers", "numpy", "mlx-vlm", "mlx-lm", "transformers"):
         try:
             h.update(f"{dist}={metadata.version(dist)}".encode())
         except metadata.PackageNotFoundError:
@@ -90,23 +96,20 @@ def _write_checkpoint(
     say: Callable[[str], None],
     quant: dict[str, int] | None = None,
 ) -> None:
+    fam = family(arch)
     if quant is not None:
         with tempfile.TemporaryDirectory(prefix=f".{out.name}.float-", dir=out.parent) as src:
             _write_checkpoint(Path(src), arch, size, seed, dtype, say)
-            say(f"quantizing to {quant['bits']} bits with mlx-vlm")
-            quantize_checkpoint(Path(src), out, quant["bits"], quant["group_size"])
+            say(f"quantizing to {quant['bits']} bits with {fam.runtime}")
+            quantize_checkpoint(
+                Path(src), out, quant["bits"], quant["group_size"], runtime=fam.runtime
+            )
         _write_marker(out, arch, size, seed, dtype, quant)
         return
     say("training tokenizer")
-    # Padded to the embedding size: every id the model can sample decodes to text.
-    ids = write_tokenizer_files(out, train_tokenizer(text_vocab_size(arch, size)))
-    say("writing configs")
-    config = model_config(arch, size, ids, dtype)
-    _dump(out / "config.json", config)
-    _dump(out / "generation_config.json", generation_config(ids))
-    _dump(out / "preprocessor_config.json", preprocessor_config(arch, size))
-    say("validating config with mlx-vlm")
-    specs = validate_config(config)
+    config = fam.write_files(out, size, dtype)  # tokenizer, config.json, processor files
+    say(f"validating config with {fam.runtime}")
+    specs = validate_config(config, fam.runtime)
     write_weights(out, specs, seed, dtype, say)
     _write_marker(out, arch, size, seed, dtype, None)
     say("done")

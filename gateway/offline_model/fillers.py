@@ -45,8 +45,9 @@ def _candidates() -> Iterator[str]:
         yield _SYLLABLES[i // (s * s)] + _SYLLABLES[i // s % s] + _SYLLABLES[i % s]
 
 
-def filler_tokens(count: int, taken: Collection[str]) -> list[str]:
-    """`count` distinct filler tokens in byte-level spelling ("Ġba"), none of them in `taken`.
+def filler_tokens(count: int, taken: Collection[str], space: str = _SPACE) -> list[str]:
+    """`count` distinct filler tokens, none of them in `taken`, each `space` + a pseudo-word:
+    byte-level spelling ("Ġba") by default, SentencePiece's ("▁ba") with space="\u2581".
 
     `taken` is the vocabulary being extended (trained tokens and special tokens). The result
     depends only on `count` and `taken`. Raises ValueError if `count` is negative or more
@@ -58,7 +59,7 @@ def filler_tokens(count: int, taken: Collection[str]) -> list[str]:
     if count == 0:
         return out
     for word in _candidates():
-        token = _SPACE + word
+        token = space + word
         if token not in taken:
             out.append(token)
             if len(out) == count:

@@ -145,6 +145,9 @@ def model_config(arch: str, size: str, ids: TokenIds, dtype: str | None = None) 
     t = dict(_TEXT[(arch, size)])
     mrope = t.pop("mrope")
     vocab_size = t.pop("vocab_size")
+    head_dim = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
+    if 2 * sum(mrope) != head_dim:  # mRoPE rotates every frequency of a head exactly once
+        raise ValueError(f"mrope_section {mrope} does not cover head_dim {head_dim}")
     if ids.vocab_size != vocab_size:
         raise ValueError(
             f"the tokenizer has {ids.vocab_size} ids but {arch} {size} embeds {vocab_size}; "

@@ -124,6 +124,9 @@
       if (!entries.ok) throw new Error(await VG.errorMessage(entries));
       const data = await live.json();
       $("model-name").textContent = data.model;
+      const family = data.caches.family; // the model family, once the engine has loaded
+      $("model-family").hidden = !family;
+      $("model-family").textContent = family ? `family: ${family.family} · ${family.model_type}` : "";
       showCache("vision", data.caches.vision, data.series);
       showCache("prefix", data.caches.prefix, data.series);
       $("token-hit-rate").textContent = data.caches.prefix.tokens_queried

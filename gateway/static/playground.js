@@ -32,9 +32,17 @@
     const card = (await response.json()).data[0];
     state.model = card.id;
     $("model-name").textContent = card.id;
+    showFamily(card);
     const notice = $("model-notice");
     notice.hidden = !card.notice;
     notice.textContent = card.notice || "";
+  }
+
+  // The model's family (gateway/engine/families): "qwen_vl · qwen2_5_vl", "text · qwen3".
+  function showFamily(card) {
+    const family = $("model-family");
+    family.hidden = !card.family;
+    family.textContent = card.family ? `family: ${card.family} · ${card.model_type}` : "";
   }
 
   // ----- images ----------------------------------------------------------------------------

@@ -32,11 +32,11 @@ def _logits_with_decode(model, cache, prompt: list[int], steps: int) -> list[mx.
 @pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_raw_model_computes_the_gateways_logits(arch: str) -> None:
     """Same greedy tokens, logits within 1e-4, over a prompt and decode steps."""
-    from gateway.engine.model.vlm import VisionLanguageModel
+    from gateway.engine.families.qwen_vl import QwenVL
 
     root = tiny_model(arch)
     raw = load_text_model(root)
-    gateway = VisionLanguageModel(str(root))
+    gateway = QwenVL(str(root))
     prompt = [5, 100, 200, 300, 1500, 7, 8, 9, 10, 11, 12, 1999]
     ours = _logits_with_decode(gateway.text_core, gateway.new_cache(), prompt, 4)
     theirs = _logits_with_decode(raw, make_prompt_cache(raw), prompt, 4)

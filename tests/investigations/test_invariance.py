@@ -12,7 +12,7 @@ import mlx.core as mx
 from support import tiny_model
 
 from docs.investigations import invariance
-from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.families.qwen_vl import QwenVL
 
 
 def test_on_cpu_batched_equals_single_at_both_levels() -> None:
@@ -26,7 +26,7 @@ def test_on_cpu_batched_equals_single_at_both_levels() -> None:
 
 
 def test_a_difference_is_reported() -> None:
-    model = VisionLanguageModel(str(tiny_model("qwen2_5_vl", "bfloat16")))
+    model = QwenVL(str(tiny_model("qwen2_5_vl", "bfloat16")))
     prompts = invariance._prompts(model.vocab_size, 3, (10, 20))
     group = model.prefill_group
     model.prefill_group = lambda parts, rows: group(parts, rows) * 1.01  # type: ignore[method-assign]

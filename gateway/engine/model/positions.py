@@ -35,6 +35,12 @@ class ImageLayout:
     w: int
     time_scale: float = 1.0  # time-axis positions per temporal patch (Qwen2.5-VL video)
 
+    @classmethod
+    def flat(cls, start: int, num_tokens: int) -> ImageLayout:
+        """A span of `num_tokens` tokens at consecutive 1D positions (a family without mRoPE:
+        one position per token), so the text after it is not shifted (`rope_shift` 0)."""
+        return cls(start, 1, 1, num_tokens)
+
     @property
     def t_positions(self) -> np.ndarray:
         """Time-axis offset of each temporal patch (int32, length t)."""

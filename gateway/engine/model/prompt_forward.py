@@ -30,11 +30,11 @@ class PrefillPlan:
     """Everything needed to prefill a token range in chunks (relative indexing)."""
 
     ids: mx.array  # (1, L)
-    embeds: mx.array  # (1, L, hidden)
-    positions: mx.array  # (3, 1, L)
+    embeds: mx.array | None  # (1, L, hidden); None: the family feeds `ids` (no image rows)
+    positions: mx.array  # (axes, 1, L): 3 for mRoPE, 1 for 1D positions
     visual: np.ndarray  # (L,) bool: image placeholder positions (Qwen3-VL deepstack)
     deepstack: list[mx.array] | None  # per layer (visual tokens in range, hidden)
-    host_positions: np.ndarray  # (3, L) the same positions on the host (no stream sync)
+    host_positions: np.ndarray  # (axes, L) the same positions on the host (no stream sync)
 
     @property
     def length(self) -> int:
@@ -189,23 +189,39 @@ def forward_group(
     ids = mx.concatenate([i[0] for i in inputs], axis=0)
     embeds = mx.concatenate([i[1] for i in inputs], axis=0)
     positions = mx.concatenate([i[2] for i in inputs], axis=1)
-    batch_cache = []
-    for layer in range(len(parts[0].cache)):
-        joint = RowKVCache()
-        if offset:
-            joint.keys = mx.concatenate([p.cache[layer].keys[..., :offset, :] for p in parts])
-            joint.values = mx.concatenate([p.cache[layer].values[..., :offset, :] for p in parts])
-            joint.offset = offset
-        batch_cache.append(joint)
+    batch_cache = join_caches([p.cache for p in parts])
     firsts = [text_offset(p.plan, p.lo, p.hi) for p in parts] if fast_text else [None]
     offsets = mx.array(firsts, dtype=mx.int32) if None not in firsts else None
     with text_rope(offsets) if offsets is not None else nullcontext():
         hidden = lm(ids, inputs_embeds=embeds, cache=batch_cache, position_ids=positions)
     mx.eval([c.state for c in batch_cache])
-    for i, part in enumerate(parts):
-        end = offset + part.hi - part.lo
-        for layer, joint in zip(part.cache, batch_cache):
-            layer.keys = joint.keys[i : i + 1, :, :end, :]
-            layer.values = joint.values[i : i + 1, :, :end, :]
-            layer.offset = end
+    split_caches([p.cache for p in parts], [p.hi - p.lo for p in parts], batch_cache)
     return hidden
+
+
+def join_caches(caches: Sequence[list[RowKVCache]]) -> list[RowKVCache]:
+    """One batch cache per layer over several single-row caches holding the same number of
+    tokens (their KV copied, row i = caches[i]), for a grouped forward."""
+    offset = caches[0][0].offset
+    joint_layers = []
+    for layer in range(len(caches[0])):
+        joint = RowKVCache()
+        if offset:
+            joint.keys = mx.concatenate([c[layer].keys[..., :offset, :] for c in caches])
+            joint.values = mx.concatenate([c[layer].values[..., :offset, :] for c in caches])
+            joint.offset = offset
+        joint_layers.append(joint)
+    return joint_layers
+
+
+def split_caches(
+    caches: Sequence[list[RowKVCache]], added: Sequence[int], joint: list[RowKVCache]
+) -> None:
+    """After a grouped forward over `join_caches(caches)`: cache i takes row i of `joint`
+    up to its own `added[i]` new tokens (its real rows; the padding rows are dropped)."""
+    for i, cache in enumerate(caches):
+        end = cache[0].offset + added[i]
+        for layer, rows in zip(cache, joint):
+            layer.keys = rows.keys[i : i + 1, :, :end, :]
+            layer.values = rows.values[i : i + 1, :, :end, :]
+            layer.offset = end

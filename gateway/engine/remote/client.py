@@ -88,7 +88,7 @@ class RemoteEngine:
     def start(self, timeout: float | None = None) -> None:
         """Spawn the engine process, load the prompt side here, wait until the model is
         loaded there (re-raises a load failure as RuntimeError)."""
-        from gateway.engine.model.vlm import VisionLanguageModel
+        from gateway.engine.families import load_model
 
         ctx = mp.get_context("spawn")  # never fork a process that may hold a GPU context
         cmd_read, cmd_write = ctx.Pipe(duplex=False)
@@ -104,7 +104,7 @@ class RemoteEngine:
         cmd_read.close()
         evt_write.close()
         try:
-            self.model = VisionLanguageModel(self.config.model, lazy=True)
+            self.model = load_model(self.config.model, lazy=True)
             if not self._events.poll(timeout):
                 raise TimeoutError("the engine process did not load the model in time")
             first = self._events.recv()

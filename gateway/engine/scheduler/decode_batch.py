@@ -31,7 +31,7 @@ from mlx_lm.generate import BatchGenerator, GenerationBatch, StopSequences, _mer
 from mlx_lm.models.cache import TokenBuffer
 
 from gateway.config import EngineConfig
-from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.families.family import ModelFamily
 from gateway.engine.scheduler.job import Job, Stage
 from gateway.engine.tokens.grammar import GrammarRow
 from gateway.engine.tokens.logprobs import LogprobValues
@@ -54,7 +54,7 @@ class DecodeBatch:
     """Decoding rows by uid; `rows` is read by the engine to know whether anything decodes."""
 
     def __init__(
-        self, model: VisionLanguageModel, config: EngineConfig, masker: Callable[..., Any]
+        self, model: ModelFamily, config: EngineConfig, masker: Callable[..., Any]
     ) -> None:
         self.stop_ids = frozenset(model.eos_token_ids)
         self._stops = StopSequences([[t] for t in model.eos_token_ids])

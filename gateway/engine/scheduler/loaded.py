@@ -23,7 +23,7 @@ from caches.prefix import PrefixCache
 from caches.vision import VisionCache
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import CacheOps
-from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.families.family import ModelFamily
 from gateway.engine.scheduler.decode_batch import DecodeBatch
 from gateway.engine.scheduler.prefill import Prefiller
 from gateway.engine.tokens.grammar import Grammars
@@ -33,7 +33,7 @@ from gateway.engine.tokens.grammar import Grammars
 class Loaded:
     """The post-load state of one engine; see the module docstring."""
 
-    model: VisionLanguageModel
+    model: ModelFamily
     on_gpu: bool  # the model computes on a GPU
     cache_ops: CacheOps
     prefiller: Prefiller
@@ -43,7 +43,7 @@ class Loaded:
     def load(
         cls,
         config: EngineConfig,
-        loader: Callable[[], VisionLanguageModel],
+        loader: Callable[[], ModelFamily],
         vision: VisionCache,
         prefix: PrefixCache,
     ) -> Loaded:
@@ -69,8 +69,13 @@ class Loaded:
         return DecodeBatch(self.model, config, self.grammars.masker)
 
     def cache_stats(self) -> dict[str, dict[str, object]]:
-        """The compiled grammars' and the disk tier's counters, JSON-able (any thread)."""
-        return {"grammar": self.grammars.stats(), "disk": self.cache_ops.disk_stats()}
+        """The compiled grammars' and the disk tier's counters, and the model family with
+        the caches it turned off and why, JSON-able (any thread)."""
+        return {
+            "grammar": self.grammars.stats(),
+            "disk": self.cache_ops.disk_stats(),
+            "family": self.model.describe(),
+        }
 
     def clear_caches(self) -> None:
         """Empty the disk tier and the compiled grammars (any thread)."""

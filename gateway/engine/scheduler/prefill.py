@@ -2,8 +2,8 @@
 its first token from the last chunk's logits. Engine thread only.
 
 Every request, text or image, is prefilled here rather than inside mlx-lm's BatchGenerator:
-- the image-bearing part [cached_tokens, split) needs `inputs_embeds` and 3-axis mRoPE
-  positions, which BatchGenerator cannot feed;
+- the image-bearing part [cached_tokens, split) needs `inputs_embeds` and the family's
+  positions (e.g. 3-axis mRoPE), which BatchGenerator cannot feed;
 - the text part [split, prompt_len) goes through the same `TextCore` the batch decodes with;
 - the first token comes straight from the prefill's last logits. Handing the whole prompt to
   BatchGenerator would cost one more forward pass before the first token (it prefills all
@@ -38,10 +38,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from gateway.engine.cache_ops import CacheOps
+from gateway.engine.families.family import ModelFamily
 from gateway.engine.model.positions import rope_delta_at
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan, text_offset
-from gateway.engine.model.text_core import logits_from_hidden
-from gateway.engine.model.vlm import VisionLanguageModel
 from gateway.engine.scheduler.job import Job
 
 MIN_FINAL_ROWS = 32  # the smallest forward a final partial block is padded to
@@ -71,7 +70,7 @@ class Prefiller:
     """Chunked prefill for one job at a time (`feed`), owned by the engine thread.
     `block` > 0: the exact-reuse rule with blocks of that many tokens (module doc)."""
 
-    def __init__(self, model: VisionLanguageModel, cache_ops: CacheOps, block: int = 0) -> None:
+    def __init__(self, model: ModelFamily, cache_ops: CacheOps, block: int = 0) -> None:
         self.model = model
         self.cache_ops = cache_ops
         self.block = block
@@ -219,7 +218,7 @@ class Prefiller:
         delta = rope_delta_at([i.layout for i in job.request.images], job.prompt_len)
         for layer in job.cache or []:
             layer.rope_delta = delta
-        last = logits_from_hidden(self.model.text_core.lm, last_hidden)[:, -1, :]
+        last = self.model.logits(last_hidden)[:, -1, :]
         logprobs = last - mx.logsumexp(last, axis=-1, keepdims=True)
         token = job.sampler(logprobs)
         mx.eval(token, logprobs)

@@ -18,7 +18,7 @@ import pytest
 from support import EngineHarness, chat_body, conversation, noise_image, tiny_model
 
 from gateway.config import CacheConfig
-from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.families.qwen_vl import QwenVL
 
 ARCHS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 VARIANTS = [(arch, w) for w in ("bfloat16", "q4", "q8") for arch in ARCHS]
@@ -115,7 +115,7 @@ def test_every_prefill_forward_is_one_aligned_block() -> None:
 def test_quantized_checkpoints_keep_float_image_features(arch: str) -> None:
     """Image features are cast to the embedding's *output* dtype; for a quantized checkpoint
     the embedding's weight is packed uint32, which truncated features to integers."""
-    model = VisionLanguageModel(str(tiny_model(arch, "q4")))
+    model = QwenVL(str(tiny_model(arch, "q4")))
     assert model.embed_dtype == mx.float32
     image = noise_image(71, 56, 56)
     pixels, grid = model.preprocess(image)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from support import decoded, noise_image, tiny_model
 
-from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.families.qwen_vl import QwenVL
 from gateway.errors import APIError
 from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, TextPart
 from gateway.frontend.prompt import PromptBuilder, UnsupportedImage, template_messages
@@ -40,12 +40,12 @@ def test_template_messages_keep_part_order_and_join_plain_text() -> None:
 
 
 @pytest.fixture(scope="module")
-def model() -> VisionLanguageModel:
-    return VisionLanguageModel(str(tiny_model("qwen2_vl")))
+def model() -> QwenVL:
+    return QwenVL(str(tiny_model("qwen2_vl")))
 
 
 def test_an_images_tokens_do_not_depend_on_the_question_after_it(
-    model: VisionLanguageModel,
+    model: QwenVL,
 ) -> None:
     """Invariant: two questions about one image share every prompt token up to the image's
     end, and the span covers exactly the image tokens."""
@@ -64,7 +64,7 @@ def test_an_images_tokens_do_not_depend_on_the_question_after_it(
 
 
 def test_pixels_are_prepared_only_for_images_the_engine_will_encode(
-    model: VisionLanguageModel,
+    model: QwenVL,
 ) -> None:
     """Invariant: `needs_pixels` False -> no pixel preprocessing for that image."""
     builder = PromptBuilder(model, lambda ids, spans: [False, True], 4096, 16)
@@ -75,7 +75,7 @@ def test_pixels_are_prepared_only_for_images_the_engine_will_encode(
     assert [i.content_hash for i in built.images] == [i.content_hash for i in images]
 
 
-def test_context_limits_name_the_field_to_fix(model: VisionLanguageModel) -> None:
+def test_context_limits_name_the_field_to_fix(model: QwenVL) -> None:
     """Invariant: a prompt over the context is a 400 on `messages`; max_tokens over the room
     left is a 400 on `max_tokens` that says how many fit; the default fits the room."""
     message = ChatMessage("user", (TextPart("hello " * 40),))
@@ -93,7 +93,7 @@ def test_context_limits_name_the_field_to_fix(model: VisionLanguageModel) -> Non
 
 
 def test_an_image_the_processor_refuses_is_named_by_its_index(
-    model: VisionLanguageModel,
+    model: QwenVL,
 ) -> None:
     """Invariant: a 1x3000 image is refused in our words with its index (the pipeline turns
     the index into the image's field path), not as the processor's ValueError."""
@@ -107,7 +107,7 @@ def test_an_image_the_processor_refuses_is_named_by_its_index(
 
 
 def test_an_over_long_prompt_logs_no_tokenizer_warning(
-    model: VisionLanguageModel, caplog: pytest.LogCaptureFixture
+    model: QwenVL, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Invariant: tokenizing past the tokenizer's nominal maximum logs nothing (our own 400
     is the only word on it)."""

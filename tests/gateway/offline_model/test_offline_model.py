@@ -34,7 +34,7 @@ SPECIALS = (
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("models")
-    return {arch: om.build_model(root / arch, arch, "tiny", seed=0) for arch in om.ARCHS}
+    return {arch: om.build_model(root / arch, arch, "tiny", seed=0) for arch in shapes.ARCHS}
 
 
 def _hashes(path: Path) -> dict[str, str]:
@@ -46,7 +46,7 @@ def _image(width: int, height: int) -> Image.Image:
     return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
 
 
-@pytest.mark.parametrize("arch", om.ARCHS)
+@pytest.mark.parametrize("arch", shapes.ARCHS)
 @pytest.mark.parametrize("size", [(56, 56), (84, 28)])
 def test_load_process_and_run(built: dict[str, Path], arch: str, size: tuple[int, int]) -> None:
     model, processor = mlx_vlm.load(str(built[arch]))
@@ -209,7 +209,7 @@ def test_unknown_names_raise(tmp_path: Path) -> None:
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("arch", om.ARCHS)
+@pytest.mark.parametrize("arch", shapes.ARCHS)
 def test_7b_config_is_accepted_and_about_8b(arch: str) -> None:
     # The tokenizer padded to the 7b embedding, as the builder makes it (model_config
     # refuses a tokenizer whose size differs from the embedding's).

@@ -25,7 +25,7 @@ from gateway.offline_model import fillers, shapes, tokenizer  # noqa: E402
 # Where config.json says the specials are, for every size (Qwen2-VL's order from 2034 up).
 SPECIAL_IDS = {t: 2034 + i for i, t in enumerate(tokenizer.SPECIAL_TOKENS)}
 # Every vocabulary size a checkpoint is built with: tiny, Qwen3-VL-8B, Qwen2/2.5-VL-7B.
-VOCAB_SIZES = sorted({shapes.text_vocab_size(a, s) for a in om.ARCHS for s in om.SIZES})
+VOCAB_SIZES = sorted({shapes.text_vocab_size(a, s) for a in shapes.ARCHS for s in shapes.SIZES})
 
 # Ids recorded from the tokenizer before the vocabulary was padded: padding must not move them.
 SAMPLES = {
@@ -93,7 +93,7 @@ def _check_every_id_decodes(decode: Callable[[int], str], fast: Tokenizer, n: in
 
 def test_vocab_sizes_cover_tiny_and_7b() -> None:
     assert VOCAB_SIZES == [2048, 151936, 152064]
-    assert [shapes.text_vocab_size(a, "7b") for a in om.ARCHS] == [152064, 152064, 151936]
+    assert [shapes.text_vocab_size(a, "7b") for a in shapes.ARCHS] == [152064, 152064, 151936]
 
 
 @pytest.mark.parametrize("n", VOCAB_SIZES)

@@ -18,8 +18,8 @@ import pytest
 from mlx_vlm.utils import load_model
 from support import tiny_model
 
+from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.model.compiled_mrope import eager_mrope, install_compiled_mrope
-from gateway.engine.model.vlm import VisionLanguageModel
 
 FUNCTION = "apply_multimodal_rotary_pos_emb"
 
@@ -91,7 +91,7 @@ def test_every_layer_calls_the_compiled_apply(monkeypatch: pytest.MonkeyPatch) -
 
 def test_install_is_idempotent_and_selective() -> None:
     """Invariant: installing twice keeps one wrapper; Qwen3-VL (interleaved, compiled by
-    mlx-vlm) is not touched; loading a VisionLanguageModel installs it."""
+    mlx-vlm) is not touched; loading a QwenVL installs it."""
     language = _language("qwen2_vl")
     module = sys.modules[type(language).__module__]
     assert install_compiled_mrope(language)
@@ -106,5 +106,5 @@ def test_install_is_idempotent_and_selective() -> None:
     assert not install_compiled_mrope(qwen3)
     assert getattr(sys.modules[type(qwen3).__module__], FUNCTION) is before
 
-    assert VisionLanguageModel(str(tiny_model("qwen2_5_vl"))).compiled_mrope
-    assert not VisionLanguageModel(str(tiny_model("qwen2_5_vl")), lazy=True).compiled_mrope
+    assert QwenVL(str(tiny_model("qwen2_5_vl"))).compiled_mrope
+    assert not QwenVL(str(tiny_model("qwen2_5_vl")), lazy=True).compiled_mrope

@@ -19,13 +19,13 @@ from PIL import Image
 from support import noise_image, tiny_model
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
+from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.model import image_processor
 from gateway.engine.model.image_processor import (
     QwenImageProcessor,
     fast_image_processor,
     spec_from_processor,
 )
-from gateway.engine.model.vlm import VisionLanguageModel
 
 ARCHS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 SIZES = [(1, 1), (28, 28), (56, 84), (100, 37), (448, 448), (1024, 1024), (300, 17), (1000, 10)]
@@ -34,8 +34,8 @@ QWEN25_7B = dict(min_pixels=3136, max_pixels=12845056)  # the 7B's limits: 1024x
 
 
 @cache
-def model(arch: str) -> VisionLanguageModel:
-    return VisionLanguageModel(str(tiny_model(arch)))
+def model(arch: str) -> QwenVL:
+    return QwenVL(str(tiny_model(arch)))
 
 
 def mlx_vlm_processor(arch: str, **overrides: Any) -> Any:
@@ -138,7 +138,7 @@ def test_unsupported_configs_fall_back_to_the_processor(
         pass
 
     assert fast_image_processor(Custom(**vars(model("qwen2_vl").image_processor))) is None
-    vlm = VisionLanguageModel.__new__(VisionLanguageModel)  # preprocess needs this one field
+    vlm = QwenVL.__new__(QwenVL)  # preprocess needs this one field
     vlm.image_processor = bilinear
     image = noise_image(2, 90, 60)
     pixels, grid = vlm.preprocess(image)

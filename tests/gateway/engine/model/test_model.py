@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from support import noise_image, tiny_model
 
-from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.families.qwen_vl import QwenVL
 
 
 @pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_image_grid_matches_the_processor(arch: str) -> None:
     """Invariant: the grid predicted from the size alone is the checkpoint processor's, also
     for thin images (a side under half a merge block rounds to 0 before the min-pixels rule)."""
-    model = VisionLanguageModel(str(tiny_model(arch)))
+    model = QwenVL(str(tiny_model(arch)))
     sizes = [(1, 1), (28, 28), (56, 84), (300, 17), (640, 480), (1000, 1000), (1000, 10)]
     for width, height in [*sizes, (400, 13), (3, 600)]:
         out = model.image_processor(images=[noise_image(0, width, height)], return_tensors="np")
@@ -27,7 +27,7 @@ def test_image_grid_matches_the_processor(arch: str) -> None:
 
 
 def test_qwen2_5_vl_windows_are_unique_and_output_unchanged() -> None:
-    model = VisionLanguageModel(str(tiny_model("qwen2_5_vl")))
+    model = QwenVL(str(tiny_model("qwen2_5_vl")))
     tower = model.model.vision_tower
     pixels, grid = model.preprocess(noise_image(3, 448, 448))
     grid_arr = mx.array([grid], dtype=mx.int32)
@@ -47,7 +47,7 @@ def test_qwen2_5_vl_windows_are_unique_and_output_unchanged() -> None:
 def test_stepwise_encode_is_one_block_per_step_and_exact(arch: str) -> None:
     """Invariant: the tower runs one block per step (so decode can interleave) and the
     features equal a plain call of mlx-vlm's tower."""
-    model = VisionLanguageModel(str(tiny_model(arch)))
+    model = QwenVL(str(tiny_model(arch)))
     pixels, grid = model.preprocess(noise_image(5, 112, 84))
     steps = model.encode_steps(pixels, grid)
     yields = 0

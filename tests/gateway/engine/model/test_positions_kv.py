@@ -19,9 +19,9 @@ from gateway.engine.model.positions import ImageLayout, mrope_positions, rope_de
 @pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def test_positions_match_mlx_vlm(arch: str) -> None:
     """Invariant: mrope_positions == mlx-vlm get_rope_index (positions and final delta)."""
-    from gateway.engine.model.vlm import VisionLanguageModel
+    from gateway.engine.families.qwen_vl import QwenVL
 
-    model = VisionLanguageModel(str(tiny_model(arch)))
+    model = QwenVL(str(tiny_model(arch)))
     patch = int(model.image_processor.patch_size)
     m = model.merge_size
     for grids in ([], [(1, 2 * m, 3 * m)], [(1, 4 * m, 2 * m), (1, 2 * m, 2 * m)]):
@@ -95,3 +95,13 @@ def test_snapshot_is_independent_and_exactly_sized() -> None:
     fork = RowKVCache.from_arrays(snap.keys, snap.values, -2)
     fork.update_and_fetch(k * 7, k * 7)
     assert float(mx.max(snap.keys).item()) == 1.0 and snap.offset == 3
+
+
+def test_a_flat_span_shifts_nothing() -> None:
+    """Invariant: a 1D family's span (ImageLayout.flat) covers its tokens and leaves the
+    text after it at index positions (rope delta 0), wherever the cut."""
+    from gateway.engine.model.positions import ImageLayout, rope_delta_at
+
+    span = ImageLayout.flat(5, 64)
+    assert (span.start, span.end, span.num_tokens, span.rope_shift) == (5, 69, 64, 0)
+    assert rope_delta_at([span, ImageLayout.flat(80, 7)], 100) == 0

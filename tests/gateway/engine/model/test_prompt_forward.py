@@ -15,13 +15,13 @@ import pytest
 from support import noise_image, tiny_model
 
 import gateway.engine.model.prompt_forward as prompt_forward
+from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.model.prompt_forward import text_offset
-from gateway.engine.model.vlm import VisionLanguageModel
 
 BLOCK = 32
 
 
-def _prompt(model: VisionLanguageModel) -> tuple[list[int], list, list]:
+def _prompt(model: QwenVL) -> tuple[list[int], list, list]:
     """Text, one 112x84 image, more text: (prompt ids, layouts, encoded images)."""
     before = model.tokenize("Look at this picture closely, please:")
     after = model.tokenize(" and now tell me, in many words, what you see there. " * 4)
@@ -34,7 +34,7 @@ def _prompt(model: VisionLanguageModel) -> tuple[list[int], list, list]:
 def test_text_blocks_take_the_fast_rope_and_match_the_multimodal_rope(
     arch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = VisionLanguageModel(str(tiny_model(arch)))
+    model = QwenVL(str(tiny_model(arch)))
     assert model.text_core.fast_rope
     ids, layouts, encoded = _prompt(model)
     plan = model.prefill_plan(ids, layouts, encoded, 0, len(ids))

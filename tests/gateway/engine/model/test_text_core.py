@@ -15,8 +15,8 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from support import tiny_model
 
+from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.model.kv import RowBatchKVCache
-from gateway.engine.model.vlm import VisionLanguageModel
 
 
 def graph_ops(array: mx.array) -> int:
@@ -28,7 +28,7 @@ def graph_ops(array: mx.array) -> int:
 
 def test_batch_bookkeeping_stays_evaluated_under_churn() -> None:
     """Invariant: lazy graphs of batch bookkeeping stay bounded however long the batch lives."""
-    model = VisionLanguageModel(str(tiny_model("qwen2_vl")))
+    model = QwenVL(str(tiny_model("qwen2_vl")))
     batch = BatchGenerator(model.text_core, completion_batch_size=8, prefill_batch_size=4)
     rng = random.Random(0)
     live: set[int] = set()

@@ -19,9 +19,9 @@ from support import EngineHarness, Run, tiny_model
 from video_clips import noise_frames
 
 from gateway.config import CacheConfig
+from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.model.positions import ImageLayout, mrope_positions, rope_delta_at
 from gateway.engine.model.video_layout import VideoLayout
-from gateway.engine.model.vlm import VisionLanguageModel
 from gateway.frontend.chat import ChatMessage, ChatRequest, TextPart, VideoPart
 from gateway.media.video_decode import DecodedVideo, VideoSampling, video_hash
 
@@ -56,7 +56,7 @@ def submit(h: EngineHarness, request: ChatRequest, media: list) -> Run:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_video_positions_match_mlx_vlm(arch: str) -> None:
     """Invariant: mrope_positions == mlx-vlm get_rope_index for images and videos mixed."""
-    model = VisionLanguageModel(str(tiny_model(arch)), lazy=True)
+    model = QwenVL(str(tiny_model(arch)), lazy=True)
     m = model.merge_size
     image = (1, 2 * m, 3 * m)
     for frames in (1, 2, 5, 8):
@@ -99,7 +99,7 @@ def test_qwen2_5_video_time_axis_follows_second_per_grid(scale: float) -> None:
 
 def test_qwen2_5_time_scale_comes_from_the_sampling_rate() -> None:
     """Invariant: scale = temporal_patch_size / fps * tokens_per_second (2 fps -> 2)."""
-    model = VisionLanguageModel(str(tiny_model("qwen2_5_vl")), lazy=True)
+    model = QwenVL(str(tiny_model("qwen2_5_vl")), lazy=True)
     grid = model.video_grid(4, 64, 48)
     assert model.video_layout(grid, (0.0, 0.5, 1.0, 1.5)).time_scale == 2.0
     assert model.video_layout(grid, (0.0, 0.25, 0.5, 0.75)).time_scale == 1.0
@@ -108,7 +108,7 @@ def test_qwen2_5_time_scale_comes_from_the_sampling_rate() -> None:
 @pytest.mark.parametrize("arch", ARCHS)
 def test_a_still_clip_gives_the_image_patches(arch: str) -> None:
     """Invariant: temporal_patch_size copies of one frame == that frame's image patches."""
-    model = VisionLanguageModel(str(tiny_model(arch)), lazy=True)
+    model = QwenVL(str(tiny_model(arch)), lazy=True)
     frame = noise_frames(1, 64, 48, seed=3)[0]
     image_values, image_grid = model.preprocess(Image.fromarray(frame))
     grid = model.video_grid(2, 64, 48)
@@ -207,7 +207,7 @@ def test_video_layout_is_frozen_data() -> None:
 def test_prompt_and_patches_match_the_checkpoint_processor(arch: str) -> None:
     """Invariant: for a small clip, our expanded prompt (Qwen3-VL: timestamps and one block
     per temporal patch) and our video patches equal mlx-vlm's processor's, exactly."""
-    model = VisionLanguageModel(str(tiny_model(arch)), lazy=True)
+    model = QwenVL(str(tiny_model(arch)), lazy=True)
     frames = noise_frames(4, 64, 48, seed=1)
     times = (0.0, 0.5, 1.0, 1.5)
     text = model.render(
@@ -227,7 +227,7 @@ def test_the_tower_sees_each_temporal_patch_on_its_own(arch: str) -> None:
     """Invariant: a clip's features == each temporal patch encoded alone, concatenated (the
     reference towers attend within a frame pair only), which is what lets Qwen3-VL's
     per-patch blocks and a whole clip share one tower call."""
-    model = VisionLanguageModel(str(tiny_model(arch)))
+    model = QwenVL(str(tiny_model(arch)))
     frames = noise_frames(6, 64, 48, seed=9)
     grid = model.video_grid(len(frames), 64, 48)
     values, _ = model.preprocess(model.video_clip(frames, (0, 0.5, 1, 1.5, 2, 2.5), grid))

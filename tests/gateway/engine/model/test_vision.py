@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from support import tiny_model
 
 from docs.investigations.vision_tower import time_tower
-from gateway.engine.model.vlm import VisionLanguageModel
+from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.model.window_attention import (
     SegmentPlan,
     batch_segment_attention,
@@ -53,7 +53,7 @@ def towers(arch: str) -> tuple[nn.Module, nn.Module]:
     from mlx_vlm import load
 
     path = str(tiny_model(arch))
-    patched = VisionLanguageModel(path).model.vision_tower
+    patched = QwenVL(path).model.vision_tower
     reference = load(path)[0].vision_tower
     for tower in (patched, reference):
         amplify_attention(tower)

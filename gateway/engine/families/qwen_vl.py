@@ -1,23 +1,20 @@
-"""Adapter over an mlx-vlm Qwen-VL model: the only module that knows mlx-vlm's internals.
+"""The Qwen2-VL / Qwen2.5-VL / Qwen3-VL family over mlx-vlm: the only module that knows
+mlx-vlm's Qwen-VL internals.
 
-Two kinds of methods:
-- prompt side (`render`, `tokenize`, `preprocess`, `layout_prompt`): tokenizer and numpy work,
-  safe to call from worker threads (the tokenizer is guarded by a lock);
-- engine side (`encode_image`, `prefill`, `text_core`, `new_cache`): MLX work, called only on
-  the engine thread.
+Prompt side (`image_grid`, `preprocess`, `layout_prompt`, video): tokenizer and numpy work, any
+thread. Engine side (`encode_steps_many`, `prefill*`, `text_core`, `new_cache`): MLX work, engine
+thread only. Images: `<|vision_start|><|image_pad|><|vision_end|>` with the pad expanded to
+t*h*w merged patches; positions: mRoPE (`engine/model/positions.py`), carried into decode as a
+per-row rope delta (`engine/model/kv.py`); KV: one full-attention cache per layer.
 
 mlx-vlm is used for loading, the image processor, the vision tower and the language model; the
-caching, positions and batching are ours (see shared design notes: mlx-vlm's own vision/prefix
+caching, positions and batching are ours (see docs/architecture.md: mlx-vlm's own vision/prefix
 caches and batch generator do not handle Qwen-VL image reuse).
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import threading
 from collections.abc import Callable, Generator, Sequence
-from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -25,6 +22,7 @@ import numpy as np
 from PIL import Image
 
 from caches.hashing import fingerprint
+from gateway.engine.families.family import ModelFamily, eos_ids, model_fingerprint
 from gateway.engine.model.compiled_mrope import install_compiled_mrope
 from gateway.engine.model.image_processor import fast_image_processor, smart_resize
 from gateway.engine.model.kv import RowKVCache
@@ -36,7 +34,7 @@ from gateway.engine.model.prompt_forward import (
     forward_group,
     plan_inputs,
 )
-from gateway.engine.model.text_core import TextCore
+from gateway.engine.model.text_core import TextCore, logits_from_hidden
 from gateway.engine.model.video_layout import VideoLayout, VideoTokens, expand_video
 from gateway.engine.model.video_processor import (
     VideoFrames,
@@ -46,12 +44,8 @@ from gateway.engine.model.video_processor import (
     video_patches,
 )
 from gateway.engine.model.vision import EncodedImage, VisionEncoder
-from gateway.engine.tokens.detokenizer import ByteStreamDetokenizer, Detokenizer, byte_table
-from gateway.engine.tokens.output import IncrementalDetokenizer
 
-log = logging.getLogger(__name__)
-
-SUPPORTED_ARCHS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 _PROCESSOR_KEYS = (
     "min_pixels",
     "max_pixels",
@@ -70,8 +64,11 @@ _PROCESSOR_KEYS = (
 )
 
 
-class VisionLanguageModel:
+class QwenVL(ModelFamily):
     """A loaded Qwen-VL checkpoint. Construct on the thread that will own MLX."""
+
+    family = "qwen_vl"
+    media = frozenset({"image", "video"})
 
     def __init__(self, path: str, lazy: bool = False) -> None:
         """`lazy`: leave the weights unread (a prompt-side copy in a process that never runs
@@ -81,17 +78,17 @@ class VisionLanguageModel:
         self.path = path
         self.model, self.processor = load(path, lazy=lazy)
         config = self.model.config
-        self.arch: str = config.model_type
-        if self.arch not in SUPPORTED_ARCHS:
-            raise ValueError(f"unsupported model type {self.arch!r}; supported: {SUPPORTED_ARCHS}")
-        self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        self.model_type: str = config.model_type
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(f"not a Qwen-VL checkpoint: model type {self.model_type!r}")
+        tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self.image_processor = self.processor.image_processor
         self.merge_size: int = config.vision_config.spatial_merge_size
         self.image_token_id: int = int(config.image_token_id)
         self.video_token_id: int = int(config.video_token_id)
         self.vision_start_id: int = int(config.vision_start_token_id)
         self.vision_end_id: int = int(getattr(config, "vision_end_token_id", 0) or 0) or int(
-            self.tokenizer.convert_tokens_to_ids("<|vision_end|>")
+            tokenizer.convert_tokens_to_ids("<|vision_end|>")
         )
         self._video_tokens = VideoTokens(
             self.video_token_id, self.vision_start_id, self.vision_end_id, self.merge_size
@@ -99,11 +96,14 @@ class VisionLanguageModel:
         # Qwen2.5-VL: time-axis positions per second of video (None: time axis = patch index).
         self.tokens_per_second: float | None = (
             float(getattr(config.vision_config, "tokens_per_second", 2))
-            if self.arch == "qwen2_5_vl"
+            if self.model_type == "qwen2_5_vl"
             else None
         )
         self.vocab_size: int = int(config.text_config.vocab_size)
-        self.eos_token_ids: tuple[int, ...] = self._eos_ids()
+        markers = ("<|im_end|>", "<|endoftext|>")
+        self._init_tokens(
+            tokenizer, eos_ids(tokenizer, getattr(config, "eos_token_id", None), markers)
+        )
         self.text_core = TextCore(self.model.language_model)
         # Image blocks' mRoPE as one fused chain per layer (compiled_mrope.py): same values.
         # A lazy copy (the HTTP process's prompt side) never runs a forward: left alone.
@@ -113,46 +113,14 @@ class VisionLanguageModel:
         # that truncated them to integers (see docs/caching.md, "quantized checkpoints").
         embed = self.model.language_model.model.embed_tokens
         self.embed_dtype = embed(mx.array([0], dtype=mx.int32)).dtype
-        self.vision = VisionEncoder(self.model.vision_tower, self.arch, self.embed_dtype)
+        self.vision = VisionEncoder(self.model.vision_tower, self.model_type, self.embed_dtype)
         self.vision_dtype = self.vision.dtype
-        self.fingerprint = self._model_fingerprint()
+        self.fingerprint = model_fingerprint(path, self.model_type)
         self.processor_fingerprint = fingerprint(
             *((k, _plain(getattr(self.image_processor, k, None))) for k in _PROCESSOR_KEYS)
         )
-        self._tokenizer_lock = threading.Lock()
-        self._byte_table = byte_table(self.tokenizer, self.vocab_size)
-        if self._byte_table is None:
-            log.info("tokenizer is not plain byte-level BPE: generic streaming detokenizer")
 
     # ----- prompt side (any thread) -----------------------------------------------------------
-
-    def render(self, messages: list[dict[str, Any]]) -> str:
-        """Apply the chat template. Image parts are `{"type": "image"}` and stay in place."""
-        with self._tokenizer_lock:
-            return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-
-    def tokenize(self, text: str) -> list[int]:
-        with self._tokenizer_lock:
-            # verbose=False: no "Token indices sequence length is longer than ..." warning; the
-            # prompt builder refuses over-long prompts itself, against --max-context.
-            return list(self.tokenizer.encode(text, add_special_tokens=False, verbose=False))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        with self._tokenizer_lock:
-            return self.tokenizer.decode(list(ids), skip_special_tokens=True)
-
-    def new_detokenizer(self) -> Detokenizer:
-        """A streaming detokenizer for one request (any thread; the result is not shared)."""
-        if self._byte_table is not None:
-            return ByteStreamDetokenizer(self._byte_table)
-        return IncrementalDetokenizer(self.decode)
-
-    def token_text(self, token_id: int) -> str:
-        """One token's text, special tokens included (for logprobs)."""
-        with self._tokenizer_lock:
-            return self.tokenizer.decode([token_id])
 
     def preprocess(self, image: Any) -> tuple[np.ndarray, tuple[int, int, int]]:
         """PIL RGB image -> (pixel_values, grid_thw in patches). Thread-safe.
@@ -202,7 +170,7 @@ class VisionLanguageModel:
         scale = 1.0
         if self.tokens_per_second is not None:
             scale = seconds_per_patch(tuple(times), tps) * self.tokens_per_second
-        stamps = group_times(tuple(times), tps) if self.arch == "qwen3_vl" else None
+        stamps = group_times(tuple(times), tps) if self.model_type == "qwen3_vl" else None
         return VideoLayout(grid, scale, None if stamps is None else tuple(stamps))
 
     def video_clip(
@@ -266,18 +234,6 @@ class VisionLanguageModel:
     def new_cache(self, rope_delta: int = 0) -> list[RowKVCache]:
         return [RowKVCache(rope_delta) for _ in self.text_core.layers]
 
-    def encode_image(
-        self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
-    ) -> EncodedImage:
-        """Run the vision tower on one image, all at once."""
-        return self.vision.encode(pixel_values, grid_thw)
-
-    def encode_steps(
-        self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
-    ) -> Generator[None, None, EncodedImage]:
-        """The vision tower one unit per `next()` (see `VisionEncoder.steps`)."""
-        return self.vision.steps(pixel_values, grid_thw)
-
     def encode_steps_many(
         self,
         images: Sequence[tuple[np.ndarray, tuple[int, int, int]]],
@@ -314,35 +270,9 @@ class VisionLanguageModel:
         lm, fast = self.model.language_model.model, self.text_core.fast_rope
         return forward_group(lm, parts, rows, fast_text=fast)
 
-    # ----- helpers ----------------------------------------------------------------------------
-
-    def _eos_ids(self) -> tuple[int, ...]:
-        ids: set[int] = set()
-        eos = getattr(self.model.config, "eos_token_id", None)
-        if isinstance(eos, int):
-            ids.add(eos)
-        elif eos:
-            ids.update(int(e) for e in eos)
-        if getattr(self.tokenizer, "eos_token_id", None) is not None:
-            ids.add(int(self.tokenizer.eos_token_id))
-        for special in ("<|im_end|>", "<|endoftext|>"):
-            tid = self.tokenizer.convert_tokens_to_ids(special)
-            if isinstance(tid, int) and tid >= 0 and tid != self.tokenizer.unk_token_id:
-                ids.add(tid)
-        return tuple(sorted(ids))
-
-    def _model_fingerprint(self) -> str:
-        root = Path(self.path)
-        parts: list[object] = [self.arch]
-        config = root / "config.json"
-        if config.is_file():
-            parts.append(json.dumps(json.loads(config.read_text()), sort_keys=True))
-            for f in sorted(root.glob("*.safetensors")):
-                st = f.stat()
-                parts.append((f.name, st.st_size, st.st_mtime_ns))
-        else:
-            parts.append(self.path)
-        return fingerprint(*parts)
+    def logits(self, states: mx.array) -> mx.array:
+        """Logits of the language model's final hidden states (`prefill` returns those)."""
+        return logits_from_hidden(self.model.language_model, states)
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,75 @@
+"""`model_type` -> model family: which `ModelFamily` serves a checkpoint, and loading it.
+
+A checkpoint's family is chosen by its `config.json` `model_type`: the vision-language
+families by name (`FAMILIES`), then any type mlx-lm has a model class for, as a text model,
+when the config has no vision part. Adding a family: write its module (one class, a
+`ModelFamily`), add its model types here, and list it in README's supported models.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from gateway.engine.families.family import ModelFamily
+from gateway.engine.families.qwen_vl import MODEL_TYPES as QWEN_VL_TYPES
+from gateway.engine.families.qwen_vl import QwenVL
+from gateway.engine.families.text import TextModel
+
+# Vision-language families by model_type (text models are found through mlx-lm below).
+FAMILIES: dict[str, type[ModelFamily]] = {t: QwenVL for t in QWEN_VL_TYPES}
+TEXT_EXAMPLES = ("qwen3", "llama")  # what docs and errors name; any mlx-lm text model loads
+_VISION_KEYS = ("vision_config", "vision_tower", "image_token_id", "image_token_index")
+
+
+class UnsupportedModel(ValueError):
+    """No family serves this checkpoint's `model_type`; the message names those that do."""
+
+
+def supported_families() -> str:
+    """One line naming what the gateway serves (for errors and `--help`)."""
+    return (
+        f"vision-language: {', '.join(FAMILIES)}; text (through mlx-lm): "
+        f"{', '.join(TEXT_EXAMPLES)} and any mlx-lm model whose layers keep full-attention KV"
+    )
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """The checkpoint's config.json: from the directory, else from the Hugging Face cache or
+    hub (the loaders fetch the rest)."""
+    local = Path(path).expanduser() / "config.json"
+    if local.is_file():
+        return json.loads(local.read_text())
+    from huggingface_hub import hf_hub_download  # slow import: hub ids only
+
+    return json.loads(Path(hf_hub_download(path, "config.json")).read_text())
+
+
+def family_for(config: dict[str, Any]) -> type[ModelFamily]:
+    """The family class for a checkpoint's config; `UnsupportedModel` if there is none."""
+    model_type = str(config.get("model_type", ""))
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    if not any(key in config for key in _VISION_KEYS) and _mlx_lm_has(model_type):
+        return TextModel
+    raise UnsupportedModel(
+        f"unsupported model type {model_type!r}; this gateway serves {supported_families()}"
+    )
+
+
+def load_model(path: str, lazy: bool = False) -> ModelFamily:
+    """Load the checkpoint at `path` (a directory or hub id) with its family. Call on the
+    thread that will own MLX; `lazy`: weights unread (prompt side only)."""
+    return family_for(read_config(path))(path, lazy=lazy)  # type: ignore[call-arg]
+
+
+def _mlx_lm_has(model_type: str) -> bool:
+    """mlx-lm has a model class for `model_type` (after its own renames)."""
+    if not model_type:
+        return False
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    name = MODEL_REMAPPING.get(model_type, model_type)
+    return importlib.util.find_spec(f"mlx_lm.models.{name}") is not None
