@@ -34,6 +34,7 @@ MAKE_MODEL_ARCHS = (
     "gemma3",
     "smolvlm",
     "mistral3",
+    "gemma4",
     "qwen3",
     "llama",
 )

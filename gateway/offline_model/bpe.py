@@ -150,6 +150,8 @@ def _trained_spm(pieces: int) -> str:
 def _check_spec(spec: TokenizerSpec) -> None:
     if spec.style not in STYLES:
         raise ValueError(f"unknown tokenizer style {spec.style!r}; expected one of {STYLES}")
+    if spec.trained <= len(BYTE_TOKENS):  # the 256 byte tokens come before any merge
+        raise ValueError(f"trained must be > {len(BYTE_TOKENS)}, got {spec.trained}")
     if spec.vocab_size < spec.first_filler:
         raise ValueError(
             f"vocab_size must be >= {spec.first_filler} (trained + specials), got {spec.vocab_size}"

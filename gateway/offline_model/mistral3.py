@@ -101,7 +101,7 @@ def _write_tokenizer(out: Path) -> dict[str, int]:
         "legacy": True,
         "model_max_length": 131072,
         "processor_class": "PixtralProcessor",
-        "tokenizer_class": "LlamaTokenizerFast",
+        "tokenizer_class": "PreTrainedTokenizerFast",
     }
     named = {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
     write_tokenizer_files(out, tok, config, named, template.TEMPLATE)

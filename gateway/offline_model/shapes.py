@@ -1,4 +1,4 @@
-"""Architecture shapes: config.json, generation_config.json and preprocessor_config.json.
+"""The Qwen-VL archs' shapes: config.json, generation_config.json, preprocessor_config.json.
 
 One table row per (arch, size). `tiny` is a few-MB float32 model for CPU tests and the
 embedded demo; `7b` copies the upstream 7B/8B shapes (Qwen2-VL-7B, Qwen2.5-VL-7B, Qwen3-VL-8B)

@@ -77,6 +77,19 @@ EXPECT: dict[str, dict[str, Any]] = {
         'flight to Tokyo" => "Where do you travel from?")[/SYSTEM_PROMPT][INST][IMG]What is '
         "in this picture?[/INST]",
     ),
+    "gemma4": dict(
+        processor="Gemma4Processor",
+        tokenizer="GemmaTokenizer",
+        image_token="<|image|>",
+        tokens_448=64,  # budget 70: 384 x 384 px, 24 x 24 patches pooled 3 x 3
+        tokens_56=64,  # scaled up to the budget too
+        tokens_wide=66,  # 640 x 360 -> 528 x 288 px: 11 x 6
+        # 10 layers, the last 4 share earlier layers' KV: 6 caches.
+        caches=["RotatingKVCache"] * 4 + ["KVCache", "RotatingKVCache"],
+        window=48,
+        prompt="<bos><|turn>user\n\n\n<|image|>\n\nWhat is in this picture?<turn|>\n"
+        "<|turn>model\n<|channel>thought\n<channel|>",
+    ),
 }
 ARCHS = tuple(EXPECT)
 
@@ -183,6 +196,7 @@ SPANS = {
     "gemma3": ["<start_of_image>", *["<image_soft_token>"] * 64, "<end_of_image>"],
     "mistral3": [*(["[IMG]"] * 8 + ["[IMG_BREAK]"]) * 7, *["[IMG]"] * 8, "[IMG_END]"],
     "smolvlm": _smolvlm_span(3, 3),
+    "gemma4": ["<|image>", *["<|image|>"] * 64, "<image|>"],
 }
 
 
