@@ -18,10 +18,15 @@ float of the model's dtype), without the end-of-turn token when it stopped on on
 directory and build (a rebuilt checkpoint is loaded again); everything runs on the calling
 thread. This module only serves tests: the product never imports it.
 
-Known reference behaviour (mlx-vlm 0.7.10), not corrected here: for gemma3 and mistral3
-prompts, and gemma4 prompts with images, the processor encodes the rendered template with
-special tokens, so `prompt_ids` start with two BOS tokens (the template writes one, the
-tokenizer's post-processor adds another). Mistral 3's template names today's date.
+Known reference behaviour (mlx-vlm 0.7.10): for gemma3 and mistral3 prompts, and gemma4
+prompts with images, the processor encodes the rendered template with special tokens, so its
+ids start with two BOS tokens (the template writes one, the tokenizer's post-processor adds
+another). The checkpoints were trained with one (the template's, as transformers renders it),
+and the gateway sends one, so by default (`single_bos=True`) the reference is run on the same
+input: the ids mlx-vlm prepares, less the duplicated leading BOS, fed to mlx-vlm's own
+`stream_generate` as prepared inputs (its documented `input_ids`/`pixel_values`/`mask`
+keywords); `single_bos=False` runs it exactly as mlx-vlm would. Mistral 3's template names
+today's date.
 """
 
 from __future__ import annotations
@@ -111,26 +116,52 @@ def _text_generate(
     return ReferenceOutput(prompt, tuple(prompt_ids), tuple(ids), tuple(logprobs), finish)
 
 
+def _drop_duplicate_bos(processor: Any, input_ids: Any, mask: Any) -> tuple[Any, Any]:
+    """`input_ids` (1, n) without its first id when the first two are both BOS (and `mask`
+    likewise); unchanged otherwise."""
+    tokenizer = getattr(processor, "tokenizer", processor)
+    bos = tokenizer.bos_token_id
+    first = input_ids[0, :2].tolist()
+    if bos is None or first != [bos, bos]:
+        return input_ids, mask
+    return input_ids[:, 1:], None if mask is None else mask[:, 1:]
+
+
 def _vision_generate(
     model: Any,
     processor: Any,
     messages: list[dict[str, Any]],
     images: list[Any],
     max_tokens: int,
+    single_bos: bool,
 ) -> ReferenceOutput:
     import mlx_vlm
     from mlx_vlm.generate.dispatch import _prepare_generation_inputs
     from mlx_vlm.prompt_utils import apply_chat_template
 
     prompt = apply_chat_template(processor, model.config, messages, num_images=len(images))
-    # The ids stream_generate prepares for itself (the same call, made once more here).
-    prepared = _prepare_generation_inputs(model, processor, prompt, images or None, None, None, {})
-    prompt_ids = tuple(int(t) for t in prepared[0][0].tolist())
+    # The inputs stream_generate prepares for itself (the same call, made here), handed back to
+    # it as caller-prepared tensors: the one way to correct the duplicated BOS.
+    input_ids, pixel_values, mask, extra = _prepare_generation_inputs(
+        model, processor, prompt, images or None, None, None, {}
+    )
+    if single_bos:
+        input_ids, mask = _drop_duplicate_bos(processor, input_ids, mask)
+    prompt_ids = tuple(int(t) for t in input_ids[0].tolist())
     ids: list[int] = []
     logprobs: list[float] = []
     final = None
     steps = mlx_vlm.stream_generate(
-        model, processor, prompt, image=images or None, max_tokens=max_tokens, temperature=0.0
+        model,
+        processor,
+        prompt,
+        image=images or None,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        input_ids=input_ids,
+        pixel_values=pixel_values,
+        mask=mask,
+        **extra,
     )
     for step in steps:
         if step.finish_reason is not None:  # a summary repeating the last id (or the end id)
@@ -150,11 +181,14 @@ def reference_generate(
     messages: list[dict[str, Any]],
     images: Sequence[ImageLike] = (),
     max_tokens: int = 16,
+    single_bos: bool = True,
 ) -> ReferenceOutput:
     """The reference library's greedy answer to `messages` (OpenAI-style dicts; image parts
     as {"type": "image"}) with `images` (paths or PIL images, in prompt order).
 
-    Raises ValueError for images sent to a text checkpoint or a max_tokens below 1.
+    `single_bos`: run a vision checkpoint on its prompt with one leading BOS (see the module
+    docstring); False: exactly as mlx-vlm would. Raises ValueError for images sent to a text
+    checkpoint or a max_tokens below 1.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -164,4 +198,4 @@ def reference_generate(
             raise ValueError(f"{model_dir} is a text model: it takes no images")
         return _text_generate(model, processor, messages, max_tokens)
     loaded = [str(i) if isinstance(i, Path) else i for i in images]
-    return _vision_generate(model, processor, messages, loaded, max_tokens)
+    return _vision_generate(model, processor, messages, loaded, max_tokens, single_bos)

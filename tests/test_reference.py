@@ -97,15 +97,20 @@ def test_prompt_ids_hold_the_expanded_image(built: dict[str, Path], arch: str) -
 def test_reference_bos_count_as_mlx_vlm_makes_it(
     built: dict[str, Path], arch: str, image: bool, bos: int
 ) -> None:
-    """Pins a reference quirk the gateway must decide about: mlx-vlm 0.7.10 encodes these
-    families' rendered templates (which already start with BOS) with special tokens, so the
-    reference prefill starts with two BOS ids. If mlx-vlm changes, this test says so."""
+    """Pins a reference quirk: mlx-vlm 0.7.10 encodes these families' rendered templates
+    (which already start with BOS) with special tokens, so its own prefill starts with two
+    BOS ids (`single_bos=False`); the default comparison input has the template's one. If
+    mlx-vlm changes, this test says so."""
     images = [IMAGE] if image else []
-    out = reference_generate(built[arch], _messages(image), images, max_tokens=1)
+    as_mlx_vlm = reference_generate(
+        built[arch], _messages(image), images, max_tokens=1, single_bos=False
+    )
     _, processor = load_reference(built[arch])
     first = processor.tokenizer.convert_tokens_to_ids(processor.tokenizer.bos_token)
-    assert out.prompt_ids[:bos] == (first,) * bos and out.prompt_ids[bos] != first
-    assert out.prompt.count(processor.tokenizer.bos_token) == 1  # the template wrote one
+    assert as_mlx_vlm.prompt_ids[:bos] == (first,) * bos and as_mlx_vlm.prompt_ids[bos] != first
+    assert as_mlx_vlm.prompt.count(processor.tokenizer.bos_token) == 1  # the template wrote one
+    single = reference_generate(built[arch], _messages(image), images, max_tokens=1)
+    assert single.prompt_ids == as_mlx_vlm.prompt_ids[bos - 1 :]
 
 
 def test_images_for_a_text_model_and_zero_tokens_are_refused(built: dict[str, Path]) -> None:
