@@ -56,6 +56,7 @@ class SmolVLM(VlmFamily):
     family = "smolvlm"
     MODEL_TYPES = MODEL_TYPES
     EOS_MARKERS = ("<end_of_utterance>",)
+    TEXT_AS_PARTS = True  # SmolVLM's template renders a plain string content as nothing
 
     def __init__(self, path: str, lazy: bool = False) -> None:
         super().__init__(path, lazy=lazy)

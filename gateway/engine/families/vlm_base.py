@@ -114,6 +114,10 @@ class VlmFamily(ModelFamily):
     media = frozenset({"image"})
     MODEL_TYPES: ClassVar[tuple[str, ...]]
     EOS_MARKERS: ClassVar[tuple[str, ...]] = ()
+    # True for templates that render only list content (a plain string renders as nothing,
+    # e.g. SmolVLM's): `render` passes every message's text as one text part, as mlx-vlm's
+    # own prompt helper does.
+    TEXT_AS_PARTS: ClassVar[bool] = False
 
     def __init__(self, path: str, lazy: bool = False) -> None:
         """`lazy`: weights unread (a prompt-side copy: tokenizer, processor, config only)."""
@@ -201,6 +205,11 @@ class VlmFamily(ModelFamily):
             raise ValueError(f"{self.model_type} keeps {', '.join(kinds)} layers")
 
     # ----- prompt side (any thread) -----------------------------------------------------------
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        if self.TEXT_AS_PARTS:
+            messages = [_as_parts(m) for m in messages]
+        return super().render(messages)
 
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
@@ -338,6 +347,14 @@ def _padded(plan: PrefillPlan, lo: int, hi: int, rows: int) -> tuple[mx.array, m
         zeros = mx.zeros((1, pad, embeds.shape[2]), embeds.dtype)
         embeds = mx.concatenate([embeds, zeros], axis=1)
     return ids, embeds
+
+
+def _as_parts(message: dict[str, Any]) -> dict[str, Any]:
+    """A message whose string content becomes one text part (list content unchanged)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": [{"type": "text", "text": content}]}
+    return message
 
 
 def _plain(value: Any) -> Any:
