@@ -26,7 +26,8 @@ What the engine assumes of every family (read these before adding one):
   `max(t, h, w) - t*h*w`. Each KV layer's cache carries the delta of its row
   (`RowKVCache.rope_delta`) into decode, where `text_core` reads it.
 - KV layout: `new_cache()` gives one `RowKVCache` (a plain, trimmable full-attention
-  `KVCache`) per layer. The prefix cache stores and restores plain KV blocks and the decode
+  `KVCache`, or a subclass that keeps every position's KV the same way, e.g.
+  `window_kv.WindowKVCache`) per layer; a prefix hit fills the family's own `new_cache()`. The prefix cache stores and restores plain KV blocks and the decode
   batch merges and filters them; a family whose layers keep anything else (a rotating or
   sliding window that wraps, a recurrent or convolution state, KV shared across layers)
   cannot be trimmed back to a block boundary: it must store exact snapshots at block
@@ -113,6 +114,11 @@ class ModelFamily(ABC):
     fingerprint: str
     processor_fingerprint: str
     cache_policy: CachePolicy = CachePolicy()
+    # True: `prefill` feeds the prompt's last token as a one-row step of its own (as the
+    # reference library does, where that changes the numerics, e.g. a sliding window read in
+    # ring order), so its KV is not what a block forward gives it: the prefix cache never
+    # stores the prompt's last token (a longer prompt computes it in a block).
+    last_token_apart: ClassVar[bool] = False
 
     @property
     def arch(self) -> str:
