@@ -81,7 +81,8 @@ def test_anthropic_messages_plain_and_streamed(server: LocalServer) -> None:
     source = {"type": "base64", "media_type": "image/png", "data": IMAGE.split(",")[1]}
     content = [{"type": "image", "source": source}, {"type": "text", "text": QUESTION}]
     messages = [{"role": "user", "content": content}]
-    kw = {"model": "test", "max_tokens": 6, "temperature": 0, "messages": messages}
+    greedy = {"temperature": 0}  # (Anthropic samples at 1.0 by default)
+    kw = {"model": "test", "max_tokens": 6, "messages": messages, "extra_body": greedy}
     plain = client.messages.create(**kw)  # type: ignore[arg-type]
     assert plain.usage.output_tokens == 6
     with client.messages.stream(**kw) as stream:  # type: ignore[arg-type]
