@@ -197,7 +197,8 @@ class CacheOps:
             # the prefill sets the prompt's own delta once it is complete)
             # room for the rest of the prompt (and the exact rule's padded last block)
             room = len(request.prompt_ids) - hit.tokens + self.exact_block
-            job.cache = assemble(hit, delta_before(layouts, hit.tokens), room)
+            delta = delta_before(layouts, hit.tokens)
+            job.cache = assemble(hit, delta, room, self.model.new_cache(delta))
         job.encoded = [None] * len(request.images)
         pending = [i for i, img in enumerate(request.images) if img.layout.end > job.cached_tokens]
         job.split = max((request.images[i].layout.end for i in pending), default=0)
@@ -294,6 +295,8 @@ class CacheOps:
             if off or not job.request.use_caches or not kv:
                 return
             layouts = [i.layout for i in job.request.images]
+            if self.model.last_token_apart and self.exact_block:  # a one-row step's KV
+                length = min(length, job.prompt_len - 1)
             block, new = self.prefix.block_tokens, []
             made: list[tuple[int, Block]] = []
 

@@ -26,12 +26,14 @@ What the engine assumes of every family (read these before adding one):
   `max(t, h, w) - t*h*w`. Each KV layer's cache carries the delta of its row
   (`RowKVCache.rope_delta`) into decode, where `text_core` reads it.
 - KV layout: `new_cache()` gives one `RowKVCache` (a plain, trimmable full-attention
-  `KVCache`) per layer. The prefix cache stores and restores plain KV blocks and the decode
-  batch merges and filters them; a family whose layers keep anything else (a rotating or
-  sliding window that wraps, a recurrent or convolution state, KV shared across layers)
-  cannot be trimmed back to a block boundary: it must store exact snapshots at block
-  boundaries instead (future work: not supported by the engine yet) or turn the prefix
-  cache off through `cache_policy` (the reason shows in /v1/cache/stats).
+  `KVCache`, or a subclass that keeps every position's KV the same way, e.g.
+  `window_kv.WindowKVCache` for a sliding-window layer) per layer; a prefix hit fills the
+  family's own `new_cache()`. The prefix cache stores and restores plain KV blocks and the
+  decode batch merges and filters them; a family whose layers keep anything else (a ring
+  buffer that wraps, a recurrent or convolution state, KV shared across layers) cannot be
+  trimmed back to a block boundary: it must store exact snapshots at block boundaries
+  instead (future work: not supported by the engine yet) or turn the prefix cache off
+  through `cache_policy` (the reason shows in /v1/cache/stats).
 - Cache keys: a vision-cache entry is keyed by (`fingerprint`, `processor_fingerprint`,
   KV dtype, pixel hash); `processor_fingerprint` must cover every processor setting that
   changes pixels or token count (resize, tiling, token budget). The prefix cache's key is the
@@ -113,6 +115,11 @@ class ModelFamily(ABC):
     fingerprint: str
     processor_fingerprint: str
     cache_policy: CachePolicy = CachePolicy()
+    # True: `prefill` feeds the prompt's last token as a one-row step of its own (as the
+    # reference library does, where that changes the numerics, e.g. a sliding window read in
+    # ring order), so its KV is not what a block forward gives it: the prefix cache never
+    # stores the prompt's last token (a longer prompt computes it in a block).
+    last_token_apart: ClassVar[bool] = False
 
     @property
     def arch(self) -> str:

@@ -146,16 +146,22 @@ def offset_positions(offsets: mx.array | int, length: int) -> mx.array:
     return steps + offsets
 
 
-def assemble(hit: PrefixHit, rope_delta: int, room: int = 0) -> list[RowKVCache]:
+def assemble(
+    hit: PrefixHit, rope_delta: int, room: int = 0, empty: list[RowKVCache] | None = None
+) -> list[RowKVCache]:
     """A private cache over the hit's first `hit.tokens` tokens: each layer's blocks copied
     into one new buffer with `room` free rows after them, so the prefill of the rest writes in
     place (one copy of the prefix, as the old snapshot fork's first update made) and never
-    into a stored block. The batch's merge copies again anyway."""
+    into a stored block. The batch's merge copies again anyway. `empty`: the family's own
+    empty per-layer caches (`new_cache()`, which may be `RowKVCache` subclasses) to fill;
+    default plain `RowKVCache`s."""
     out = []
-    for layer in zip(*hit.blocks):
+    layers = empty if empty is not None else [RowKVCache(rope_delta) for _ in hit.blocks[0]]
+    for layer, cache in zip(zip(*hit.blocks), layers, strict=True):
         keys = _join([k for k, _ in layer], hit.tokens, room)
         values = _join([v for _, v in layer], hit.tokens, room)
-        cache = RowKVCache.from_arrays(keys, values, rope_delta)
+        cache.keys, cache.values = keys, values
+        cache.rope_delta = rope_delta
         cache.offset = hit.tokens
         out.append(cache)
     mx.eval([c.keys for c in out], [c.values for c in out])

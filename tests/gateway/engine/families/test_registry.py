@@ -12,6 +12,7 @@ import pytest
 from support import tiny_model
 
 from gateway.engine.families import UnsupportedModel, load_model
+from gateway.engine.families.gemma3 import Gemma3
 from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.families.registry import family_for, read_config
 from gateway.engine.families.text import TextModel
@@ -22,6 +23,10 @@ def test_qwen_vl_types_map_to_the_qwen_family(model_type: str) -> None:
     assert family_for({"model_type": model_type, "vision_config": {}}) is QwenVL
 
 
+def test_gemma3_maps_to_the_gemma3_family() -> None:
+    assert family_for({"model_type": "gemma3", "vision_config": {}}) is Gemma3
+
+
 @pytest.mark.parametrize("model_type", ["qwen3", "llama", "mistral", "qwen2"])
 def test_text_types_mlx_lm_knows_map_to_the_text_family(model_type: str) -> None:
     assert family_for({"model_type": model_type}) is TextModel
@@ -30,7 +35,7 @@ def test_text_types_mlx_lm_knows_map_to_the_text_family(model_type: str) -> None
 @pytest.mark.parametrize(
     "config",
     [
-        {"model_type": "gemma3", "vision_config": {}},  # a VLM no family serves yet
+        {"model_type": "lfm2_vl", "vision_config": {}},  # a VLM no family serves yet
         {"model_type": "no_such_model"},
         {},
     ],

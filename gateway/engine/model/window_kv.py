@@ -1,0 +1,161 @@
+"""KV caches for sliding-window attention layers that stay trimmable and exact.
+
+A sliding-window layer attends to the last `window` positions. mlx-vlm keeps such a layer in a
+`RotatingKVCache`: a ring buffer of `window` slots that, once it wraps, cannot be cut back
+to an earlier length (the overwritten keys are gone), so a prefix cache could only restore it
+from snapshots. Here the layer keeps every position's KV instead (a plain, trimmable
+`RowKVCache`: blocks are stored, restored, merged and filtered exactly like a full-attention
+layer's) and attention reads the window out of it:
+
+- a forward of several rows (a prefill block) sees all cached keys in temporal order under a
+  causal window mask: what mlx-vlm's `RotatingKVCache` gives a prompt chunk (it too keeps
+  every key of the chunk, in temporal order, under the same mask); masked keys contribute
+  exact zeros, so the extra ones change no bit (CPU: tested);
+- a one-row forward (the prompt's last token, every decode step) sees the window's `window`
+  keys in the order of mlx-vlm's ring buffer, because the order of the terms of the
+  attention's sums changes the last bits. After a prompt whose last token sits at position P,
+  the ring's slot s holds the position x with `(x - phase) % window == s`, `phase` = P if
+  P >= window else 0 (the buffer rotates to slot 0 on the first one-row update after it is
+  full). Each row carries its phase, set by the family when it feeds the prompt's last token.
+
+Memory: every position's KV is kept (as for a full-attention layer) rather than `window` of
+them; the price of exact, trimmable reuse. Engine thread only; nothing here is thread-safe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, create_causal_mask
+
+from gateway.engine.model.kv import RowBatchKVCache, RowKVCache
+
+
+def ring_phase(last_position: int, window: int) -> int:
+    """The phase of mlx-vlm's ring buffer after a prompt whose last token sits at
+    `last_position` (module doc)."""
+    return last_position % window if last_position >= window else 0
+
+
+def ring_positions(query: mx.array, phase: mx.array, window: int) -> mx.array:
+    """(B, window) positions in ring-slot order for one query per row at positions
+    `query` (B,) with ring phases `phase` (B,): slot s holds `query - ((query - phase - s) %
+    window)`; negative where the row has fewer than `window` positions (masked)."""
+    slots = mx.arange(window, dtype=mx.int32)[None, :]
+    q, p = query.astype(mx.int32)[:, None], phase.astype(mx.int32)[:, None]
+    return q - mx.remainder(q - p - slots, window)
+
+
+def _gather(array: mx.array, index: mx.array) -> mx.array:
+    """Rows `index` (B, W) of a (B, heads, S, dim) array along its sequence axis."""
+    b, heads, _, dim = array.shape
+    idx = mx.broadcast_to(index[:, None, :, None], (b, heads, index.shape[1], dim))
+    return mx.take_along_axis(array, idx, axis=2)
+
+
+class WindowKVCache(RowKVCache):
+    """One sequence's sliding-window layer: all of its KV, read as mlx-vlm's ring (module doc).
+    `phase` is set when the prompt's last token is fed (`ring_phase`)."""
+
+    def __init__(self, window: int, rope_delta: int = 0, phase: int = 0) -> None:
+        super().__init__(rope_delta)
+        self.window = window
+        self.phase = phase
+
+    @classmethod
+    def merge(cls, caches: list[KVCache]) -> WindowBatchKVCache:  # type: ignore[override]
+        return WindowBatchKVCache.merge(caches)
+
+    def snapshot(self, length: int | None = None) -> WindowKVCache:
+        plain = super().snapshot(length)
+        out = WindowKVCache(self.window, self.rope_delta, self.phase)
+        out.keys, out.values, out.offset = plain.keys, plain.values, plain.offset
+        return out
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        all_keys, all_values = super().update_and_fetch(keys, values)
+        if keys.shape[2] != 1:
+            return all_keys, all_values
+        query = mx.array([self.offset - 1], dtype=mx.int32)
+        index = mx.maximum(ring_positions(query, mx.array([self.phase]), self.window), 0)
+        return _gather(all_keys, index), _gather(all_values, index)
+
+    def make_mask(self, N: int, window_size: int | None = None, **_: Any) -> Any:  # noqa: N803
+        """Rows >1: causal window mask over all cached keys; one row: which ring slots hold a
+        position (None when all do, as mlx-vlm's full ring needs none)."""
+        if N > 1:
+            return create_causal_mask(N, self.offset, window_size=self.window)
+        if self.offset + 1 >= self.window:
+            return None
+        query = mx.array([self.offset], dtype=mx.int32)
+        valid = ring_positions(query, mx.array([self.phase]), self.window) >= 0
+        return valid[:, None, None, :]
+
+
+class WindowBatchKVCache(RowBatchKVCache):
+    """mlx-lm's left-padded batch cache for a sliding-window layer: per-row phases, and
+    one-row updates read each row's window in its ring order (module doc)."""
+
+    window: int = 0
+
+    def __init__(
+        self,
+        left_padding: list[int],
+        rope_deltas: list[int] | None = None,
+        phases: list[int] | None = None,
+    ) -> None:
+        super().__init__(left_padding, rope_deltas)
+        self._set_phases(phases if phases is not None else [0] * len(left_padding))
+
+    def _set_phases(self, phases: list[int] | tuple[int, ...]) -> None:
+        self.row_phases = tuple(phases)
+        self.phases = mx.array(self.row_phases, dtype=mx.int32)
+
+    @classmethod
+    def merge(cls, caches: list[KVCache]) -> WindowBatchKVCache:  # type: ignore[override]
+        merged = super().merge(caches)
+        if not isinstance(merged, WindowBatchKVCache):
+            merged = cls([0] * len(caches), [getattr(c, "rope_delta", 0) for c in caches])
+        merged.window = caches[0].window  # type: ignore[attr-defined]
+        merged._set_phases([c.phase for c in caches])  # type: ignore[attr-defined]
+        return merged
+
+    def filter(self, batch_indices: list[int]) -> None:
+        super().filter(batch_indices)
+        self._set_phases([self.row_phases[i] for i in batch_indices])
+
+    def extend(self, other: RowBatchKVCache) -> None:  # type: ignore[override]
+        phases = self.row_phases + other.row_phases  # type: ignore[attr-defined]
+        super().extend(other)
+        self._set_phases(phases)
+
+    def extract(self, idx: int) -> WindowKVCache:
+        plain = super().extract(idx)
+        out = WindowKVCache(self.window, plain.rope_delta, self.row_phases[idx])
+        out.keys, out.values, out.offset = plain.keys, plain.values, plain.offset
+        return out
+
+    def _ring_index(self, query: mx.array) -> tuple[mx.array, mx.array]:
+        """Each row's ring positions for queries at `query` (B,), as buffer indices (clamped
+        into the row) and whether each slot holds a position."""
+        positions = ring_positions(query, self.phases, self.window)
+        valid = positions >= 0
+        index = self.left_padding.astype(mx.int32)[:, None] + mx.maximum(positions, 0)
+        return index, valid
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        all_keys, all_values = super().update_and_fetch(keys, values)
+        if keys.shape[2] != 1:
+            return all_keys, all_values
+        index, _ = self._ring_index(self.offset - 1)
+        return _gather(all_keys, index), _gather(all_values, index)
+
+    def make_mask(self, N: int, window_size: int | None = None, **kwargs: Any) -> Any:  # noqa: N803
+        if N > 1:
+            return super().make_mask(N, window_size=self.window, **kwargs)
+        _, valid = self._ring_index(self.offset)
+        return valid[:, None, None, :]
+
+    def bookkeeping(self) -> list[mx.array]:
+        return [*super().bookkeeping(), self.phases]
