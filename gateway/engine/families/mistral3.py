@@ -145,6 +145,18 @@ class Mistral3(ModelFamily):
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        """The checkpoint's template, with a leading system message's text given as one text
+        part: Mistral Small 3.1's template reads a first system message as
+        `content[0]['text']` whatever its type (a plain string fails to render), and writes
+        exactly that text."""
+        if messages and messages[0]["role"] == "system":
+            content = messages[0]["content"]
+            if isinstance(content, str):
+                first = {"role": "system", "content": [{"type": "text", "text": content}]}
+                messages = [first, *messages[1:]]
+        return super().render(messages)
+
     def image_grid(self, width: int, height: int) -> Grid:
         """(1, rows, cols) in tower patches of the processor's output for this size.
         ValueError for an image so elongated that one side would scale to nothing."""

@@ -1,0 +1,212 @@
+"""Mistral 3 (Pixtral vision) through the engine (families/mistral3.py), at tolerance zero.
+
+Pinned, on the tiny mistral3 checkpoint (mlx-vlm's own classes, Mistral Small 3.1's
+template): the greedy answer through the engine equals mlx-vlm's own generate on the same
+checkpoint, images and question (prompt ids, token ids and logprobs), in float32 and bfloat16,
+with one image, two images in one turn and a wide one; cached == uncached (vision cache, KV
+blocks, a prefix hit that ends inside an image span, a follow-up turn); batched == alone; a
+one-pixel change misses both caches and answers as the reference does for the changed image.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from reference import reference_generate
+from support import EngineHarness, Run, chat_body, decoded, tiny_model
+
+from gateway.api.openai.parse import parse_chat_request
+from gateway.config import CacheConfig
+from gateway.engine.families.mistral3 import Mistral3
+
+FIXTURES = Path(__file__).resolve().parents[4] / "fixtures"
+SHAPES = Image.open(FIXTURES / "shapes.png").convert("RGB")  # 448 x 448: 8 x 8 cells
+SMALL = Image.open(FIXTURES / "shapes-56.png").convert("RGB")  # 56 x 56: 2 x 2 cells
+WIDE = SHAPES.resize((640, 360))  # -> 224 x 126 px -> 8 x 5 cells
+QUESTION = "What is in this picture?"
+# An explicit system message: without one the template writes today's date, whose tokens
+# (and so where the 32-token blocks fall) change from day to day.
+SYSTEM = "You describe pictures briefly."
+
+
+def _messages(question: str, images: int, system: bool = True) -> list[dict]:
+    parts = [{"type": "image"}] * images + [{"type": "text", "text": question}]
+    # (Mistral Small 3.1's template reads a first system message as a list of parts.)
+    head = [{"role": "system", "content": [{"type": "text", "text": SYSTEM}]}] if system else []
+    return [*head, {"role": "user", "content": parts}]
+
+
+def _body(question: str, images: int, max_tokens: int = 12, system: bool = True) -> dict:
+    body = chat_body(question, images=images, max_tokens=max_tokens)
+    if system:
+        body["messages"] = [{"role": "system", "content": SYSTEM}, *body["messages"]]
+    return body
+
+
+def _prompt_ids(h: EngineHarness, body: dict, images: list[Image.Image]) -> list[int]:
+    request = h.prompts.build(parse_chat_request(body), [decoded(i) for i in images], "p", 0.0)
+    return list(request.prompt_ids)
+
+
+@pytest.fixture(scope="module")
+def harness():
+    h = EngineHarness("mistral3", max_batch=4)
+    yield h
+    h.close()
+
+
+CASES = {"one": [SHAPES], "two": [SHAPES, SMALL], "wide-and-small": [WIDE, SMALL]}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("system", [True, False], ids=["system", "default-system"])
+def test_greedy_answer_equals_mlx_vlm_generate(
+    harness: EngineHarness, case: str, system: bool
+) -> None:
+    """Invariant: engine (exact-reuse blocks, stepwise tower, batched decode) == mlx-vlm's
+    generate on its single-BOS prompt: prompt ids, token ids and logprobs."""
+    images = CASES[case]
+    body = _body(QUESTION, len(images), system=system)
+    ref = reference_generate(
+        tiny_model("mistral3"), _messages(QUESTION, len(images), system), images, max_tokens=12
+    )
+    run = harness.run(body, images)
+    assert _prompt_ids(harness, body, images) == list(ref.prompt_ids)
+    assert run.token_ids == list(ref.token_ids)
+    assert run.logprobs == list(ref.logprobs)  # tolerance zero
+    assert len(set(run.token_ids)) > 1  # not a collapsed answer: the comparison means something
+
+
+def test_bfloat16_answer_equals_mlx_vlm_generate() -> None:
+    """Invariant: the same in bfloat16 (features, embeddings and KV in the checkpoint's
+    dtype)."""
+    path = tiny_model("mistral3", "bfloat16")
+    h = EngineHarness(path=path, max_batch=2)
+    try:
+        images = [SHAPES, SMALL]
+        ref = reference_generate(path, _messages(QUESTION, 2), images, max_tokens=10)
+        run = h.run(_body(QUESTION, 2, max_tokens=10), images)
+        assert run.token_ids == list(ref.token_ids)
+        assert run.logprobs == list(ref.logprobs)
+    finally:
+        h.close()
+
+
+def _span(h: EngineHarness, body: dict, images: list[Image.Image]) -> tuple[int, int]:
+    request = h.prompts.build(parse_chat_request(body), [decoded(i) for i in images], "s", 0.0)
+    layout = request.images[0].layout
+    return layout.start, layout.end
+
+
+def _conversation(h: EngineHarness, turns: int = 3) -> list[Run]:
+    """`turns` turns about SHAPES, each resending the history, then a new question about it
+    (the support helper's, with this module's fixed system message)."""
+    body = _body(QUESTION, 1, max_tokens=8)
+    runs = []
+    for turn in range(turns):
+        run = h.run(body, [SHAPES])
+        runs.append(run)
+        follow = {"role": "user", "content": f"Tell me more, part {turn + 2}."}
+        reply = {"role": "assistant", "content": run.text}
+        body = {**body, "messages": [*body["messages"], reply, follow]}
+    runs.append(h.run(_body(FRESH, 1, max_tokens=8), [SHAPES]))
+    return runs
+
+
+FRESH = "A different question about it"
+
+
+def test_cached_equals_uncached() -> None:
+    """Invariant: a conversation about one image answers the same, token ids and logprobs,
+    with both caches on as with both off; the follow-up turns and the fresh question hit the
+    prefix cache, and the fresh question's hit ends inside the image span (the rest of the
+    span comes from the vision cache)."""
+    cached = EngineHarness("mistral3", max_batch=4)
+    plain = EngineHarness(
+        "mistral3", max_batch=4, cache=CacheConfig(prefix_enabled=False, vision_enabled=False)
+    )
+    try:
+        with_cache, without = _conversation(cached), _conversation(plain)
+        for a, b in zip(with_cache, without, strict=True):
+            assert a.token_ids == b.token_ids
+            assert a.logprobs == b.logprobs
+        assert all(r.finish.usage.cached_tokens > 0 for r in with_cache[1:])
+        assert all(r.finish.usage.cached_tokens == 0 for r in without)
+        fresh = with_cache[-1].finish.usage
+        start, end = _span(cached, _body(FRESH, 1), [SHAPES])
+        assert start < fresh.cached_tokens < end  # resumed mid-image
+        assert fresh.vision_hits == 1 and fresh.vision_misses == 0
+    finally:
+        cached.close()
+        plain.close()
+
+
+def test_vision_cache_alone_equals_uncached() -> None:
+    """Invariant: features from the vision cache (prefix cache off) give the answer a fresh
+    encode gives, for an image seen alone and then next to another one."""
+    h = EngineHarness("mistral3", max_batch=2, cache=CacheConfig(prefix_enabled=False))
+    try:
+        first = h.run(_body(QUESTION, 2), [SHAPES, SMALL])
+        again = h.run(_body(QUESTION, 2), [SHAPES, SMALL])
+        swapped = h.run(_body(QUESTION, 2), [SMALL, SHAPES])
+        assert again.finish.usage.vision_hits == 2
+        assert swapped.finish.usage.vision_hits == 2
+        assert (again.token_ids, again.logprobs) == (first.token_ids, first.logprobs)
+        ref = reference_generate(
+            tiny_model("mistral3"), _messages(QUESTION, 2), [SMALL, SHAPES], max_tokens=12
+        )
+        assert (swapped.token_ids, swapped.logprobs) == (list(ref.token_ids), list(ref.logprobs))
+    finally:
+        h.close()
+
+
+def test_batched_equals_alone(harness: EngineHarness) -> None:
+    """Invariant: image and text requests decoded together answer as each does alone."""
+    requests = [
+        (_body(QUESTION, 1), [SHAPES]),
+        (_body("Describe both.", 2), [WIDE, SMALL]),
+        (_body("No picture today, just say hello.", 0), []),
+        (_body("And this one?", 1), [SMALL]),
+    ]
+    harness.engine.clear_caches()
+    alone = [harness.run(b, i) for b, i in requests]
+    harness.engine.clear_caches()
+    with harness.arriving_together():
+        runs = [harness.submit(b, i) for b, i in requests]
+    together = [r.wait() for r in runs]
+    for a, b in zip(alone, together, strict=True):
+        assert a.token_ids == b.token_ids
+        assert a.logprobs == b.logprobs
+
+
+def test_one_pixel_change_misses_both_caches(harness: EngineHarness) -> None:
+    """Invariant: an image one pixel away from a cached one shares no cache entry: its
+    prefix hit stops before the image, the tower runs again, and the answer is the
+    reference's for the changed image."""
+    harness.run(_body(QUESTION, 1), [SHAPES])
+    changed = SHAPES.copy()
+    r, g, b = changed.getpixel((200, 200))
+    changed.putpixel((200, 200), ((r + 1) % 256, g, b))
+    run = harness.run(_body(QUESTION, 1), [changed])
+    start, _ = _span(harness, _body(QUESTION, 1), [changed])
+    assert run.finish.usage.cached_tokens <= start
+    assert run.finish.usage.vision_misses == 1 and run.finish.usage.vision_hits == 0
+    ref = reference_generate(
+        tiny_model("mistral3"), _messages(QUESTION, 1), [changed], max_tokens=12
+    )
+    assert (run.token_ids, run.logprobs) == (list(ref.token_ids), list(ref.logprobs))
+
+
+def test_describe_says_every_cache_is_on(harness: EngineHarness) -> None:
+    """Invariant: full-attention KV in every layer: no cache is turned off for mistral3."""
+    family = harness.engine.cache_stats()["family"]
+    assert isinstance(harness.engine.model, Mistral3)
+    assert family == {
+        "family": "mistral3",
+        "model_type": "mistral3",
+        "media": ["image"],
+        "prefix_cache": "on",
+        "vision_cache": "on",
+    }
