@@ -18,11 +18,14 @@ from gateway.engine.families.mistral3 import MODEL_TYPES as MISTRAL3_TYPES
 from gateway.engine.families.mistral3 import Mistral3
 from gateway.engine.families.qwen_vl import MODEL_TYPES as QWEN_VL_TYPES
 from gateway.engine.families.qwen_vl import QwenVL
+from gateway.engine.families.smolvlm import MODEL_TYPES as SMOLVLM_TYPES
+from gateway.engine.families.smolvlm import SmolVLM
 from gateway.engine.families.text import TextModel
 
 # Vision-language families by model_type (text models are found through mlx-lm below).
 FAMILIES: dict[str, type[ModelFamily]] = {t: QwenVL for t in QWEN_VL_TYPES}
 FAMILIES.update({t: Mistral3 for t in MISTRAL3_TYPES})
+FAMILIES.update({t: SmolVLM for t in SMOLVLM_TYPES})
 TEXT_EXAMPLES = ("qwen3", "llama")  # what docs and errors name; any mlx-lm text model loads
 _VISION_KEYS = ("vision_config", "vision_tower", "image_token_id", "image_token_index")
 
