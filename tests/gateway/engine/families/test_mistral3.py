@@ -210,3 +210,41 @@ def test_describe_says_every_cache_is_on(harness: EngineHarness) -> None:
         "prefix_cache": "on",
         "vision_cache": "on",
     }
+
+
+def test_tower_steps_and_span_embeddings_are_mlx_vlms() -> None:
+    """Invariant: the stepwise tower (one unit per step: the patch convolution, then each
+    encoder layer, per image) gives, stepwise or in one graph, each image's span rows of the
+    input embeddings mlx-vlm builds for the two images together (features, [IMG_BREAK] and
+    [IMG_END] rows), bit for bit."""
+    import mlx.core as mx
+    import numpy as np
+    from mlx_vlm.utils import prepare_inputs
+
+    family = Mistral3(str(tiny_model("mistral3")))  # MLX on this thread
+    images = [SHAPES, SMALL]
+    inputs = [family.preprocess(i) for i in images]
+
+    def run(stepwise: bool) -> tuple[int, list]:
+        steps, units = family.encode_steps_many(inputs, lambda: stepwise), 0
+        while True:
+            try:
+                next(steps)
+                units += 1
+            except StopIteration as done:
+                return units, done.value
+
+    units, encoded = run(True)
+    layers = len(family.model.vision_tower.vision_model.transformer.layers)
+    assert units == len(images) * (1 + layers)
+    assert run(False)[0] == 0
+    prompt = family.render(_messages(QUESTION, 2))
+    prepared = prepare_inputs(family.processor, images=images, prompts=prompt)
+    embeds = family.model.get_input_embeddings(
+        prepared["input_ids"], prepared["pixel_values"], image_sizes=prepared["image_sizes"]
+    ).inputs_embeds[0]
+    ids, layouts = family.layout_prompt(family.tokenize(prompt), [g for _, g in inputs])
+    for layout, image, alone in zip(layouts, encoded, run(False)[1], strict=True):
+        want = np.asarray(embeds[layout.start + 1 : layout.end + 1])  # + 1: the extra BOS
+        assert np.array_equal(np.asarray(image.features), want)
+        assert mx.array_equal(image.features, alone.features).item()
