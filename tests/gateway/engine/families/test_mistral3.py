@@ -248,3 +248,64 @@ def test_tower_steps_and_span_embeddings_are_mlx_vlms() -> None:
         want = np.asarray(embeds[layout.start + 1 : layout.end + 1])  # + 1: the extra BOS
         assert np.array_equal(np.asarray(image.features), want)
         assert mx.array_equal(image.features, alone.features).item()
+
+
+def test_a_restarted_engine_answers_from_the_disk_tier_exactly(tmp_path: Path) -> None:
+    """Invariant: KV blocks and span features written to the disk tier by one engine serve
+    the next one on the same folder with the uncached answer (ids and logprobs); a question
+    with text before the image shares no block and takes the features from disk."""
+    from gateway.engine.request import AdmittedEvent
+
+    def ask(h: EngineHarness, first: bool = False) -> tuple[Run, AdmittedEvent]:
+        body = _body(QUESTION, 1, max_tokens=6)
+        if first:
+            body["messages"][-1]["content"].insert(0, {"type": "text", "text": "Look:"})
+        run = h.run(body, [WIDE])
+        return run, next(e for e in run.events if isinstance(e, AdmittedEvent))
+
+    off = CacheConfig(vision_enabled=False, prefix_enabled=False)
+    cold = EngineHarness("mistral3", cache=off, warmup=False)
+    try:
+        want = {first: ask(cold, first)[0] for first in (False, True)}
+    finally:
+        cold.close()
+    writer = EngineHarness("mistral3", cache=CacheConfig(cache_dir=tmp_path), warmup=False)
+    try:
+        ask(writer)
+    finally:
+        writer.close()
+    reader = EngineHarness("mistral3", cache=CacheConfig(cache_dir=tmp_path), warmup=False)
+    try:
+        run, admitted = ask(reader, first=True)
+        assert admitted.vision_disk_hits == 1 and admitted.cached_tokens == 0
+        assert (run.token_ids, run.logprobs) == (want[True].token_ids, want[True].logprobs)
+        run, admitted = ask(reader)
+        assert admitted.disk_cached_tokens > 0
+        assert (run.token_ids, run.logprobs) == (want[False].token_ids, want[False].logprobs)
+    finally:
+        reader.close()
+
+
+def test_without_the_exact_rule_answers_still_equal_mlx_vlm() -> None:
+    """Invariant: with --no-exact-cache (the image part in budget-sized chunks, the text part
+    through `text_core`) the greedy answer is still mlx-vlm's, cached or not."""
+    h = EngineHarness("mistral3", max_batch=2, cache=CacheConfig(exact_reuse=False))
+    try:
+        body = _body(QUESTION, 1)
+        first, second = h.run(body, [SHAPES]), h.run(body, [SHAPES])
+        ref = reference_generate(
+            tiny_model("mistral3"), _messages(QUESTION, 1), [SHAPES], max_tokens=12
+        )
+        assert first.token_ids == list(ref.token_ids) == second.token_ids
+        assert second.finish.usage.cached_tokens > 0
+    finally:
+        h.close()
+
+
+def test_the_registry_serves_mistral3_with_this_family() -> None:
+    from gateway.engine.families import load_model
+    from gateway.engine.families.registry import family_for, supported_families
+
+    assert family_for({"model_type": "mistral3", "vision_config": {}}) is Mistral3
+    assert "mistral3" in supported_families()
+    assert isinstance(load_model(str(tiny_model("mistral3")), lazy=True), Mistral3)
