@@ -6,8 +6,9 @@ Pinned at tolerance zero (token ids and logprobs): the engine's greedy answer eq
 own `stream_generate` (tests/reference.py) on the same checkpoint, images and question, with
 the same prompt ids, for one image, a wide one, two in one turn and none, in float32 and
 bfloat16; cached == uncached (vision cache, prefix blocks resumed inside an image span, a
-follow-up turn); batched == alone; a one-pixel change misses both caches. The grid from the
-size alone equals the processor's, and the processor settings are part of the cache key.
+follow-up turn, the disk tier after a restart); batched == alone; a one-pixel change misses
+both caches. The grid from the size alone equals the processor's, and the processor settings
+are part of the cache key.
 """
 
 from __future__ import annotations
@@ -171,3 +172,21 @@ def test_one_pixel_change_misses_both_caches() -> None:
     finally:
         h.close()
         plain.close()
+
+
+def test_a_restarted_engine_answers_from_the_disk_tier_exactly(tmp_path: Path) -> None:
+    """Invariant: after a restart on the same --cache-dir the image prompt's KV blocks come
+    from disk and the answer is the no-cache answer (token ids and logprobs)."""
+    path = tiny_model("smolvlm")
+    body = chat_body(QUESTION, images=1, max_tokens=10)
+    runs = []
+    for caches in (CacheConfig(cache_dir=tmp_path), CacheConfig(cache_dir=tmp_path), _no_caches()):
+        h = EngineHarness(path=path, cache=caches, warmup=False)
+        try:
+            runs.append(h.run(body, [_shapes()]))
+        finally:
+            h.close()
+    first, restarted, cold = runs
+    assert restarted.finish.usage.cached_tokens > 0 and first.finish.usage.cached_tokens == 0
+    for run in (first, restarted):
+        assert (run.token_ids, run.logprobs) == (cold.token_ids, cold.logprobs)
