@@ -94,6 +94,9 @@ class Mistral3(VlmFamily):
         self.end_id = int(self.processor.image_end_token_id)
         vision = self.model.vision_tower.vision_model
         self._layers = _layers_used(len(vision.transformer.layers), config.vision_feature_layer)
+        # The tower's 2D RoPE table covers this many patches per side (`image_size`); a
+        # processor set to a longer edge (or not resizing) would index past it.
+        self.max_side = int(config.vision_config.image_size) // self.patch
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 
@@ -128,7 +131,9 @@ class Mistral3(VlmFamily):
     def image_grid(self, width: int, height: int) -> Grid:
         """(1, rows, cols) in tower patches of the processor's output for this size (the
         processor's own arithmetic). ValueError for an image so elongated that a side
-        would scale to nothing."""
+        would scale to nothing, or one the processor leaves larger than the tower's
+        `image_size` (a processor edge set past it: mlx-vlm would read past the tower's 2D
+        position table)."""
         ip = self.image_processor
         h, w = height, width
         if ip.do_resize:
@@ -139,6 +144,11 @@ class Mistral3(VlmFamily):
             h, w = get_resize_output_image_size((height, width), edge, (self.cell, self.cell))
         if h < self.cell or w < self.cell:
             raise ValueError(f"a side under {self.cell} px makes no image tokens")
+        if max(h, w) > self.max_side * self.patch:
+            raise ValueError(
+                f"the processor makes it {w}x{h} px, over the vision tower's "
+                f"{self.max_side * self.patch} px (its position table)"
+            )
         return (1, h // self.patch, w // self.patch)
 
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:

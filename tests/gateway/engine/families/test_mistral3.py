@@ -79,10 +79,11 @@ def test_greedy_answer_equals_mlx_vlm_generate(
     assert len(set(run.token_ids)) > 1  # not a collapsed answer: the comparison means something
 
 
-def test_bfloat16_answer_equals_mlx_vlm_generate() -> None:
+@pytest.mark.parametrize("weights", ["bfloat16", "q4", "q8"])
+def test_other_weights_answer_as_mlx_vlm_generate(weights: str) -> None:
     """Invariant: the same in bfloat16 (features, embeddings and KV in the checkpoint's
-    dtype)."""
-    path = tiny_model("mistral3", "bfloat16")
+    dtype) and for 4- and 8-bit quantized checkpoints (mlx-vlm's converter)."""
+    path = tiny_model("mistral3", weights)
     h = EngineHarness(path=path, max_batch=2)
     try:
         images = [SHAPES, SMALL]

@@ -107,6 +107,16 @@ def test_processor_settings_are_in_the_cache_key(family: Mistral3, tmp_path: Pat
     assert again.processor_fingerprint == family.processor_fingerprint
 
 
+def test_an_edge_past_the_towers_position_table_is_refused(tmp_path: Path) -> None:
+    """Invariant: with a processor edge (448 px) past the tower's `image_size` (224 px) an
+    image the processor would leave larger than 224 px is refused from its size (mlx-vlm
+    would index past the 2D RoPE table and answer from garbage); smaller ones are served."""
+    wide = Mistral3(_variant(tmp_path, preprocessor={"size": {"longest_edge": 448}}), True)
+    assert wide.image_grid(224, 100) == (1, 8, 16)
+    with pytest.raises(ValueError, match="over the vision tower's 224 px"):
+        wide.image_grid(448, 448)
+
+
 def test_plain_string_system_message_renders_as_its_text(family: Mistral3) -> None:
     """Invariant: Mistral Small 3.1's template reads a first system message as a list of
     parts; the family passes an OpenAI-style string as one part, with the same text."""
