@@ -5,7 +5,8 @@ Pinned: /v1/models and /v1/cache/stats name the family with both caches on; an i
 over Chat Completions answers with mlx-vlm's own generate's tokens and logprobs, streamed as
 plain, and a repeat reads the prefix cache; Anthropic's Messages (plain and streamed) and the
 Responses API (a follow-up through `previous_response_id` reads the first turn's KV and
-answers as the full conversation does with the caches cleared) serve it; a JSON-schema
+answers as the full conversation does with the caches cleared) serve it, a system prompt
+included; a JSON-schema
 `response_format` constrains its answer.
 """
 
@@ -91,7 +92,10 @@ def test_anthropic_messages_plain_and_streamed(server: ServerProcess) -> None:
     client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
     source = {"type": "base64", "media_type": "image/png", "data": _png(IMAGE)}
     content = [{"type": "image", "source": source}, {"type": "text", "text": QUESTION}]
-    kw = {"model": "test", "max_tokens": 6, "messages": [{"role": "user", "content": content}]}
+    # Anthropic's `system` becomes a leading system message: a plain string, which Mistral
+    # Small 3.1's template reads as a list of parts (the family renders it as one).
+    messages = [{"role": "user", "content": content}]
+    kw = {"model": "test", "max_tokens": 6, "system": "Be brief.", "messages": messages}
     plain = client.messages.create(**kw, extra_body={"temperature": 0})  # type: ignore[arg-type]
     assert plain.usage.output_tokens == 6 and plain.stop_reason == "max_tokens"
     with client.messages.stream(**kw, extra_body={"temperature": 0}) as stream:  # type: ignore[arg-type]
