@@ -58,6 +58,7 @@ from typing import Any, ClassVar
 
 import mlx.core as mx
 import numpy as np
+from jinja2 import TemplateError
 
 from caches.hashing import fingerprint
 from gateway.engine.model.kv import RowKVCache
@@ -155,11 +156,19 @@ class ModelFamily(ABC):
 
     def render(self, messages: list[dict[str, Any]]) -> str:
         """The checkpoint's own chat template over `messages` with the generation prompt
-        opened. Media parts are `{"type": "image"}` / `{"type": "video"}` and stay in place."""
+        opened. Media parts are `{"type": "image"}` / `{"type": "video"}` and stay in place.
+
+        Raises ValueError when the template refuses the conversation (its `raise_exception`,
+        e.g. roles out of order or a role it does not know): the client's mistake, a 400."""
         with self._tokenizer_lock:
-            return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
+            try:
+                return self.tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True
+                )
+            except TemplateError as exc:
+                raise ValueError(
+                    f"the model's chat template refused the conversation: {exc}"
+                ) from exc
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of rendered text, no special tokens added (the template has its own)."""

@@ -148,3 +148,11 @@ def test_rgb_conversion_is_the_processors(family: Mistral3) -> None:
     pixels, grid = family.preprocess(gray)
     want, want_grid = family.preprocess(gray.convert("RGB"))
     assert grid == want_grid and np.array_equal(pixels, want)
+
+
+def test_a_conversation_the_template_refuses_is_a_value_error(family: Mistral3) -> None:
+    """Invariant: a chat template's own `raise_exception` (Mistral's refuses roles other than
+    user/system/assistant) reaches the prompt builder as a ValueError (a 400 for the client),
+    never as a template exception (a 500)."""
+    with pytest.raises(ValueError, match="chat template refused the conversation"):
+        family.render([{"role": "tool", "content": "42"}])
