@@ -172,17 +172,6 @@ class Mistral3(VlmFamily):
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 
-    def _check_layers(self) -> None:
-        """Refuse a language model whose layers keep anything but full-attention KV. mlx-vlm's
-        mistral3 `make_cache` gives mlx-vlm's own `KVCache` class (the base's check knows
-        mlx-lm's only); a sliding layer gives a `RotatingKVCache`."""
-        from mlx_vlm.models.cache import KVCache as VlmKVCache
-
-        caches = self.language_model.make_cache()
-        kinds = sorted({type(c).__name__ for c in caches if type(c) is not VlmKVCache})
-        if kinds:
-            raise ValueError(f"{self.model_type} keeps {', '.join(kinds)} layers")
-
     def tower_units(self) -> list[nn.Module]:
         vision = self.model.vision_tower.vision_model
         return [vision.patch_conv, *vision.transformer.layers]

@@ -196,11 +196,15 @@ class VlmFamily(ModelFamily):
 
     def _check_layers(self) -> None:
         """Refuse a language model whose layers keep anything but plain KVCache (rotating
-        windows, recurrent states): a family with those overrides `new_cache` and this."""
+        windows, recurrent states): a family with those overrides `new_cache` and this.
+        mlx-vlm's models make either mlx-lm's `KVCache` or mlx-vlm's own (mistral3's)."""
+        from mlx_vlm.models.cache import KVCache as VlmKVCache
+
         make_cache = getattr(self.language_model, "make_cache", None)
         if make_cache is None:
             return  # mlx-vlm's default prompt cache: one KVCache per layer
-        kinds = sorted({type(c).__name__ for c in make_cache() if type(c) is not KVCache})
+        plain = (KVCache, VlmKVCache)
+        kinds = sorted({type(c).__name__ for c in make_cache() if type(c) not in plain})
         if kinds:
             raise ValueError(f"{self.model_type} keeps {', '.join(kinds)} layers")
 
