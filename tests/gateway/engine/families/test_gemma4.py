@@ -188,3 +188,11 @@ def test_one_pixel_change_misses_both_caches(images: list[Image.Image]) -> None:
         assert second.finish.usage.cached_tokens <= image_start  # nothing from the image on
     finally:
         h.close()
+
+
+def test_registry_maps_gemma4_to_its_family() -> None:
+    """Invariant: a `model_type` "gemma4" checkpoint is served by `Gemma4`, and errors name it."""
+    from gateway.engine.families.registry import family_for, supported_families
+
+    assert family_for({"model_type": "gemma4", "vision_config": {}}) is Gemma4
+    assert "gemma4" in supported_families()
