@@ -277,7 +277,9 @@ class ModelFamily(ABC):
     ) -> mx.array:
         """Feed plan rows [lo, hi) into `cache` in one forward padded to `rows` query rows
         (pad rows after the real ones, their KV trimmed again); returns the states
-        (1, max(rows, hi - lo), d), lazily, that `logits` maps to logits. Evaluates `cache`."""
+        (1, max(rows, hi - lo), d), lazily, that `logits` maps to logits. Evaluates `cache`.
+        The engine reads only the prompt's last row, so a family may compute that row alone
+        (the others then hold zeros; e.g. Gemma 4's KV-sharing layers, as mlx-vlm)."""
 
     @abstractmethod
     def prefill_group(self, parts: Sequence[GroupPart], rows: int) -> mx.array:
