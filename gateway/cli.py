@@ -138,8 +138,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             _make_model(args)
             return
         if args.command == "serve":
-            serve(*configs_from_args(args))
+            serve(*configs_from_args(args))  # (sets umask 077 itself)
         else:
+            os.umask(0o077)  # what the replicas write is their users' (docs/security.md)
             cluster(args)
     except ConfigError as exc:
         sys.exit(f"vision-gateway: {exc}")

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from caches.prefix import ImageSpan
+from caches.scope import scoped_hash
 from gateway.engine.families.family import ModelFamily
 from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.video_layout import VideoLayout
@@ -134,7 +135,7 @@ class PromptBuilder:
                 owners.extend((index, b) for b in range(grid.blocks))
             else:
                 owners.append((index, None))
-        hashes = [_block_hash(media[i], b) for i, b in owners]
+        hashes = [scoped_hash(_block_hash(media[i], b), chat.cache_scope) for i, b in owners]
         spans = [
             ImageSpan(layout.start, layout.end, h)
             for layout, h in zip(layouts, hashes, strict=True)
@@ -173,6 +174,7 @@ class PromptBuilder:
             images=tuple(inputs),
             sampling=self._sampling(chat, len(prompt)),
             arrival_time=arrival,
+            cache_scope=chat.cache_scope,
         )
 
     def _preprocess(self, item: Media, grid: Grid) -> Any:
