@@ -71,11 +71,16 @@ class Web:
         return FileResponse(STATIC / "dashboard.html", headers=PAGE_HEADERS)
 
     async def cache_entries(self, request: Request) -> Response:
-        """`?limit=N` (1..100, default 10) and `?kind=vision|prefix` (default both): the
-        caller's own entries (its tenant's), every entry for the admin."""
+        """`?limit=N` (1..100, default 10), `?kind=vision|prefix` (default both) and
+        `?tenant=NAME`: the caller's own entries (its tenant's); every entry, or the named
+        tenant's, for the admin (403 for anyone else naming another tenant)."""
         g = self.gateway
         caller = g.keys.authorize(request, "read")
-        tenant = None if caller.admin else caller.tenant
+        tenant = request.query_params.get("tenant")
+        if tenant is not None and tenant != caller.tenant:
+            caller = g.keys.authorize(request, "admin")
+        if tenant is None and not caller.admin:
+            tenant = caller.tenant
         raw = request.query_params.get("limit", "10")
         kind = request.query_params.get("kind") or None
         limit = int(raw) if raw.isdigit() else 0
