@@ -63,6 +63,10 @@ class PromptBuilder:
     vision tower on it (not covered by a prefix-cache hit, not in the vision cache). Other
     images skip pixel preprocessing; the engine preprocesses itself on the rare eviction in
     between.
+
+    Every image's content hash is scoped with the request's `cache_scope` (caches/scope.py:
+    tenant and cache_salt), which the `EngineRequest` carries too: that is how a scope enters
+    every cache key.
     """
 
     def __init__(
