@@ -8,8 +8,8 @@ import pytest
 from starlette.requests import Request
 from support import decoded, noise_image
 
-from gateway.api.responses.store import HeldImage, ResponseStore, StoredResponse
 from gateway.api.keys import Keyring
+from gateway.api.responses.store import HeldImage, ResponseStore, StoredResponse
 from gateway.api.responses.turn import Turn
 from gateway.config import ResponsesConfig, ServerConfig
 from gateway.errors import APIError
