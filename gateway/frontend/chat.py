@@ -67,6 +67,11 @@ class ChatRequest:
     # Text the answer continues (Anthropic's final assistant message): appended after the
     # template's opening of the assistant turn; the response holds only what follows it.
     prefill: str = ""
+    # vLLM's `cache_salt`, as the wire format sent it ("" none): scopes cache reuse further.
+    cache_salt: str = ""
+    # The request's cache scope tag (caches/scope.py), set by the intake from the caller's
+    # tenant and `cache_salt`; the prompt builder puts it into every cache key.
+    cache_scope: str = ""
 
     @classmethod
     def greedy(

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from caches.prefix import ImageSpan
+from caches.scope import scoped_hash
 from gateway.engine.families.family import ModelFamily
 from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.video_layout import VideoLayout
@@ -62,6 +63,10 @@ class PromptBuilder:
     vision tower on it (not covered by a prefix-cache hit, not in the vision cache). Other
     images skip pixel preprocessing; the engine preprocesses itself on the rare eviction in
     between.
+
+    Every image's content hash is scoped with the request's `cache_scope` (caches/scope.py:
+    tenant and cache_salt), which the `EngineRequest` carries too: that is how a scope enters
+    every cache key.
     """
 
     def __init__(
@@ -134,7 +139,7 @@ class PromptBuilder:
                 owners.extend((index, b) for b in range(grid.blocks))
             else:
                 owners.append((index, None))
-        hashes = [_block_hash(media[i], b) for i, b in owners]
+        hashes = [scoped_hash(_block_hash(media[i], b), chat.cache_scope) for i, b in owners]
         spans = [
             ImageSpan(layout.start, layout.end, h)
             for layout, h in zip(layouts, hashes, strict=True)
@@ -173,6 +178,7 @@ class PromptBuilder:
             images=tuple(inputs),
             sampling=self._sampling(chat, len(prompt)),
             arrival_time=arrival,
+            cache_scope=chat.cache_scope,
         )
 
     def _preprocess(self, item: Media, grid: Grid) -> Any:

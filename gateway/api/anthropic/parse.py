@@ -4,7 +4,8 @@ events in `gateway.api.anthropic.render`.
 
 What is accepted: `system` (a string or text blocks), `messages` with text and image blocks
 (`base64` with `media_type`, or `url`), a final assistant message as a prefill, `max_tokens`
-(required), `stop_sequences`, `temperature`, `top_p`, `top_k`, `metadata`, `stream`.
+(required), `stop_sequences`, `temperature`, `top_p`, `top_k`, `metadata`, `stream`, and
+vLLM's `cache_salt` (scopes cache reuse).
 Features this server cannot honour (tools, documents, extended thinking, ...) are refused with
 a 400 that names the field, never ignored; so are unknown fields, as the API itself does.
 Parsing is pure; errors are rendered as Anthropic error objects.
@@ -22,7 +23,8 @@ MAX_STOP_SEQUENCES = 16
 IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 _ACCEPTED = frozenset(
     {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
-     "top_p", "top_k", "metadata", "service_tier"}
+     "top_p", "top_k", "metadata", "service_tier",
+     "cache_salt"}  # vLLM's extension: scopes cache reuse (docs/security.md)
 )  # fmt: skip
 _REFUSED = {
     "tools": "tool use",
@@ -80,6 +82,7 @@ def parse_messages_request(body: Any, count_only: bool = False) -> ChatRequest:
         stream=fields.opt_bool(body, "stream", False),
         include_usage=True,
         prefill=prefill,
+        cache_salt=fields.cache_salt(body),
     )
 
 

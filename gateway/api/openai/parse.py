@@ -69,6 +69,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         include_usage=include_usage,
         ignore_eos=ignore_eos,
         grammar=response_format_grammar(body.get("response_format")),
+        cache_salt=fields.cache_salt(body),
     )
 
 
