@@ -9,6 +9,8 @@ from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gateway.tools.formats import PARSERS
+
 MIB = 1024 * 1024
 
 
@@ -249,6 +251,12 @@ class EngineConfig:
     )
     default_max_tokens: int = flag("--default-max-tokens", "when a request sets none", 512)
     max_context_tokens: int = flag("--max-context", "prompt + completion tokens", 32768)
+    tool_call_parser: str = flag(  # the tool-call syntax; auto: read from the chat template
+        "--tool-call-parser",
+        "tool-call syntax: auto (from the chat template), hermes, llama3_json, none (off)",
+        "auto",
+        choices=PARSERS,
+    )
     seed: int = 0
     mlx_cache_limit_mb: float | None = flag(  # MLX's pool of freed buffers; None: MLX default
         "--mlx-cache-limit-mb",
