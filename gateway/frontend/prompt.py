@@ -142,8 +142,7 @@ class PromptBuilder:
             )
         if chat.grammar is not None and chat.tools is not None and chat.tools.constrained:
             raise invalid(
-                "`response_format` cannot be combined with tools unless `tool_choice` is "
-                "'none'",
+                "`response_format` cannot be combined with tools unless `tool_choice` is 'none'",
                 "response_format",
             )
 

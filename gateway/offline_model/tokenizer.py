@@ -112,7 +112,11 @@ CHAT_TEMPLATE = (
     "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}"
     "{{- '<|im_end|>\\n' -}}{%- endif -%}"
     "{%- else -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}" + _CONTENT + "{%- if message['tool_calls'] -%}" + _CALLS + "{%- endif -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    + _CONTENT
+    + "{%- if message['tool_calls'] -%}"
+    + _CALLS
+    + "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
     "{%- endif -%}"
     "{%- endfor -%}"

@@ -93,11 +93,12 @@ class CallSplitter:
 
     def finish(self) -> list[Piece]:
         """The end of the answer: held-back text comes out; a call cut short is ended
-        (`complete` False) with the arguments it has."""
+        (`complete` False) with the arguments it has; the syntax of a call cut before its
+        name (max_tokens) is dropped: it is neither text nor a call."""
         out: list[Piece] = []
         if self._state == "args":
             self._end_call(out, complete=False)
-        elif self._buf and self._state in ("text", "head", "sep"):
+        elif self._buf and self._state in ("text", "plain"):
             self._emit_text(out, self._buf)
         self._buf = ""
         self._state = "done"
