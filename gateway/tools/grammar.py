@@ -49,7 +49,8 @@ def tool_grammar(fmt: ToolFormat, tools: ToolSet, is_token: Callable[[str], bool
     whether the tokenizer has `marker` as one added token. Pure."""
 
     def marker(text: str) -> str:
-        return f"<{text}>" if is_token(text) else _lit(text)
+        # llguidance names a token `<...>` by its text when that text is so bracketed.
+        return text if is_token(text) and text.startswith("<") else _lit(text)
 
     rules = ["%llguidance {}"]
     bodies = []
@@ -69,7 +70,8 @@ def tool_grammar(fmt: ToolFormat, tools: ToolSet, is_token: Callable[[str], bool
     if tools.choice.mode in ("required", "named"):
         rules.append(f"start: {open_} body{more}")
     elif fmt.text_first:
-        head = f"head: TEXT {open_}" if is_token(fmt.open) else f"head[lazy]: TEXT {open_}"
+        lazy = "" if open_ == fmt.open else "[lazy]"  # a token ends the text by itself
+        head = f"head{lazy}: TEXT {open_}"
         rules += [f"start: TEXT | head body{more}", head]
         rules.append(_TEXT_WITHOUT.format(marker=_regex_escape(fmt.open)))
     else:  # the answer's first character decides: "{" starts the call
