@@ -101,6 +101,7 @@ class Gateway:
                 self.engine.needs_pixels,
                 self.engine_config.max_context_tokens,
                 self.engine_config.default_max_tokens,
+                self.engine_config.tool_call_parser,
             )
             if self.engine_config.warmup:
                 # (a text model takes no images: its warm-up is text only)

@@ -15,6 +15,7 @@ from gateway.config_fields import Flag as Flag
 from gateway.config_fields import flag as flag
 from gateway.config_fields import require as _require
 from gateway.media_config import MediaConfig as MediaConfig
+from gateway.tools.formats import PARSERS
 
 GPU_KV_BLOCK_TOKENS = 256
 CPU_KV_BLOCK_TOKENS = 32
@@ -149,6 +150,12 @@ class EngineConfig:
     )
     default_max_tokens: int = flag("--default-max-tokens", "when a request sets none", 512)
     max_context_tokens: int = flag("--max-context", "prompt + completion tokens", 32768)
+    tool_call_parser: str = flag(  # the tool-call syntax; auto: read from the chat template
+        "--tool-call-parser",
+        "tool-call syntax: auto (from the chat template), hermes, llama3_json, none (off)",
+        "auto",
+        choices=PARSERS,
+    )
     seed: int = 0
     mlx_cache_limit_mb: float | None = flag(  # MLX's pool of freed buffers; None: MLX default
         "--mlx-cache-limit-mb",

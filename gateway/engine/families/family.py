@@ -154,16 +154,25 @@ class ModelFamily(ABC):
 
     # ----- prompt side, shared (any thread) ---------------------------------------------------
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template's text (which tool-call syntax it teaches is read from it)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) else None
+
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         """The checkpoint's own chat template over `messages` with the generation prompt
-        opened. Media parts are `{"type": "image"}` / `{"type": "video"}` and stay in place.
+        opened. Media parts are `{"type": "image"}` / `{"type": "video"}` and stay in place;
+        `tools` (OpenAI-shaped function definitions) go to the template's tool section.
 
         Raises ValueError when the template refuses the conversation (its `raise_exception`,
         e.g. roles out of order or a role it does not know): the client's mistake, a 400."""
         with self._tokenizer_lock:
             try:
                 return self.tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True
+                    messages, tools=tools, tokenize=False, add_generation_prompt=True
                 )
             except TemplateError as exc:
                 raise ValueError(

@@ -116,7 +116,9 @@ class Mistral3(VlmFamily):
         settings["tokens"] = (proc.image_token, proc.image_break_token, proc.image_end_token)
         return settings
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         """The checkpoint's template, with a leading system message's text given as one text
         part: Mistral Small 3.1's template reads a first system message as
         `content[0]['text']` whatever its type (a plain string fails to render) and writes
@@ -126,7 +128,7 @@ class Mistral3(VlmFamily):
             if isinstance(content, str):
                 first = {**messages[0], "content": [{"type": "text", "text": content}]}
                 messages = [first, *messages[1:]]
-        return super().render(messages)
+        return super().render(messages, tools)
 
     def image_grid(self, width: int, height: int) -> Grid:
         """(1, rows, cols) in tower patches of the processor's output for this size (the
