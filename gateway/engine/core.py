@@ -4,8 +4,9 @@ Every request, text or image, decodes in one shared mlx-lm BatchGenerator. Each 
 is one scheduling step (`Engine.step`): admit -> ship -> encode -> prefill -> ship -> decode ->
 ship -> store. The stages and the jobs they move are the `Scheduler`'s
 (gateway.engine.scheduler.scheduler); shipping hands the step's events to the transport
-(`on_events`). A running stream waits at most one vision unit plus one prefill budget
-between two tokens.
+(`on_events`). While rows decode, a step's image work (tower units and prefill) is sized to
+`--admission-budget` x the measured decode step (at least one unit of each), so a running
+stream's gap between two tokens stays near that multiple (gateway.engine.scheduler.budget).
 
 Failure isolation: an exception while starting, encoding or prefilling one request fails that
 request; an exception in the batched decode step fails the rows of that batch (the batch is
@@ -304,6 +305,7 @@ class Engine:
             self._ship()
             s.store_finished()
             mark("ship")
+        s.end_step()
         if trace is not None:
             trace.end(**s.step_counts())
         self.metrics.running.set(self._occupancy.active)

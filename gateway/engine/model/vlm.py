@@ -45,7 +45,7 @@ from gateway.engine.model.video_processor import (
     video_grid,
     video_patches,
 )
-from gateway.engine.model.vision import EncodedImage, VisionEncoder
+from gateway.engine.model.vision import EncodedImage, Unit, VisionEncoder
 from gateway.engine.tokens.detokenizer import ByteStreamDetokenizer, Detokenizer, byte_table
 from gateway.engine.tokens.output import IncrementalDetokenizer
 
@@ -274,17 +274,17 @@ class VisionLanguageModel:
 
     def encode_steps(
         self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
-    ) -> Generator[None, None, EncodedImage]:
-        """The vision tower one unit per `next()` (see `VisionEncoder.steps`)."""
+    ) -> Generator[Unit, None, EncodedImage]:
+        """The vision tower a unit at a time (see `VisionEncoder.steps`)."""
         return self.vision.steps(pixel_values, grid_thw)
 
     def encode_steps_many(
         self,
         images: Sequence[tuple[np.ndarray, tuple[int, int, int]]],
         stepwise: Callable[[], bool] = lambda: True,
-    ) -> Generator[None, None, list[EncodedImage]]:
-        """Several images through the tower in one call, one unit per `next()` while
-        `stepwise()` (see `VisionEncoder.steps_many`); returns each image's features."""
+    ) -> Generator[Unit, None, list[EncodedImage]]:
+        """Several images through the tower in one call, a unit at a time while `stepwise()`
+        (see `VisionEncoder.steps_many`); returns each image's features."""
         return self.vision.steps_many(images, stepwise)
 
     def prefill_plan(
