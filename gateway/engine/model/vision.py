@@ -15,8 +15,10 @@ On CPU a block's attention over one 448 px image (1024 patches) alone took 110-2
 into pieces of query rows (`AttentionPieces`, ATTENTION_PIECE_WORK): that changes the graph, but
 identically for every schedule (stepwise or one graph, alone or grouped), and each query row is
 computed by the same kernel from the same keys (bitwise equal to the uncut call on CPU:
-tests/gateway/engine/model/test_vision_units.py). On a GPU the attention stays one call per
-segment length (there a block is a few ms and per-piece launches would cost the idle path).
+tests/gateway/engine/model/test_vision_units.py). The patch embedding (a conv applied to each
+patch row alone) is cut into pieces of rows the same way. On a GPU the attention stays one
+call per segment length and the embedding whole (there a block is a few ms and per-piece
+launches would cost the idle path).
 
 Engine thread only.
 """
@@ -36,6 +38,8 @@ from gateway.engine.model.window_attention import AttentionPieces, batch_segment
 # On CPU: query x key x head x head_dim products per attention piece (per segment): 64 query
 # rows of a 1024-patch image on the tiny tower (4 heads of 8), ~7 ms there.
 ATTENTION_PIECE_WORK = 2**21
+# On CPU: rows x weights per patch-embedding piece: 222 rows of the tiny tower (~6 ms).
+EMBED_PIECE_WORK = 2**23
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,10 @@ class VisionEncoder:
         # On CPU the attention is also cut into pieces (module doc), by device only.
         on_cpu = mx.default_device().type == mx.DeviceType.cpu
         self.pieces = AttentionPieces(ATTENTION_PIECE_WORK if on_cpu else None, self._record_piece)
+        # The patch embedding is row-wise (a conv whose kernel is the patch): on CPU it is cut
+        # into pieces of rows too (~30 ms for 1024 patches on the tiny tower, uncut).
+        proj = tower.patch_embed.proj.weight
+        self.embed_rows = max(EMBED_PIECE_WORK // proj.size, 64) if on_cpu else None
         self.batched_attention = batch_segment_attention(tower, self.pieces)
         self._outputs: list[tuple[str, mx.array]] | None = None
         self._record_unit_outputs()
@@ -150,6 +158,16 @@ class VisionEncoder:
         mx.eval([e.features for e in encoded], [list(e.deepstack or ()) for e in encoded])
         return encoded
 
+    def _embed_pieces(self, module: nn.Module, base: type, x: mx.array, rows: int) -> mx.array:
+        """The patch embedding over `x` in pieces of `rows` patches (each its own unit)."""
+        parts = []
+        for lo in range(0, x.shape[0], rows):
+            part = base.__call__(module, x[lo : lo + rows])
+            if self._outputs is not None:
+                self._outputs.append(("embed", part))
+            parts.append(part)
+        return mx.concatenate(parts, axis=0)
+
     def _record_piece(self, out: mx.array) -> None:
         if self._outputs is not None:
             self._outputs.append(("attn", out))
@@ -169,6 +187,9 @@ class VisionEncoder:
             def call(
                 module: nn.Module, *args: Any, _base: type = base, _kind: str = kind, **kwargs: Any
             ) -> Any:
+                rows = encoder.embed_rows
+                if _kind == "embed" and rows is not None and args[0].shape[0] > rows:
+                    return encoder._embed_pieces(module, _base, args[0], rows)
                 out = _base.__call__(module, *args, **kwargs)
                 if encoder._outputs is not None and isinstance(out, mx.array):
                     encoder._outputs.append((_kind, out))

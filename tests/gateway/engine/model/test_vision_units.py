@@ -2,8 +2,9 @@
 
 Pinned, bit for bit (tolerance zero), for all three architectures: an image's features are
 the same evaluated unit by unit (as while rows decode) and as one graph (idle), alone and in a
-group with other images; the CPU attention pieces equal the uncut attention; the unit protocol
-announces each unit before evaluating it (embed, attention pieces, blocks, merger).
+group with other images; the CPU pieces (attention query rows, patch-embedding rows) equal the
+uncut tower; the unit protocol announces each unit before evaluating it (embedding pieces,
+attention pieces, blocks, merger).
 """
 
 from __future__ import annotations
@@ -70,28 +71,30 @@ def test_features_do_not_depend_on_schedule_or_group(arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_attention_pieces_equal_the_uncut_attention(arch: str) -> None:
-    """Invariant: cutting the vision attention into pieces of query rows (CPU) changes no
-    bit of the features, however fine the cut."""
+def test_pieces_equal_the_uncut_tower(arch: str) -> None:
+    """Invariant: cutting the vision attention into pieces of query rows and the patch
+    embedding into pieces of rows (CPU) changes no bit of the features, however fine."""
     m = model(arch)
     image = [(pixels(m, GRIDS[0], 5), GRIDS[0])]
-    pieces = m.vision.pieces
-    saved = pieces.work
+    enc = m.vision
+    saved = enc.pieces.work, enc.embed_rows
     try:
-        pieces.work = None
+        enc.pieces.work, enc.embed_rows = None, None
         uncut_units, [uncut] = drain(m.encode_steps_many(image))
-        pieces.work = 1  # the finest cut: MIN_PIECE_ROWS query rows per piece
+        enc.pieces.work, enc.embed_rows = 1, 48  # the finest attention cut (MIN_PIECE_ROWS)
         cut_units, [cut] = drain(m.encode_steps_many(image))
     finally:
-        pieces.work = saved
+        enc.pieces.work, enc.embed_rows = saved
+    assert [u.kind for u in uncut_units].count("embed") == 1
     assert not any(u.kind == "attn" for u in uncut_units)
-    assert sum(u.kind == "attn" for u in cut_units) >= 2 * len(m.vision.tower.blocks)
+    assert [u.kind for u in cut_units].count("embed") == 6  # 256 rows in pieces of 48
+    assert sum(u.kind == "attn" for u in cut_units) >= 2 * len(enc.tower.blocks)
     assert same(uncut, cut)
 
 
 def test_units_are_announced_in_order_and_evaluated_on_the_next_call() -> None:
-    """Invariant: the first `next()` yields the patch embedding unit; then per block its
-    attention pieces and the block; the merger last. A unit's key is the same for the same
+    """Invariant: the first `next()` yields the first patch-embedding unit; then per block
+    its attention pieces and the block; the merger last. A unit's key is the same for the same
     image size (the cost model's key)."""
     m = model("qwen2_vl")
     grid = (1, 32, 32)  # 448x448: 1024 patches, cut into pieces on CPU
@@ -99,11 +102,13 @@ def test_units_are_announced_in_order_and_evaluated_on_the_next_call() -> None:
     units, _ = drain(m.encode_steps_many(image))
     kinds = [u.kind for u in units]
     blocks = len(m.vision.tower.blocks)
-    assert kinds[0] == "embed" and kinds[-1] == "merge"
+    embeds = kinds.count("embed")
+    assert embeds >= 2 and kinds[:embeds] == ["embed"] * embeds  # EMBED_PIECE_WORK on CPU
+    assert kinds[-1] == "merge"
     assert kinds.count("block") == blocks
     pieces = kinds.count("attn") // blocks
     assert pieces >= 2  # ATTENTION_PIECE_WORK on CPU
-    assert kinds[1 : 2 + pieces] == ["attn"] * pieces + ["block"]
+    assert kinds[embeds : embeds + pieces + 1] == ["attn"] * pieces + ["block"]
     assert all(u.patches == 1024 for u in units)
     again, _ = drain(m.encode_steps_many(image))
     assert again == units
