@@ -1,7 +1,7 @@
 """The engine: one thread that owns MLX, fed by a queue (`wire.py`: what other threads send).
 
 Every request, text or image, decodes in one shared mlx-lm BatchGenerator. Each loop iteration
-is one scheduling step (`Engine.step`): admit -> ship -> encode -> prefill -> ship -> decode ->
+is one scheduling step (`Engine.step`): admit -> ship -> prefill -> ship -> encode -> decode ->
 ship -> store. The stages and the jobs they move are the `Scheduler`'s
 (gateway.engine.scheduler.scheduler); shipping hands the step's events to the transport
 (`on_events`). While rows decode, a step's image work (tower units and prefill) is sized to
@@ -274,7 +274,8 @@ class Engine:
     def step(self) -> None:
         """One scheduling step (engine thread only: the loop calls it). Events leave after
         admission (clients get their headers while we prefill), after the prefill (first
-        tokens before the decode step) and after the decode, then finished KV is stored."""
+        tokens before the tower and the decode step) and after the decode, then finished KV
+        is stored."""
         s = self._serving
         trace = self._trace
         mark = trace.stage if trace is not None else _no_mark
@@ -288,12 +289,16 @@ class Engine:
             mark("admit")
             self._ship()
             mark("ship")
-            s.encode()
-            mark("encode")
+            # Prefill before encode: the requests prefilling finished their encode earlier, so
+            # they are older than the group in the tower and take the step's budget first (an
+            # image's prefill does not crawl at one block per step behind the next image's
+            # encode). A request whose encode ends here is prefilled from the next step on.
             s.prefill()
             mark("prefill")
             self._ship()
             mark("ship")
+            s.encode()
+            mark("encode")
             try:
                 if self.step_hook is not None:
                     self.step_hook()

@@ -5,16 +5,16 @@ prefilling), the group of images in the vision tower, the decode batch and the q
 counts, and moves jobs through them:
 
     admit    queued requests into free rows: prefix-cache lookup, vision-cache lookups
+    prefill  prompt tokens, oldest first, up to the step's time budget while rows decode
+             (PrefillStage); before encode: these requests are older than the tower's group
     encode   vision-tower units for a group of pending images: idle, the oldest requests'
              images together as one graph; while rows decode, the oldest request's images
              only, as many units as the step's time budget allows
              (gateway.engine.scheduler.encode_group)
-    prefill  prompt tokens, oldest first, up to the step's time budget while rows decode
-             (PrefillStage)
     decode   one batched step of every running row; emit tokens; finish rows
 
 The time budget (`--admission-budget` x the decode step, gateway.engine.scheduler.budget) is
-shared by the encode and prefill stages of a step; each stage with work pending does at
+shared by the prefill and encode stages of a step; each stage with work pending does at
 least one unit, so admission never stops. `begin_step` / `end_step` bracket a step and feed
 the decode-step estimate.
 
