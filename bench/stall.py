@@ -7,7 +7,9 @@ every token's arrival on the text streams and report, over the admission window 
 images' send until the last image's first token):
 
 - the largest inter-token gap of the running streams and the gap ratio: that gap over the
-  median gap before the images were sent (the median decode step as clients see it);
+  decode step before the images were sent (per stream its mean gap before the window, the
+  median over streams: a client that reads two tokens in one chunk under load sees one long
+  and one zero gap, which would drag a median of gaps towards zero but leaves the mean);
 - the tokens each stream got inside the window (a frozen stream gets none);
 - each image's time to first token, sorted (head-of-line blocking shows as equal TTFTs).
 
@@ -35,7 +37,7 @@ class StallResult:
     streams: int
     image_size: int
     images: int  # image requests sent together
-    baseline_gap_ms: float  # median inter-token gap before the images (the decode step)
+    baseline_gap_ms: float  # the decode step before the images (module doc)
     admission_max_gap_ms: float  # max gap on any text stream during admission
     admission_median_gap_ms: float
     gap_ratio: float  # admission_max_gap_ms / baseline_gap_ms
@@ -57,7 +59,7 @@ class StallResult:
 
 
 HEADER = (
-    "| prefill chunk | text streams | images sent together | median gap before (ms) | "
+    "| prefill chunk | text streams | images sent together | decode step before (ms) | "
     "median gap during admission (ms) | max gap during admission (ms) | gap ratio | "
     "image TTFT (ms) | tokens per stream in the window | tokens/step |\n"
     "|---|---|---|---|---|---|---|---|---|---|"
@@ -67,19 +69,21 @@ HEADER = (
 def window_gaps(
     streams: Sequence[Sequence[float]], window: tuple[float, float]
 ) -> tuple[list[float], list[float], list[int]]:
-    """Split the streams' inter-token gaps into those wholly before `window` (start, end) and
-    those overlapping it, and count each stream's tokens inside it (seconds in, seconds out)."""
-    before: list[float] = []
+    """Per stream, its mean inter-token gap before `window` (start, end) (streams with fewer
+    than two tokens before it are left out); every gap overlapping the window; each stream's
+    tokens inside it. Seconds in, seconds out."""
+    steps: list[float] = []
     during: list[float] = []
     counts: list[int] = []
     for times in streams:
+        early = [t for t in times if t <= window[0]]
+        if len(early) > 1:
+            steps.append((early[-1] - early[0]) / (len(early) - 1))
         for a, b in zip(times, times[1:]):
-            if b <= window[0]:
-                before.append(b - a)
-            elif a < window[1] and b > window[0]:
+            if a < window[1] and b > window[0]:
                 during.append(b - a)
         counts.append(sum(1 for t in times if window[0] < t <= window[1]))
-    return before, during, counts
+    return steps, during, counts
 
 
 def run_stall(
@@ -125,10 +129,10 @@ def run_stall(
     last_first = max((s.token_times[0] for s in shots if s.token_times), default=sent)
     if any(p.token_times and p.token_times[-1] < last_first for p in progress):
         log("  warning: a text stream ended inside the admission window (raise --max-tokens)")
-    before_gaps, during_gaps, counts = window_gaps(
+    steps_before, during_gaps, counts = window_gaps(
         [p.token_times for p in progress], (sent, last_first)
     )
-    baseline = statistics.median(before_gaps or [float("nan")])
+    baseline = statistics.median(steps_before or [float("nan")])
     worst = max(during_gaps or [float("nan")])
     tokens = _delta(before, after, "vision_gateway_generation_tokens_total")
     steps = _delta(before, after, "vision_gateway_decode_steps_total")
