@@ -80,14 +80,23 @@ class CostModel:
 class StepBudget:
     """One engine step's admission time (seconds): `limit` is None when nothing decodes (no
     one to stall: the stages take their large budgets), else ratio x the decode-step estimate
-    (0 before any estimate: one unit per stage until the first decode step is measured)."""
+    (0 before any estimate: one unit per stage until the first decode step is measured).
 
-    def __init__(self, costs: CostModel, ratio: float, decoding: bool) -> None:
+    A wave (`rows` decoding, `admitting` > `rows` requests still to encode or prefill: 16
+    images sent at once, whose first few started decoding before the rest were admitted) is
+    admitted as a burst, as when nothing decodes: the requests being admitted outnumber the
+    streams they would stall, and admitting them together is what keeps a burst's aggregate
+    throughput (one tower group, then one batch). Its limit is scaled by admitting / rows,
+    so the few running streams still get a token every few steps' worth of time."""
+
+    def __init__(self, costs: CostModel, ratio: float, rows: int = 0, admitting: int = 0) -> None:
         self.costs = costs
         self.ratio = ratio
         self.fixed = ratio <= 0  # the old rule: one unit per stage and step
+        self.wave = 0 < rows < admitting
         step = costs.decode_step.value or 0.0
-        self.limit: float | None = ratio * step if decoding else None
+        scale = admitting / rows if self.wave else 1.0
+        self.limit: float | None = ratio * step * scale if rows else None
         self.spent = 0.0  # admission work measured so far in this step
         self.worked = False  # this step did admission work (so it is no plain decode step)
 

@@ -46,14 +46,13 @@ def prefill_budget(chunk: int, rows: int, waiting: int) -> int:
     return chunk
 
 
-def budget_rows(cap: int, unit: int, budget: StepBudget, rows: int, waiting: int) -> int:
+def budget_rows(cap: int, unit: int, budget: StepBudget) -> int:
     """Query rows this step's prefill may feed: `cap` (`prefill_budget`) when nothing decodes,
-    under the old fixed rule (ratio 0), or in a wave (at least as many requests waiting for
-    their prefill as rows decoding: admitting them is most of the work, and the old burst
-    budget keeps a 16-image burst as fast as it was); else the rows whose estimated cost fits
-    the time left in the step, in whole `unit`s (the exact-reuse block: the budget only
-    decides how many blocks, never where one starts), at least one unit, at most `cap`."""
-    if budget.fixed or budget.limit is None or waiting >= rows:
+    under the old fixed rule (ratio 0), or in a wave (`StepBudget.wave`: the old burst budget
+    keeps a 16-image burst as fast as it was); else the rows whose estimated cost fits the
+    time left in the step, in whole `unit`s (the exact-reuse block: the budget only decides
+    how many blocks, never where one starts), at least one unit, at most `cap`."""
+    if budget.fixed or budget.limit is None or budget.wave:
         return cap
     per_row = budget.costs.prefill_row.value
     left = budget.left() or 0.0
@@ -91,7 +90,7 @@ class PrefillStage:
         rows, waiting = len(batch.rows), len(prefilling)
         cap = prefill_budget(self._chunk, rows, waiting)
         unit = self._prefiller.block or MIN_FINAL_ROWS
-        budget = start = budget_rows(cap, min(unit, cap), step, rows, waiting)
+        budget = start = budget_rows(cap, min(unit, cap), step)
         burst = [
             job
             for job in prefilling

@@ -83,7 +83,7 @@ class Scheduler:
         self._inserted = 0  # the batch's insert count when the step began (for the trace)
         self._decoded = 0  # tokens emitted by this step's decode (for the trace)
         self.costs = CostModel()  # running cost estimates (this engine: one model, one device)
-        self.budget = StepBudget(self.costs, config.admission_budget, decoding=False)
+        self.budget = StepBudget(self.costs, config.admission_budget)
         self._step_started = 0.0  # perf_counter seconds at `begin_step`
 
     @property
@@ -181,9 +181,10 @@ class Scheduler:
             # Unit by unit only while rows decode (they must not stall); alone, the tower
             # runs as one graph. While rows decode the group holds the oldest request's
             # images only: grouping the next request's too would make the first image's first
-            # token wait for the second's encode (issue 30); idle, a burst is encoded together
-            # (16 concurrent images: one tower call).
-            jobs = [self.encoding[0]] if self.batch.rows else self.encoding
+            # token wait for the second's encode (issue 30); idle or in a wave (StepBudget), a
+            # burst is encoded together (16 concurrent images: one tower call).
+            alone = self.batch.rows and not self.budget.wave
+            jobs = [self.encoding[0]] if alone else self.encoding
             self.group, failed = start_group(ops, jobs, stepwise=lambda: bool(self.batch.rows))
             for job, exc in failed:  # e.g. preprocessing an evicted image without pixels
                 log.error("preparing an image of %s failed: %s", job.request_id, exc)
@@ -309,8 +310,9 @@ class Scheduler:
         self._step_started = time.perf_counter()
         self._inserted = self.batch.inserted
         self._decoded = 0
-        decoding = bool(self.batch.rows)
-        self.budget = StepBudget(self.costs, self.config.admission_budget, decoding)
+        admitting = len(self.waiting) + len(self.encoding) + len(self.prefilling)
+        ratio = self.config.admission_budget
+        self.budget = StepBudget(self.costs, ratio, len(self.batch.rows), admitting)
 
     def end_step(self) -> None:
         """A step that decoded rows and did no admission work is a plain decode step: its

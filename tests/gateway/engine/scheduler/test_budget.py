@@ -19,11 +19,13 @@ from gateway.engine.scheduler.budget import CostModel, RunningMean, StepBudget
 from gateway.engine.scheduler.prefill_stage import budget_rows
 
 
-def _budget(ratio: float = 2.0, decoding: bool = True, step: float | None = 0.01) -> StepBudget:
+def _budget(
+    ratio: float = 2.0, rows: int = 4, admitting: int = 1, step: float | None = 0.01
+) -> StepBudget:
     costs = CostModel()
     if step is not None:
         costs.decode_step.add(step)
-    return StepBudget(costs, ratio, decoding)
+    return StepBudget(costs, ratio, rows, admitting)
 
 
 def test_running_mean_follows_samples() -> None:
@@ -49,7 +51,7 @@ def test_a_stage_always_gets_its_first_unit_and_then_only_what_fits() -> None:
 
 
 def test_no_limit_when_nothing_decodes_and_one_unit_under_the_old_rule() -> None:
-    idle = _budget(decoding=False)
+    idle = _budget(rows=0)
     assert idle.limit is None and idle.left() is None
     assert idle.allows(None, first=False) and idle.allows(100.0, first=False)
     fixed = _budget(ratio=0)
@@ -62,14 +64,23 @@ def test_no_limit_when_nothing_decodes_and_one_unit_under_the_old_rule() -> None
 def test_prefill_rows_are_whole_blocks_within_the_time_left() -> None:
     b = _budget()  # 20 ms
     b.costs.add_prefill(32, 0.032)  # 1 ms a row: 20 rows fit, no whole block
-    assert budget_rows(2048, 32, b, rows=4, waiting=1) == 32  # at least one block
+    assert budget_rows(2048, 32, b) == 32  # at least one block
     b.costs.prefill_row.value = 0.0001  # 200 rows fit: six whole blocks
-    assert budget_rows(2048, 32, b, rows=4, waiting=1) == 192
-    assert budget_rows(128, 32, b, rows=4, waiting=1) == 128  # capped
-    assert budget_rows(512, 32, b, rows=4, waiting=4) == 512  # a wave: the old budget
-    assert budget_rows(512, 32, _budget(ratio=0), rows=4, waiting=1) == 512
-    assert budget_rows(2048, 32, _budget(decoding=False), rows=0, waiting=1) == 2048
-    assert budget_rows(2048, 32, _budget(), rows=4, waiting=1) == 32  # per row unmeasured
+    assert budget_rows(2048, 32, b) == 192
+    assert budget_rows(128, 32, b) == 128  # capped
+    assert budget_rows(512, 32, _budget(ratio=0)) == 512
+    assert budget_rows(2048, 32, _budget(rows=0)) == 2048
+    assert budget_rows(2048, 32, _budget()) == 32  # per row unmeasured
+
+
+def test_a_wave_is_admitted_as_a_burst_with_a_scaled_limit() -> None:
+    """Invariant: more requests being admitted than rows decoding is a wave: the prefill
+    takes its large budget and the time limit grows with admitting / rows."""
+    calm, wave = _budget(rows=4, admitting=4), _budget(rows=3, admitting=13)
+    assert not calm.wave and calm.limit == pytest.approx(0.02)
+    assert wave.wave and wave.limit == pytest.approx(0.02 * 13 / 3)
+    assert budget_rows(512, 32, wave) == 512
+    assert not _budget(rows=0, admitting=16).wave  # nothing decodes: no limit at all
 
 
 def _image_while_decoding(h: EngineHarness, seed: int) -> tuple[object, list[int]]:

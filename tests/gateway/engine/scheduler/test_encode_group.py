@@ -2,7 +2,8 @@
 
 Pinned: image requests arriving together at an idle engine are encoded as one group, and each
 gets the tokens and logprobs it gets alone, bit for bit; while rows decode, each request's
-images are a group of their own (no head-of-line blocking, issue 30), with the same answers;
+images are a group of their own (no head-of-line blocking, issue 30), with the same answers,
+unless the arrivals outnumber the decoding rows (a wave: one group, as when idle);
 the same pixels in two requests waiting together are encoded once; a group's patch budget
 splits a burst into several groups.
 """
@@ -102,9 +103,14 @@ def test_while_rows_decode_each_request_is_its_own_group(
     only, so the first request's first token never waits for a later request's encode; the
     answers are those of each request alone, bit for bit."""
     harness.engine.clear_caches()
-    requests = _requests()
+    requests = _requests()[:3]
     alone = [harness.run(body, images) for body, images in requests]
     harness.engine.clear_caches()
+    # Four rows decode (three here, the holder below): three images are no wave.
+    first_id = harness._ids + 1
+    streams = [harness.submit(chat_body(f"story {i}", max_tokens=400)) for i in range(3)]
+    for stream in streams:
+        stream.wait_tokens(1)
     sizes = _watch_groups(monkeypatch)
     firsts: list[int] = []  # ids of runs, in the order their first token arrived
     sink = Run.sink
@@ -118,8 +124,31 @@ def test_while_rows_decode_each_request_is_its_own_group(
     with harness.arriving_together():  # a running request holds a decoding row
         runs = [harness.submit(body, images) for body, images in requests]
     together = [run.wait() for run in runs]
-    assert sizes == [1, 1, 1, 1]
-    assert firsts[-4:] == [id(run) for run in runs]  # oldest first (the holder came before)
+    for k, stream in enumerate(streams):
+        harness.engine.cancel(f"req-{first_id + k}")
+        stream.wait()
+    assert sizes == [1, 1, 1]
+    assert firsts[-3:] == [id(run) for run in runs]  # oldest first (the streams came before)
+    for single, grouped in zip(alone, together, strict=True):
+        assert grouped.token_ids == single.token_ids
+        assert grouped.logprobs == single.logprobs
+
+
+def test_a_wave_while_a_row_decodes_is_one_group(
+    harness: EngineHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant: more requests arriving than rows decoding (a wave: 16 images at once whose
+    first ones already decode) are encoded as one group, as at an idle engine, with the
+    answers of each alone."""
+    harness.engine.clear_caches()
+    requests = _requests()
+    alone = [harness.run(body, images) for body, images in requests]
+    harness.engine.clear_caches()
+    sizes = _watch_groups(monkeypatch)
+    with harness.arriving_together():  # one row (the holder) decodes; four arrive
+        runs = [harness.submit(body, images) for body, images in requests]
+    together = [run.wait() for run in runs]
+    assert sizes == [4]
     for single, grouped in zip(alone, together, strict=True):
         assert grouped.token_ids == single.token_ids
         assert grouped.logprobs == single.logprobs
