@@ -247,15 +247,11 @@ class EngineConfig:
     prefill_chunk_tokens: int = flag(  # image prefill chunk between two decode steps
         "--prefill-chunk", "tokens per prefill chunk between decodes", 512
     )
-    # While rows decode, one engine step's image work (tower units + prefill) is sized to this
-    # multiple of the measured decode step (gateway.engine.scheduler.budget); at least one
-    # unit per stage. 0: the old fixed rule (one tower unit and one prefill chunk per step).
-    admission_budget: float = flag(
+    admission_budget: float = flag(  # gateway.engine.scheduler.budget
         "--admission-budget",
         "while rows decode, image work per engine step (vision-tower units + prefill) as a "
         "multiple of the measured decode step; 0: one tower unit and one prefill chunk per step",
         2.0,
-        metavar="RATIO",
     )
     default_max_tokens: int = flag("--default-max-tokens", "when a request sets none", 512)
     max_context_tokens: int = flag("--max-context", "prompt + completion tokens", 32768)

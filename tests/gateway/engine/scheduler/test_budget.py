@@ -75,10 +75,10 @@ def test_prefill_rows_are_whole_blocks_within_the_time_left() -> None:
 
 def test_a_wave_is_admitted_as_a_burst_with_a_scaled_limit() -> None:
     """Invariant: more requests being admitted than rows decoding is a wave: the prefill
-    takes its large budget and the time limit grows with admitting / rows."""
+    takes its large budget and the time limit grows with (admitting / rows) squared."""
     calm, wave = _budget(rows=4, admitting=4), _budget(rows=3, admitting=13)
     assert not calm.wave and calm.limit == pytest.approx(0.02)
-    assert wave.wave and wave.limit == pytest.approx(0.02 * 13 / 3)
+    assert wave.wave and wave.limit == pytest.approx(0.02 * (13 / 3) ** 2)
     assert budget_rows(512, 32, wave) == 512
     assert not _budget(rows=0, admitting=16).wave  # nothing decodes: no limit at all
 
