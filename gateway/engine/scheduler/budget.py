@@ -8,7 +8,10 @@ image: ~0.1 s on a 2-core CPU, a few ms on an H200; a 32-row prefill block: ~2 m
 so a fixed count of units per step is either a freeze on one device or a crawl on another.
 Instead the `CostModel` keeps running estimates (exponentially weighted means, seconds):
 
-- the decode step: the whole engine step's wall time when it did no admission work;
+- the decode step: the whole engine step's wall time when it did no admission work, as the
+  median of the last DECODE_WINDOW such steps (a mean would follow the outliers up: on the
+  shared 2-core machine a tenth of plain 3 ms steps took 10-45 ms, and an inflated step
+  estimate is a larger budget, so longer gaps, exactly where the machine is already slow);
 - each tower unit, keyed by `gateway.engine.model.vision.Unit` (kind, patches of the tower
   call, output shape: attention cost grows super-linearly with an image's patches, and an
   exact key needs no model of that growth; sizes repeat in serving);
@@ -25,12 +28,15 @@ Engine thread only.
 
 from __future__ import annotations
 
-import time
+import statistics
+from collections import deque
 from collections.abc import Hashable
 
 # Weight of a new sample in the running means: ~10 samples of memory, so a change of load (a
 # noisy neighbour, a new image size) shows within a few steps without one outlier ruling.
 EWMA_WEIGHT = 0.2
+# Plain decode steps whose median is the decode-step estimate.
+DECODE_WINDOW = 31
 
 
 class RunningMean:
@@ -47,11 +53,23 @@ class RunningMean:
             self.value += self.weight * (sample - self.value)
 
 
+class RunningMedian:
+    """Median of the last `window` samples (seconds); None before the first sample."""
+
+    def __init__(self, window: int = DECODE_WINDOW) -> None:
+        self._samples: deque[float] = deque(maxlen=window)
+        self.value: float | None = None
+
+    def add(self, sample: float) -> None:
+        self._samples.append(sample)
+        self.value = statistics.median(self._samples)
+
+
 class CostModel:
     """Running cost estimates of one engine (module doc)."""
 
     def __init__(self) -> None:
-        self.decode_step = RunningMean()
+        self.decode_step = RunningMedian()
         self.prefill_row = RunningMean()  # seconds per query row of a prefill forward
         self._units: dict[Hashable, RunningMean] = {}
 
@@ -120,13 +138,3 @@ class StepBudget:
     def spend(self, seconds: float) -> None:
         self.spent += seconds
         self.worked = True
-
-
-class Stopwatch:
-    """perf_counter seconds since construction (`elapsed`)."""
-
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.started

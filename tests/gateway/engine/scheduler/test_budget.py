@@ -15,7 +15,7 @@ from support import EngineHarness, chat_body, noise_image
 
 from gateway.config import CacheConfig
 from gateway.engine.scheduler import encode_group
-from gateway.engine.scheduler.budget import CostModel, RunningMean, StepBudget
+from gateway.engine.scheduler.budget import CostModel, RunningMean, RunningMedian, StepBudget
 from gateway.engine.scheduler.prefill_stage import budget_rows
 
 
@@ -35,6 +35,18 @@ def test_running_mean_follows_samples() -> None:
     assert mean.value == 4.0
     mean.add(0.0)
     assert mean.value == 2.0
+
+
+def test_the_decode_step_estimate_ignores_outlier_steps() -> None:
+    """Invariant: a few slow plain steps (a noisy neighbour) do not inflate the decode-step
+    estimate, and so not the budget; a lasting change moves it within the window."""
+    step = RunningMedian(window=5)
+    for sample in (0.003, 0.003, 0.045, 0.003, 0.030):
+        step.add(sample)
+    assert step.value == 0.003
+    for _ in range(3):
+        step.add(0.010)
+    assert step.value == 0.010
 
 
 def test_a_stage_always_gets_its_first_unit_and_then_only_what_fits() -> None:
