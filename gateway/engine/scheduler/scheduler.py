@@ -9,8 +9,8 @@ counts, and moves jobs through them:
              (PrefillStage); before encode: these requests are older than the tower's group
     encode   vision-tower units for a group of pending images: idle, the oldest requests'
              images together as one graph; while rows decode, the oldest request's images
-             only, as many units as the step's time budget allows
-             (gateway.engine.scheduler.encode_group)
+             only (a wave: all, see StepBudget), as many units as the step's time budget
+             allows (gateway.engine.scheduler.encode_group)
     decode   one batched step of every running row; emit tokens; finish rows
 
 The time budget (`--admission-budget` x the decode step, gateway.engine.scheduler.budget) is
