@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import functools
 import io
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image
-from support import data_uri, noise_image
+from support import ServerProcess, data_uri, noise_image
 from video_clips import clip_bytes, noise_frames
 
 FIXTURES = Path(__file__).resolve().parents[4] / "fixtures"
@@ -45,6 +46,17 @@ class Family:
 
 
 FAMILIES = [
+    # 96 x 64 -> 4 x 3 cells: 12 [IMG] + 2 [IMG_BREAK] + [IMG_END]; warm-up on (the one
+    # family served with it here; first, so that its longer start overlaps the next one's).
+    Family(
+        "mistral3",
+        "mistral3",
+        ("image",),
+        lambda: noise_image(7, 96, 64),
+        ("--kv-block-tokens", "16"),
+        16,
+        "video",
+    ),
     # 448 x 448 -> 64 soft tokens between the image markers: the 48-token window wraps.
     Family("gemma3", "gemma3", ("image",), _shapes, ("--no-warmup",), 32, "video"),
     # 448 x 448 -> 64 soft tokens read both ways; 4 of 10 layers share KV.
@@ -57,17 +69,6 @@ FAMILIES = [
         lambda: noise_image(7, 150, 100),
         ("--no-warmup", "--kv-block-tokens", "8"),
         8,
-        "video",
-    ),
-    # 96 x 64 -> 4 x 3 cells: 12 [IMG] + 2 [IMG_BREAK] + [IMG_END]; warm-up on (the one
-    # family served with it here).
-    Family(
-        "mistral3",
-        "mistral3",
-        ("image",),
-        lambda: noise_image(7, 96, 64),
-        ("--kv-block-tokens", "16"),
-        16,
         "video",
     ),
     # mlx-lm's own classes; Qwen 3's template (thinking) and no media at all.
@@ -111,3 +112,39 @@ def refused_part(kind: str) -> dict:
         return {"type": "image_url", "image_url": {"url": data_uri(png("gemma3"))}}
     clip = clip_bytes(noise_frames(2, 64, 48, seed=3), 4, "mov")
     return {"type": "video_url", "video_url": {"url": data_uri(clip, "video/quicktime")}}
+
+
+class OneAhead:
+    """Starts the family servers one ahead: `take(fam)` returns `fam`'s server (started now,
+    or already starting) and starts the next family of `order` on a worker thread, so its
+    imports and model load overlap the current family's checks (which mostly wait on one
+    engine) instead of adding to the suite's wall time. One server per family, as before.
+
+    The caller owns a taken server (it stops it); `close()` stops any started but never
+    taken. Called from the test thread only; the worker threads only construct servers.
+    """
+
+    def __init__(self, order: Sequence[Family]) -> None:
+        self.order = list(order)
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="family-server")
+        self._starting: dict[str, Future[ServerProcess]] = {}
+
+    def _start(self, fam: Family) -> Future[ServerProcess]:
+        if fam.arch not in self._starting:
+            future = self._pool.submit(ServerProcess, *fam.serve, arch=fam.arch)
+            self._starting[fam.arch] = future
+        return self._starting[fam.arch]
+
+    def take(self, fam: Family) -> ServerProcess:
+        future = self._start(fam)
+        later = self.order[self.order.index(fam) + 1 :] if fam in self.order else []
+        if later:
+            self._start(later[0])
+        del self._starting[fam.arch]
+        return future.result()
+
+    def close(self) -> None:
+        for future in self._starting.values():
+            if future.exception() is None:
+                future.result().stop()
+        self._pool.shutdown()

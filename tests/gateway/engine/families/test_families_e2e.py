@@ -40,6 +40,7 @@ from tests.gateway.engine.families.served import (
     FAMILIES,
     QUESTION,
     Family,
+    OneAhead,
     chat,
     png,
     refused_part,
@@ -52,8 +53,23 @@ def fam(request: pytest.FixtureRequest) -> Family:
 
 
 @pytest.fixture(scope="module")
-def server(fam: Family) -> Iterator[ServerProcess]:
-    proc = ServerProcess(*fam.serve, arch=fam.arch)
+def servers(request: pytest.FixtureRequest) -> Iterator[OneAhead]:
+    """The families this run collected from this module, in collection order (a `-k`
+    selection starts no other server)."""
+    order: list[Family] = []
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if item.module is request.module and callspec and "fam" in callspec.params:
+            if callspec.params["fam"] not in order:
+                order.append(callspec.params["fam"])
+    starter = OneAhead(order)
+    yield starter
+    starter.close()
+
+
+@pytest.fixture(scope="module")
+def server(fam: Family, servers: OneAhead) -> Iterator[ServerProcess]:
+    proc = servers.take(fam)
     yield proc
     assert proc.stop(), proc.log()
 
