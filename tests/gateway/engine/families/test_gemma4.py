@@ -12,19 +12,26 @@ give the processor's token counts.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 from PIL import Image
-from reference import reference_generate
-from support import EngineHarness, chat_body, decoded, tiny_model
+from support import EngineHarness, Run, chat_body, tiny_model
 
-from gateway.api.openai.parse import parse_chat_request
-from gateway.config import CacheConfig
 from gateway.engine.families.gemma4 import Gemma4
+from tests.gateway.engine.families.common import (
+    Request,
+    assert_batched_equals_alone,
+    assert_cached_equals_uncached,
+    assert_one_pixel_misses,
+    assert_reference_answer,
+    conversation,
+    engine_request,
+    reference_messages,
+)
 
 FIXTURES = Path(__file__).resolve().parents[4] / "fixtures"
 QUESTION = "What is in this picture?"
@@ -35,18 +42,6 @@ LONG = "Tell me more about the colours and the shapes you can see here."
 def images() -> list[Image.Image]:
     first = Image.open(FIXTURES / "shapes.png").convert("RGB")
     return [first, first.resize((640, 360)), first.rotate(90)]
-
-
-def _messages(question: str, n: int) -> list[dict]:
-    return [
-        {"role": "user", "content": [{"type": "image"}] * n + [{"type": "text", "text": question}]}
-    ]
-
-
-def _request(h: EngineHarness, question: str, media: list[Image.Image]) -> Any:
-    """The EngineRequest the prompt builder makes for a chat body (prompt ids, spans)."""
-    chat = parse_chat_request(chat_body(question, images=len(media)))
-    return h.prompts.build(chat, [decoded(i) for i in media], "probe", 0.0)
 
 
 @pytest.mark.parametrize("weights", ["float32", "bfloat16"])
@@ -60,12 +55,9 @@ def test_greedy_answer_equals_mlx_vlm_generate(weights: str, images: list[Image.
         assert isinstance(h.engine.model, Gemma4)
         cases = [(QUESTION, images[:1]), ("Hi", []), (LONG, images[:2]), (QUESTION, images[::2])]
         for question, media in cases:
-            n = len(media)
-            run = h.run(chat_body(question, images=n, max_tokens=12), media)
-            ref = reference_generate(path, _messages(question, n), media, max_tokens=12)
-            assert list(_request(h, question, media).prompt_ids) == list(ref.prompt_ids)
-            assert run.token_ids == list(ref.token_ids)
-            assert run.logprobs == list(ref.logprobs)  # tolerance zero
+            body = chat_body(question, images=len(media), max_tokens=12)
+            messages = reference_messages(question, len(media))
+            assert_reference_answer(h, path, body, media, messages)
     finally:
         h.close()
 
@@ -102,31 +94,14 @@ def test_token_budget_is_part_of_the_cache_key(tmp_path: Path) -> None:
     assert other.image_grid(448, 448) != base.image_grid(448, 448)
 
 
-def _conversation(h: EngineHarness, image: Image.Image, turns: int = 3) -> list:
-    """An image conversation resending its history each turn, then new questions about the
-    same image."""
-    messages: list[dict] = [
-        {
-            "role": "user",
-            "content": [
-                {"type": "image_url", "image_url": {"url": "x"}},
-                {"type": "text", "text": LONG},
-            ],
-        }
+def _conversation(h: EngineHarness, image: Image.Image) -> list[Run]:
+    """Three turns about the image resending the history, then two new questions about it."""
+    first = chat_body(LONG, images=1, max_tokens=10)
+    then: list[Request] = [
+        (chat_body(QUESTION, images=1, max_tokens=10), [image]),
+        (chat_body(LONG, images=1, max_tokens=10), [image]),
     ]
-    runs = []
-    for turn in range(turns):
-        body = {**chat_body("", max_tokens=10), "messages": messages}
-        run = h.run(body, [image])
-        runs.append(run)
-        messages = [
-            *messages,
-            {"role": "assistant", "content": run.text},
-            {"role": "user", "content": f"And what about part {turn + 2}?"},
-        ]
-    runs.append(h.run(chat_body(QUESTION, images=1, max_tokens=10), [image]))
-    runs.append(h.run(chat_body(LONG, images=1, max_tokens=10), [image]))
-    return runs
+    return conversation(h, (first, [image]), 3, lambda t: f"And what about part {t}?", then)
 
 
 def test_cached_equals_uncached(images: list[Image.Image]) -> None:
@@ -134,25 +109,17 @@ def test_cached_equals_uncached(images: list[Image.Image]) -> None:
     whose hit ends inside the image run: its blocks were computed with the whole image
     visible, the rest is recomputed reading ahead) and vision hits change no token id and no
     logprob."""
-    path = tiny_model("gemma4")
-    off = CacheConfig(prefix_enabled=False, vision_enabled=False)
-    cached = EngineHarness(path=path, max_batch=4)
-    plain = EngineHarness(path=path, max_batch=4, cache=off)
-    try:
-        with_cache, without = _conversation(cached, images[0]), _conversation(plain, images[0])
-        for a, b in zip(with_cache, without, strict=True):
-            assert a.token_ids == b.token_ids
-            assert a.logprobs == b.logprobs
-        assert all(r.finish.usage.cached_tokens > 0 for r in with_cache[1:3])
-        request = _request(cached, QUESTION, images[:1])
-        span = request.images[0].layout
-        hit = with_cache[3].finish.usage.cached_tokens
+
+    def check(cached: EngineHarness, runs: list[Run]) -> None:
+        assert all(r.finish.usage.cached_tokens > 0 for r in runs[1:3])
+        body = chat_body(QUESTION, images=1, max_tokens=10)
+        span = engine_request(cached, body, images[:1]).images[0].layout
+        hit = runs[3].finish.usage.cached_tokens
         assert hit % 32 == 0 and span.start < hit < span.end  # ends inside the image
-        assert with_cache[3].finish.usage.vision_hits == 1
-        assert all(r.finish.usage.cached_tokens == 0 for r in without)
-    finally:
-        cached.close()
-        plain.close()
+        assert runs[3].finish.usage.vision_hits == 1
+
+    talk = functools.partial(_conversation, image=images[0])
+    assert_cached_equals_uncached(tiny_model("gemma4"), talk, check, max_batch=4)
 
 
 def test_batched_equals_alone(images: list[Image.Image]) -> None:
@@ -161,15 +128,8 @@ def test_batched_equals_alone(images: list[Image.Image]) -> None:
     h = EngineHarness(path=tiny_model("gemma4"), max_batch=8)
     try:
         cases = [(QUESTION, images[:1]), ("Hi", []), (LONG, images[:2]), ("Short?", images[1:2])]
-        bodies = [chat_body(q, images=len(m), max_tokens=12) for q, m in cases]
-        media = [m for _, m in cases]
-        alone = [h.run(b, m) for b, m in zip(bodies, media)]
-        with h.arriving_together():
-            runs = [h.submit(b, m) for b, m in zip(bodies, media)]
-        together = [r.wait() for r in runs]
-        for a, b in zip(alone, together, strict=True):
-            assert a.token_ids == b.token_ids
-            assert a.logprobs == b.logprobs
+        requests = [(chat_body(q, images=len(m), max_tokens=12), m) for q, m in cases]
+        assert_batched_equals_alone(h, requests)
     finally:
         h.close()
 
@@ -178,14 +138,9 @@ def test_one_pixel_change_misses_both_caches(images: list[Image.Image]) -> None:
     """Invariant: a different image never shares a vision entry or an image block."""
     h = EngineHarness(path=tiny_model("gemma4"), max_batch=2)
     try:
-        changed = images[0].copy()
-        changed.putpixel((5, 5), (1, 2, 3))
-        first = h.run(chat_body(QUESTION, images=1, max_tokens=4), [images[0]])
-        second = h.run(chat_body(QUESTION, images=1, max_tokens=4), [changed])
-        assert second.finish.usage.vision_hits == 0
+        body = chat_body(QUESTION, images=1, max_tokens=4)
+        first, _ = assert_one_pixel_misses(h, body, images[0], (5, 5))
         assert first.finish.usage.vision_misses == 1
-        image_start = _request(h, QUESTION, [changed]).images[0].layout.start
-        assert second.finish.usage.cached_tokens <= image_start  # nothing from the image on
     finally:
         h.close()
 

@@ -4,8 +4,9 @@ Pinned, on the tiny mistral3 checkpoint (mlx-vlm's own classes, Mistral Small 3.
 template): the greedy answer through the engine equals mlx-vlm's own generate on the same
 checkpoint, images and question (prompt ids, token ids and logprobs), in float32 and bfloat16,
 with one image, two images in one turn and a wide one; cached == uncached (vision cache, KV
-blocks, a prefix hit that ends inside an image span, a follow-up turn); batched == alone; a
-one-pixel change misses both caches and answers as the reference does for the changed image.
+blocks, a prefix hit that ends inside an image span, a follow-up turn; the disk tier after a
+restart: test_families_disk.py); batched == alone; a one-pixel change misses both caches and
+answers as the reference does for the changed image.
 """
 
 from __future__ import annotations
@@ -15,11 +16,19 @@ from pathlib import Path
 import pytest
 from PIL import Image
 from reference import reference_generate
-from support import EngineHarness, Run, chat_body, decoded, tiny_model
+from support import EngineHarness, Run, chat_body, tiny_model
 
-from gateway.api.openai.parse import parse_chat_request
 from gateway.config import CacheConfig
 from gateway.engine.families.mistral3 import Mistral3
+from tests.gateway.engine.families.common import (
+    assert_batched_equals_alone,
+    assert_cached_equals_uncached,
+    assert_one_pixel_misses,
+    assert_reference_answer,
+    conversation,
+    engine_request,
+    one_pixel_changed,
+)
 
 FIXTURES = Path(__file__).resolve().parents[4] / "fixtures"
 SHAPES = Image.open(FIXTURES / "shapes.png").convert("RGB")  # 448 x 448: 8 x 8 cells
@@ -45,11 +54,6 @@ def _body(question: str, images: int, max_tokens: int = 12, system: bool = True)
     return body
 
 
-def _prompt_ids(h: EngineHarness, body: dict, images: list[Image.Image]) -> list[int]:
-    request = h.prompts.build(parse_chat_request(body), [decoded(i) for i in images], "p", 0.0)
-    return list(request.prompt_ids)
-
-
 @pytest.fixture(scope="module")
 def harness():
     h = EngineHarness("mistral3", max_batch=4)
@@ -69,13 +73,8 @@ def test_greedy_answer_equals_mlx_vlm_generate(
     generate on its single-BOS prompt: prompt ids, token ids and logprobs."""
     images = CASES[case]
     body = _body(QUESTION, len(images), system=system)
-    ref = reference_generate(
-        tiny_model("mistral3"), _messages(QUESTION, len(images), system), images, max_tokens=12
-    )
-    run = harness.run(body, images)
-    assert _prompt_ids(harness, body, images) == list(ref.prompt_ids)
-    assert run.token_ids == list(ref.token_ids)
-    assert run.logprobs == list(ref.logprobs)  # tolerance zero
+    messages = _messages(QUESTION, len(images), system)
+    run = assert_reference_answer(harness, tiny_model("mistral3"), body, images, messages)
     assert len(set(run.token_ids)) > 1  # not a collapsed answer: the comparison means something
 
 
@@ -96,27 +95,19 @@ def test_other_weights_answer_as_mlx_vlm_generate(weights: str) -> None:
 
 
 def _span(h: EngineHarness, body: dict, images: list[Image.Image]) -> tuple[int, int]:
-    request = h.prompts.build(parse_chat_request(body), [decoded(i) for i in images], "s", 0.0)
-    layout = request.images[0].layout
+    layout = engine_request(h, body, images).images[0].layout
     return layout.start, layout.end
 
 
-def _conversation(h: EngineHarness, turns: int = 3) -> list[Run]:
-    """`turns` turns about SHAPES, each resending the history, then a new question about it
-    (the support helper's, with this module's fixed system message)."""
-    body = _body(QUESTION, 1, max_tokens=8)
-    runs = []
-    for turn in range(turns):
-        run = h.run(body, [SHAPES])
-        runs.append(run)
-        follow = {"role": "user", "content": f"Tell me more, part {turn + 2}."}
-        reply = {"role": "assistant", "content": run.text}
-        body = {**body, "messages": [*body["messages"], reply, follow]}
-    runs.append(h.run(_body(FRESH, 1, max_tokens=8), [SHAPES]))
-    return runs
-
-
 FRESH = "A different question about it"
+
+
+def _conversation(h: EngineHarness) -> list[Run]:
+    """Three turns about SHAPES, each resending the history, then a new question about it
+    (this module's fixed system message in each)."""
+    first = (_body(QUESTION, 1, max_tokens=8), [SHAPES])
+    then = [(_body(FRESH, 1, max_tokens=8), [SHAPES])]
+    return conversation(h, first, 3, lambda t: f"Tell me more, part {t}.", then)
 
 
 def test_cached_equals_uncached() -> None:
@@ -124,24 +115,15 @@ def test_cached_equals_uncached() -> None:
     with both caches on as with both off; the follow-up turns and the fresh question hit the
     prefix cache, and the fresh question's hit ends inside the image span (the rest of the
     span comes from the vision cache)."""
-    cached = EngineHarness("mistral3", max_batch=4)
-    plain = EngineHarness(
-        "mistral3", max_batch=4, cache=CacheConfig(prefix_enabled=False, vision_enabled=False)
-    )
-    try:
-        with_cache, without = _conversation(cached), _conversation(plain)
-        for a, b in zip(with_cache, without, strict=True):
-            assert a.token_ids == b.token_ids
-            assert a.logprobs == b.logprobs
-        assert all(r.finish.usage.cached_tokens > 0 for r in with_cache[1:])
-        assert all(r.finish.usage.cached_tokens == 0 for r in without)
-        fresh = with_cache[-1].finish.usage
+
+    def check(cached: EngineHarness, runs: list[Run]) -> None:
+        assert all(r.finish.usage.cached_tokens > 0 for r in runs[1:])
+        fresh = runs[-1].finish.usage
         start, end = _span(cached, _body(FRESH, 1), [SHAPES])
         assert start < fresh.cached_tokens < end  # resumed mid-image
         assert fresh.vision_hits == 1 and fresh.vision_misses == 0
-    finally:
-        cached.close()
-        plain.close()
+
+    assert_cached_equals_uncached(tiny_model("mistral3"), _conversation, check, max_batch=4)
 
 
 def test_vision_cache_alone_equals_uncached() -> None:
@@ -171,29 +153,15 @@ def test_batched_equals_alone(harness: EngineHarness) -> None:
         (_body("No picture today, just say hello.", 0), []),
         (_body("And this one?", 1), [SMALL]),
     ]
-    harness.engine.clear_caches()
-    alone = [harness.run(b, i) for b, i in requests]
-    harness.engine.clear_caches()
-    with harness.arriving_together():
-        runs = [harness.submit(b, i) for b, i in requests]
-    together = [r.wait() for r in runs]
-    for a, b in zip(alone, together, strict=True):
-        assert a.token_ids == b.token_ids
-        assert a.logprobs == b.logprobs
+    assert_batched_equals_alone(harness, requests, clear_caches=True)
 
 
 def test_one_pixel_change_misses_both_caches(harness: EngineHarness) -> None:
     """Invariant: an image one pixel away from a cached one shares no cache entry: its
     prefix hit stops before the image, the tower runs again, and the answer is the
     reference's for the changed image."""
-    harness.run(_body(QUESTION, 1), [SHAPES])
-    changed = SHAPES.copy()
-    r, g, b = changed.getpixel((200, 200))
-    changed.putpixel((200, 200), ((r + 1) % 256, g, b))
-    run = harness.run(_body(QUESTION, 1), [changed])
-    start, _ = _span(harness, _body(QUESTION, 1), [changed])
-    assert run.finish.usage.cached_tokens <= start
-    assert run.finish.usage.vision_misses == 1 and run.finish.usage.vision_hits == 0
+    _, run = assert_one_pixel_misses(harness, _body(QUESTION, 1), SHAPES, (200, 200))
+    changed = one_pixel_changed(SHAPES, (200, 200))
     ref = reference_generate(
         tiny_model("mistral3"), _messages(QUESTION, 1), [changed], max_tokens=12
     )
@@ -249,42 +217,6 @@ def test_tower_steps_and_span_embeddings_are_mlx_vlms() -> None:
         want = np.asarray(embeds[layout.start + 1 : layout.end + 1])  # + 1: the extra BOS
         assert np.array_equal(np.asarray(image.features), want)
         assert mx.array_equal(image.features, alone.features).item()
-
-
-def test_a_restarted_engine_answers_from_the_disk_tier_exactly(tmp_path: Path) -> None:
-    """Invariant: KV blocks and span features written to the disk tier by one engine serve
-    the next one on the same folder with the uncached answer (ids and logprobs); a question
-    with text before the image shares no block and takes the features from disk."""
-    from gateway.engine.request import AdmittedEvent
-
-    def ask(h: EngineHarness, first: bool = False) -> tuple[Run, AdmittedEvent]:
-        body = _body(QUESTION, 1, max_tokens=6)
-        if first:
-            body["messages"][-1]["content"].insert(0, {"type": "text", "text": "Look:"})
-        run = h.run(body, [WIDE])
-        return run, next(e for e in run.events if isinstance(e, AdmittedEvent))
-
-    off = CacheConfig(vision_enabled=False, prefix_enabled=False)
-    cold = EngineHarness("mistral3", cache=off, warmup=False)
-    try:
-        want = {first: ask(cold, first)[0] for first in (False, True)}
-    finally:
-        cold.close()
-    writer = EngineHarness("mistral3", cache=CacheConfig(cache_dir=tmp_path), warmup=False)
-    try:
-        ask(writer)
-    finally:
-        writer.close()
-    reader = EngineHarness("mistral3", cache=CacheConfig(cache_dir=tmp_path), warmup=False)
-    try:
-        run, admitted = ask(reader, first=True)
-        assert admitted.vision_disk_hits == 1 and admitted.cached_tokens == 0
-        assert (run.token_ids, run.logprobs) == (want[True].token_ids, want[True].logprobs)
-        run, admitted = ask(reader)
-        assert admitted.disk_cached_tokens > 0
-        assert (run.token_ids, run.logprobs) == (want[False].token_ids, want[False].logprobs)
-    finally:
-        reader.close()
 
 
 def test_without_the_exact_rule_answers_still_equal_mlx_vlm() -> None:

@@ -6,25 +6,32 @@ Pinned at tolerance zero (token ids and logprobs): the engine's greedy answer eq
 own `stream_generate` (tests/reference.py) on the same checkpoint, images and question, with
 the same prompt ids, for one image, a wide one, two in one turn and none, in float32 and
 bfloat16; cached == uncached (vision cache, prefix blocks resumed inside an image span, a
-follow-up turn, the disk tier after a restart); batched == alone; a one-pixel change misses
-both caches. The grid from the size alone equals the processor's, and the processor settings
-are part of the cache key.
+follow-up turn; the disk tier after a restart: test_families_disk.py); batched == alone; a
+one-pixel change misses both caches. The grid from the size alone equals the processor's, and
+the processor settings are part of the cache key.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 from PIL import Image
-from reference import reference_generate
-from support import EngineHarness, chat_body, conversation, decoded, noise_image, tiny_model
+from support import EngineHarness, Run, chat_body, conversation, noise_image, tiny_model
 
-from gateway.api.openai.parse import parse_chat_request
-from gateway.config import CacheConfig
 from gateway.engine.families.smolvlm import SmolVLM
+from tests.gateway.engine.families.common import (
+    NO_CACHES,
+    assert_batched_equals_alone,
+    assert_cached_equals_uncached,
+    assert_one_pixel_misses,
+    assert_reference_answer,
+    one_pixel_changed,
+    reference_messages,
+)
 
 FIXTURES = Path(__file__).resolve().parents[4] / "fixtures"
 QUESTION = "What is in this picture?"
@@ -38,17 +45,6 @@ def _wide() -> Image.Image:
     return _shapes().resize((640, 360))  # 2 rows x 3 columns of tiles
 
 
-def _messages(images: int, question: str = QUESTION) -> list[dict]:
-    if not images:
-        return [{"role": "user", "content": question}]
-    content = [{"type": "image"}] * images + [{"type": "text", "text": question}]
-    return [{"role": "user", "content": content}]
-
-
-def _no_caches() -> CacheConfig:
-    return CacheConfig(vision_enabled=False, prefix_enabled=False)
-
-
 @pytest.mark.parametrize("weights", ["float32", "bfloat16"])
 def test_greedy_answer_equals_mlx_vlm_generate(weights: str) -> None:
     """Invariant: engine prompt ids, token ids and logprobs == mlx-vlm's own generate, for
@@ -58,15 +54,10 @@ def test_greedy_answer_equals_mlx_vlm_generate(weights: str) -> None:
     try:
         assert isinstance(h.engine.model, SmolVLM)
         for images in ([_shapes()], [_wide()], [_shapes(), _wide()], []):
-            ref = reference_generate(path, _messages(len(images)), images, max_tokens=12)
             body = chat_body(QUESTION, images=len(images), max_tokens=12)
-            request = h.prompts.build(
-                parse_chat_request(body), [decoded(i) for i in images], "layout", 0.0
-            )
-            assert request.prompt_ids == ref.prompt_ids  # the expansion, separators included
-            run = h.run(body, images)
-            assert run.token_ids == list(ref.token_ids), len(images)
-            assert run.logprobs == list(ref.logprobs)  # tolerance zero
+            # prompt ids equal too: the expansion, separators included
+            messages = reference_messages(QUESTION, len(images))
+            assert_reference_answer(h, path, body, images, messages)
     finally:
         h.close()
 
@@ -106,47 +97,31 @@ def test_cached_equals_uncached() -> None:
     fresh question) answers the same with the caches as without; the fresh question reads
     prefix blocks that end inside the image span and the image's features from the vision
     cache."""
-    path = tiny_model("smolvlm")
-    cached = EngineHarness(path=path, max_batch=4)
-    plain = EngineHarness(path=path, max_batch=4, cache=_no_caches())
-    try:
-        image = _shapes()
-        with_cache, without = conversation(cached, image, turns=3), conversation(plain, image, 3)
-        for a, b in zip(with_cache, without, strict=True):
-            assert a.token_ids == b.token_ids
-            assert a.logprobs == b.logprobs
-        assert all(r.finish.usage.cached_tokens > 0 for r in with_cache[1:])
-        fresh = with_cache[-1].finish.usage
+
+    def check(cached: EngineHarness, runs: list[Run]) -> None:
+        assert all(r.finish.usage.cached_tokens > 0 for r in runs[1:])
+        fresh = runs[-1].finish.usage
         model = cached.engine.model
-        start, span = (
-            5,
-            len(model.span_ids(model.image_grid(448, 448))),
-        )  # after "<|im_start|>User:"
+        start = 5  # after "<|im_start|>User:"
+        span = len(model.span_ids(model.image_grid(448, 448)))
         assert start < fresh.cached_tokens < start + span  # resumed inside the image span
         assert fresh.vision_hits == 1
-        assert all(r.finish.usage.cached_tokens == 0 for r in without)
-    finally:
-        cached.close()
-        plain.close()
+
+    talk = functools.partial(conversation, image=_shapes(), turns=3)
+    assert_cached_equals_uncached(tiny_model("smolvlm"), talk, check, max_batch=4)
 
 
 def test_batched_equals_alone() -> None:
     """Invariant: requests with different images (and a text one) prefilled and decoded
     together answer as each does alone."""
-    path = tiny_model("smolvlm")
-    h = EngineHarness(path=path, max_batch=8, cache=_no_caches())
+    h = EngineHarness(path=tiny_model("smolvlm"), max_batch=8, cache=NO_CACHES)
     try:
         images = [[noise_image(1, 200, 120)], [noise_image(2, 90, 300)], [_shapes()], []]
         bodies = [
             chat_body(f"Question {i}?", images=len(im), max_tokens=10)
             for i, im in enumerate(images)
         ]
-        alone = [h.run(b, im) for b, im in zip(bodies, images, strict=True)]
-        with h.arriving_together():
-            runs = [h.submit(b, im) for b, im in zip(bodies, images, strict=True)]
-        for a, b in zip(alone, [r.wait() for r in runs], strict=True):
-            assert a.token_ids == b.token_ids
-            assert a.logprobs == b.logprobs
+        assert_batched_equals_alone(h, list(zip(bodies, images, strict=True)))
     finally:
         h.close()
 
@@ -156,37 +131,14 @@ def test_one_pixel_change_misses_both_caches() -> None:
     block past its span's start, and answers as it does with no caches at all."""
     path = tiny_model("smolvlm")
     h = EngineHarness(path=path, max_batch=4)
-    plain = EngineHarness(path=path, max_batch=4, cache=_no_caches())
+    plain = EngineHarness(path=path, max_batch=4, cache=NO_CACHES)
     try:
-        image = _shapes()
-        changed = image.copy()
-        r, g, b = changed.getpixel((300, 17))
-        changed.putpixel((300, 17), ((r + 1) % 256, g, b))
         body = chat_body(QUESTION, images=1, max_tokens=10)
-        h.run(body, [image])
-        again = h.run(body, [changed])
-        assert again.finish.usage.vision_hits == 0 and again.finish.usage.vision_misses == 1
+        image = _shapes()
+        _, again = assert_one_pixel_misses(h, body, image, (300, 17))
         assert again.finish.usage.cached_tokens <= 5  # nothing of the image span
-        cold = plain.run(body, [changed])
+        cold = plain.run(body, [one_pixel_changed(image, (300, 17))])
         assert (again.token_ids, again.logprobs) == (cold.token_ids, cold.logprobs)
     finally:
         h.close()
         plain.close()
-
-
-def test_a_restarted_engine_answers_from_the_disk_tier_exactly(tmp_path: Path) -> None:
-    """Invariant: after a restart on the same --cache-dir the image prompt's KV blocks come
-    from disk and the answer is the no-cache answer (token ids and logprobs)."""
-    path = tiny_model("smolvlm")
-    body = chat_body(QUESTION, images=1, max_tokens=10)
-    runs = []
-    for caches in (CacheConfig(cache_dir=tmp_path), CacheConfig(cache_dir=tmp_path), _no_caches()):
-        h = EngineHarness(path=path, cache=caches, warmup=False)
-        try:
-            runs.append(h.run(body, [_shapes()]))
-        finally:
-            h.close()
-    first, restarted, cold = runs
-    assert restarted.finish.usage.cached_tokens > 0 and first.finish.usage.cached_tokens == 0
-    for run in (first, restarted):
-        assert (run.token_ids, run.logprobs) == (cold.token_ids, cold.logprobs)

@@ -14,11 +14,16 @@ import json
 
 import mlx.core as mx
 import pytest
-from support import EngineHarness, chat_body, tiny_model
+from support import EngineHarness, Run, chat_body, tiny_model
 
 from gateway.config import CacheConfig
 from gateway.engine.families import CachePolicy
 from gateway.engine.families.text import TextModel
+from tests.gateway.engine.families.common import (
+    assert_batched_equals_alone,
+    assert_cached_equals_uncached,
+    conversation,
+)
 
 MODEL_TYPES = ["qwen3", "llama"]
 # Long enough for several 32-token exact-reuse blocks on CPU.
@@ -65,54 +70,29 @@ def test_greedy_answer_equals_mlx_lm_generate(model_type: str) -> None:
         h.close()
 
 
-def _turns(h: EngineHarness, turns: int = 4) -> list:
+def _story(h: EngineHarness) -> list[Run]:
     """A multi-turn conversation, each turn resending the history, then a repeat."""
-    messages = _messages("Tell me a story.")
-    runs = []
-    for turn in range(turns):
-        run = h.run({**chat_body("", max_tokens=10), "messages": messages})
-        runs.append(run)
-        messages = [
-            *messages,
-            {"role": "assistant", "content": run.text},
-            {"role": "user", "content": f"Go on, part {turn + 2}."},
-        ]
-    runs.append(h.run({**chat_body("", max_tokens=10), "messages": _messages("Tell me a story.")}))
-    return runs
+    body = {**chat_body("", max_tokens=10), "messages": _messages("Tell me a story.")}
+    return conversation(h, (body, []), 4, lambda t: f"Go on, part {t}.", [(body, [])])
 
 
 @pytest.mark.parametrize("model_type", MODEL_TYPES)
 def test_cached_equals_uncached(model_type: str) -> None:
     """Invariant: prefix-cache hits change nothing (token ids and logprobs, tolerance 0)."""
-    path = tiny_model(model_type)
-    cached = EngineHarness(path=path, max_batch=4)
-    plain = EngineHarness(path=path, max_batch=4, cache=CacheConfig(prefix_enabled=False))
-    try:
-        with_cache, without = _turns(cached), _turns(plain)
-        for a, b in zip(with_cache, without, strict=True):
-            assert a.token_ids == b.token_ids
-            assert a.logprobs == b.logprobs
-        assert with_cache[-1].finish.usage.cached_tokens > 0  # the repeat was a hit
-        assert all(r.finish.usage.cached_tokens == 0 for r in without)
-    finally:
-        cached.close()
-        plain.close()
+
+    def check(cached: EngineHarness, runs: list[Run]) -> None:
+        assert runs[-1].finish.usage.cached_tokens > 0  # the repeat was a hit
+
+    assert_cached_equals_uncached(tiny_model(model_type), _story, check, max_batch=4)
 
 
 def test_batched_equals_alone() -> None:
     """Invariant: requests decoded together answer as each does alone."""
-    path = tiny_model("qwen3")
-    h = EngineHarness(path=path, max_batch=8)
+    h = EngineHarness(path=tiny_model("qwen3"), max_batch=8)
     try:
         questions = [f"Question number {i}: why?" * (i + 1) for i in range(4)]
         bodies = [{**chat_body(q, max_tokens=12), "messages": _messages(q)} for q in questions]
-        alone = [h.run(b) for b in bodies]
-        with h.arriving_together():
-            runs = [h.submit(b) for b in bodies]
-        together = [r.wait() for r in runs]
-        for a, b in zip(alone, together, strict=True):
-            assert a.token_ids == b.token_ids
-            assert a.logprobs == b.logprobs
+        assert_batched_equals_alone(h, [(b, []) for b in bodies])
     finally:
         h.close()
 
