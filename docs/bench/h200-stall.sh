@@ -17,7 +17,7 @@ if [ ! -f /tmp/m7b/config.json ]; then
 fi
 serve() {  # tree port: a server of that tree's code on 127.0.0.1:port, warmed up
   (cd "$1" && PYTHONPATH=/tmp/site:$1 exec python3 -m gateway serve --model /tmp/m7b \
-    --served-model-name m7b --port "$2") >"$OUT/server-$2.log" 2>&1 &
+    --served-model-name m7b --port "$2" ${SERVE_ARGS:-}) >"$OUT/server-$2.log" 2>&1 &
   for _ in $(seq 400); do
     python3 -c "import httpx,sys; sys.exit(httpx.get('http://127.0.0.1:$2/health').status_code != 200)" \
       2>/dev/null && return 0
@@ -25,14 +25,19 @@ serve() {  # tree port: a server of that tree's code on 127.0.0.1:port, warmed u
   done
   tail -30 "$OUT/server-$2.log"; return 1
 }
-serve "$ROOT/.old" 8001 || exit 1
-serve "$ROOT" 8002 || exit 1
+# SIDES: name:port:tree[:serve flag] (the flag with '=' as one word), measured in this order
+SIDES=${SIDES:-"old:8001:.old new:8002:."}
+for side in $SIDES; do
+  IFS=: read -r name port tree flag <<<"$side"
+  SERVE_ARGS=$flag serve "$ROOT/$tree" "$port" || exit 1
+done
 for round in $(seq "$ROUNDS"); do
-  for side in old:8001 new:8002; do
-    name=${side%%:*}; port=${side##*:}
+  for side in $SIDES; do
+    IFS=: read -r name port tree flag <<<"$side"
     PYTHONPATH=/tmp/site:$ROOT timeout 240 python3 -m bench stall --base-url "http://127.0.0.1:$port" \
       --model m7b --streams 4 --images 2 --image-size 1024 --max-tokens 256 \
       --out "$OUT/stall-$name-$round.json" 2>&1 | tail -6
   done
 done
-pkill -f "gateway serve"; wait; true
+pkill -f "gateway serve"; wait
+tar -czf "$OUT/stall-json.tgz" -C "$OUT" $(cd "$OUT" && ls stall-*.json) && rm -f "$OUT"/stall-*.json
