@@ -186,6 +186,9 @@ def run(
             modes = ["free", "constrained"] + (["mixed"] if batch > 1 else [])
             if tools:
                 modes = ["free", "tools-none", "tools-auto", "tools-call"]
+                # Untimed, whole length: the tools' longer prompt reaches KV shapes the short
+                # warm round of `measure` does not; unwarmed, the first tools mode pays them.
+                bench.round([True] * batch, tokens, SCHEMAS[schema_name], "tools-none")
             for mode in modes:
                 row = bench.measure(batch, mode, tokens, SCHEMAS[schema_name], repeat)
                 rows.append(row)
