@@ -2,12 +2,21 @@
 step with free rows, at several batch sizes, the engine alone (in-process, no HTTP).
 
     python -m docs.investigations.structured [--model DIR] [--batch 1 16] [--tokens 128]
+                                             [--tools]
 
 For each batch size B, B requests with the same prompt length decode together:
     free         greedy, `ignore_eos`: exactly --tokens tokens each
     constrained  greedy under a JSON Schema whose `minItems` keeps EOS disallowed, so each
                  also decodes exactly --tokens tokens (every step needs a real mask)
     mixed        half of each (B > 1): constrained and free rows in one batch
+  with --tools, instead of constrained/mixed (the tool grammar, gateway/tools/grammar.py):
+    tools-none   `tools` offered (rendered in the prompt), `tool_choice: none`, `ignore_eos`:
+                 the same prompt as the two below without a grammar (their baseline: the
+                 tools make the prompt longer, so `free` is not the same work)
+    tools-auto   `tools` offered, `tool_choice: auto`, `ignore_eos`: the lazy grammar (free
+                 text that may not contain the call marker) on every step
+    tools-call   `tool_choice: required`: a forced call whose arguments hold the schema above
+                 (never finished within --tokens, so every step needs a real mask)
 The step time is the median gap between a request's consecutive tokens over the steady
 window (the first and last few tokens dropped), stamped on the engine thread as tokens are
 emitted; `mask us/row` is the CPU time llguidance spent computing masks divided by the masks
@@ -63,14 +72,20 @@ class _Bench:
         self.prompts = PromptBuilder(self.engine.model, self.engine.needs_pixels, 65536, 512)
         self._ids = 0
 
-    def _body(self, i: int, tokens: int, schema: dict | None) -> dict:
+    def _body(self, i: int, tokens: int, schema: dict | None, mode: str = "") -> dict:
         body: dict = {
             "model": "bench",
             "messages": [{"role": "user", "content": f"List the table rows, part {i:04d}."}],
             "max_tokens": tokens,
             "temperature": 0,
         }
-        if schema is None:
+        if mode.startswith("tools"):
+            arguments = {"type": "object", "properties": {"rows": schema}, "required": ["rows"]}
+            function = {"name": "save_rows", "parameters": arguments}
+            body["tools"] = [{"type": "function", "function": function}]
+            body["tool_choice"] = mode.removeprefix("tools-").replace("call", "required")
+            body["ignore_eos"] = mode != "tools-call"
+        elif schema is None:
             body["ignore_eos"] = True
         else:
             body["response_format"] = {
@@ -79,12 +94,16 @@ class _Bench:
             }
         return body
 
-    def round(self, constrained: list[bool], tokens: int, schema: dict) -> list[float]:
-        """One batch of len(constrained) requests; each request's median steady step (s)."""
+    def round(
+        self, constrained: list[bool], tokens: int, schema: dict, mode: str = ""
+    ) -> list[float]:
+        """One batch of len(constrained) requests (`mode` tools-*: the constrained ones offer
+        tools); each request's median steady step (s)."""
         probes = []
         for flag in constrained:
             self._ids += 1
-            chat = parse_chat_request(self._body(self._ids, tokens, schema if flag else None))
+            body = self._body(self._ids, tokens, schema if flag else None, mode if flag else "")
+            chat = parse_chat_request(body)
             request = self.prompts.build(chat, [], f"bench-{self._ids}", time.perf_counter())
             probe = Probe()
             self.engine.submit(request, probe.sink)
@@ -104,11 +123,14 @@ class _Bench:
             "free": [False] * batch,
             "constrained": [True] * batch,
             "mixed": [i % 2 == 0 for i in range(batch)],
+            "tools-none": [True] * batch,
+            "tools-auto": [True] * batch,
+            "tools-call": [True] * batch,
         }[mode]
         masker = self.engine.loaded.grammars.masker  # type: ignore[union-attr]
-        self.round(flags, min(tokens, 24), schema)  # warm: kernels for this batch size
+        self.round(flags, min(tokens, 24), schema, mode)  # warm: kernels for this batch size
         seconds, masks = masker.seconds, masker.masks
-        steps = [s for _ in range(repeat) for s in self.round(flags, tokens, schema)]
+        steps = [s for _ in range(repeat) for s in self.round(flags, tokens, schema, mode)]
         masks_done = masker.masks - masks
         return {
             "batch": batch,
@@ -154,12 +176,19 @@ def mask_apply_micro(vocab: int, batch: int, iters: int = 200) -> dict:
     return out
 
 
-def run(model: str, batches: list[int], tokens: int, repeat: int, schema_name: str) -> list[dict]:
+def run(
+    model: str, batches: list[int], tokens: int, repeat: int, schema_name: str, tools: bool
+) -> list[dict]:
     bench = _Bench(model, max(batches))
     rows = []
     try:
         for batch in batches:
             modes = ["free", "constrained"] + (["mixed"] if batch > 1 else [])
+            if tools:
+                modes = ["free", "tools-none", "tools-auto", "tools-call"]
+                # Untimed, whole length: the tools' longer prompt reaches KV shapes the short
+                # warm round of `measure` does not; unwarmed, the first tools mode pays them.
+                bench.round([True] * batch, tokens, SCHEMAS[schema_name], "tools-none")
             for mode in modes:
                 row = bench.measure(batch, mode, tokens, SCHEMAS[schema_name], repeat)
                 rows.append(row)
@@ -170,10 +199,18 @@ def run(model: str, batches: list[int], tokens: int, repeat: int, schema_name: s
 
 
 def report(rows: list[dict]) -> str:
-    free = {r["batch"]: r["step_ms"] for r in rows if r["mode"] == "free"}
-    lines = ["| batch | rows | step ms | vs free | mask us/row (CPU) |", "|---|---|---|---|---|"]
+    """The table; tool rows are compared with `tools-none` (the same prompt), others with
+    `free`."""
+    free = {
+        (r["batch"], r["mode"]): r["step_ms"] for r in rows if r["mode"].endswith(("free", "none"))
+    }
+    lines = [
+        "| batch | rows | step ms | vs baseline | mask us/row (CPU) |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
-        ratio = r["step_ms"] / free[r["batch"]]
+        base = "tools-none" if r["mode"].startswith("tools") else "free"
+        ratio = r["step_ms"] / free[(r["batch"], base)]
         lines.append(
             f"| {r['batch']} | {r['mode']} | {r['step_ms']:.2f} | {ratio:.2f}x "
             f"| {r['mask_us_per_row']:.0f} |"
@@ -188,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=128, help="tokens per request")
     parser.add_argument("--repeat", type=int, default=2, help="rounds per configuration")
     parser.add_argument("--schema", choices=sorted(SCHEMAS), default="records")
+    parser.add_argument("--tools", action="store_true", help="tool grammar modes (see above)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args(argv)
     model = args.model
@@ -195,7 +233,7 @@ def main(argv: list[str] | None = None) -> None:
         from gateway.offline_model import build_model
 
         model = str(build_model(Path(tempfile.mkdtemp()) / "tiny", "qwen2_5_vl", "tiny", 0))
-    rows = run(model, args.batch, args.tokens, args.repeat, args.schema)
+    rows = run(model, args.batch, args.tokens, args.repeat, args.schema, args.tools)
     print(report(rows))
     vocab = json.loads((Path(model) / "config.json").read_text())
     vocab = vocab.get("text_config", vocab).get("vocab_size", vocab.get("vocab_size"))

@@ -1,11 +1,15 @@
 """The OpenAI Responses API's request body -> a typed `ResponsesRequest` (pure).
 
-    input: "text" | [ {role, content: "text" | [input_text | input_image | output_text]} ]
+    input: "text" | [ {role, content: "text" | [input_text | input_image | output_text]}
+                     | {type: function_call, call_id, name, arguments}
+                     | {type: function_call_output, call_id, output: "text" | [input_text |
+                        input_image]} ]
 
 `instructions` become a system message of this turn only (OpenAI does not carry them over
 a `previous_response_id`). `text.format` maps onto the structured output of Chat
-Completions' `response_format`. Tools, built-in tools, files and the features this server
-does not have are refused with a 400 that names the field, never silently ignored.
+Completions' `response_format`. Function tools are parsed by `gateway.api.responses.tools`;
+built-in tools, files and the features this server does not have are refused with a 400 that
+names the field, never silently ignored.
 """
 
 from __future__ import annotations
@@ -14,9 +18,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.api import fields
+from gateway.api.responses.tools import (
+    function_call,
+    output_call_id,
+    parse_tools,
+    tool_message,
+    with_calls,
+)
 from gateway.errors import APIError, invalid
 from gateway.frontend.chat import ChatMessage, ImagePart, TextPart
 from gateway.structured.response_format import response_format_grammar
+from gateway.tools.spec import ToolSet
 
 ROLES = ("system", "developer", "user", "assistant")
 MAX_TOP_LOGPROBS = 20
@@ -46,6 +58,12 @@ class ResponsesRequest:
     metadata: dict[str, str]
     truncation: str
     cache_salt: str = ""
+    tools: ToolSet | None = None
+    tools_echo: tuple[dict[str, Any], ...] = ()  # `tools` as the response body repeats them
+    tool_choice_echo: Any = "auto"
+    # The `call_id` field path of each function_call_output of `input`, in order (for the
+    # 400 when it answers no call; checked once the stored conversation is known).
+    output_params: tuple[str, ...] = ()
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
@@ -78,12 +96,14 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     top_logprobs = fields.opt_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
     seed = fields.opt_int(body, "seed", -(2**63), 2**64 - 1)
     text_format, grammar = _text_format(body.get("text"))
+    tools, tools_echo = parse_tools(body)
+    messages, output_params = _input(body.get("input"))
     truncation = body.get("truncation") or "disabled"
     if truncation not in ("disabled", "auto"):
         raise invalid("`truncation` must be 'disabled' or 'auto'", "truncation")
     return ResponsesRequest(
         model=model,
-        input=_input(body.get("input")),
+        input=messages,
         instructions=fields.text(instructions, "instructions") if instructions else None,
         previous_response_id=previous,
         max_output_tokens=fields.opt_int(body, "max_output_tokens", 1, 1_000_000),
@@ -99,15 +119,35 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         metadata=_metadata(body.get("metadata")),
         truncation=truncation,
         cache_salt=fields.cache_salt(body),
+        tools=tools,
+        tools_echo=tuple(tools_echo),
+        tool_choice_echo=body.get("tool_choice") or ("auto" if tools else "none"),
+        output_params=output_params,
     )
 
 
-def _input(raw: Any) -> tuple[ChatMessage, ...]:
+def _input(raw: Any) -> tuple[tuple[ChatMessage, ...], tuple[str, ...]]:
+    """The input's messages (function calls joined to the assistant message they follow)
+    and the field paths of its function_call_outputs' `call_id`s."""
     if isinstance(raw, str):
-        return (ChatMessage("user", (TextPart(fields.text(raw, "input")),)),)
+        return (ChatMessage("user", (TextPart(fields.text(raw, "input")),)),), ()
     if not isinstance(raw, list) or not raw:
         raise invalid("`input` must be a string or a non-empty array of message items", "input")
-    return tuple(_item(item, f"input[{i}]") for i, item in enumerate(raw))
+    messages: list[ChatMessage] = []
+    params: list[str] = []
+    for i, item in enumerate(raw):
+        where = f"input[{i}]"
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "function_call":
+            with_calls(messages, function_call(item, where))
+        elif kind == "function_call_output":
+            call_id = output_call_id(item, where)
+            parts = _content(item.get("output"), f"{where}.output", "tool")
+            messages.append(tool_message(call_id, parts))
+            params.append(f"{where}.call_id")
+        else:
+            messages.append(_item(item, where))
+    return tuple(messages), tuple(params)
 
 
 def _item(item: Any, where: str) -> ChatMessage:
@@ -115,24 +155,24 @@ def _item(item: Any, where: str) -> ChatMessage:
         raise invalid(f"`{where}` must be a message object with `role` and `content`", where)
     kind = item.get("type", "message")
     if kind != "message":
-        what = "tool calls and their outputs" if "call" in str(kind) else f"{kind!r} items"
         raise invalid(
-            f"`{where}.type` {kind!r}: {what} are not supported by this server; send "
-            "message items (continue a conversation with `previous_response_id`)",
+            f"`{where}.type` {kind!r}: this server accepts message, function_call and "
+            "function_call_output items (continue a conversation with `previous_response_id`)",
             f"{where}.type",
         )
     role = item.get("role")
     if role not in ROLES:
         raise invalid(f"`{where}.role` must be one of {', '.join(ROLES)}", f"{where}.role")
     role = "system" if role == "developer" else role
-    content = item.get("content")
+    return ChatMessage(role, _content(item.get("content"), f"{where}.content", role))
+
+
+def _content(content: Any, where: str, role: str) -> tuple[TextPart | ImagePart, ...]:
     if isinstance(content, str):
-        return ChatMessage(role, (TextPart(fields.text(content, f"{where}.content")),))
+        return (TextPart(fields.text(content, where)),)
     if not isinstance(content, list) or not content:
-        raise invalid(f"`{where}.content` must be a string or an array of parts", where)
-    return ChatMessage(
-        role, tuple(_part(p, f"{where}.content[{j}]", role) for j, p in enumerate(content))
-    )
+        raise invalid(f"`{where}` must be a string or an array of parts", where)
+    return tuple(_part(p, f"{where}[{j}]", role) for j, p in enumerate(content))
 
 
 def _part(part: Any, at: str, role: str) -> TextPart | ImagePart:
@@ -142,8 +182,11 @@ def _part(part: Any, at: str, role: str) -> TextPart | ImagePart:
             raise invalid(f"`{at}.text` must be a string", f"{at}.text")
         return TextPart(fields.text(part["text"], f"{at}.text"))
     if kind == "input_image":
-        if role != "user":
-            raise invalid(f"`{at}`: images are only accepted in user messages", at)
+        if role not in ("user", "tool"):  # a tool's output: the agent's screenshot
+            raise invalid(
+                f"`{at}`: images are only accepted in user messages and function call outputs",
+                at,
+            )
         if part.get("file_id") is not None:
             raise invalid(
                 f"`{at}.file_id`: this server has no Files API; send the image as "
@@ -164,18 +207,6 @@ def _part(part: Any, at: str, role: str) -> TextPart | ImagePart:
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
-    tools = body.get("tools")
-    if tools:
-        kinds = sorted({str(t.get("type")) for t in tools if isinstance(t, dict)})
-        raise invalid(
-            f"tools are not supported by this server (got {', '.join(kinds) or 'tools'}, "
-            "built-in tools included); omit `tools`",
-            "tools",
-        )
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise invalid(
-            "`tool_choice` needs tools, which this server does not support", "tool_choice"
-        )
     for name, why in (
         ("background", "background responses"),
         ("conversation", "the Conversations API (use `previous_response_id`)"),

@@ -1,7 +1,9 @@
 """OpenAI Responses-API bodies on the wire: the `response` object and its typed SSE events.
 
-Pure formatting (no engine, no store). One response has one output item, an assistant
-`message` with one `output_text` part. Streams follow the documented event sequence:
+Pure formatting (no engine, no store). A response's output is an assistant `message` with
+one `output_text` part; with tools, the message only when the answer has text (not just
+whitespace), then one `function_call` item per call (their stream: gateway.api.responses.
+tool_events). Streams without tools follow the documented event sequence:
 
     response.created, response.in_progress, response.output_item.added,
     response.content_part.added, response.output_text.delta*, response.output_text.done,
@@ -14,6 +16,7 @@ each with a `sequence_number` counting from 0.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +25,7 @@ from gateway.api.responses.parse import ResponsesRequest
 from gateway.api.sse import sse_data
 from gateway.engine.request import TokenLogprob, Usage
 from gateway.errors import APIError
+from gateway.tools.spec import ToolCall
 
 STATUS_BY_FINISH = {"stop": "completed", "length": "incomplete", "cancelled": "cancelled"}
 
@@ -75,6 +79,32 @@ def message_item(
     }
 
 
+@dataclass(frozen=True)
+class MadeCall:
+    """A call of the answer and whether it was finished (False: max_output_tokens cut its
+    arguments short)."""
+
+    call: ToolCall
+    complete: bool = True
+
+
+def call_item(call: ToolCall, status: str) -> dict[str, Any]:
+    """A `function_call` output item; its id is the call id's random part after `fc_`."""
+    return {
+        "type": "function_call",
+        "id": "fc_" + call.id.removeprefix("call_"),
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.arguments,
+        "status": status,
+    }
+
+
+def tools_on(request: ResponsesRequest) -> bool:
+    """Whether the answer is decoded under the tool grammar (and split into calls)."""
+    return request.tools is not None and request.tools.constrained
+
+
 def response_body(
     meta: ResponseMeta,
     status: str,
@@ -82,13 +112,20 @@ def response_body(
     logprobs: list[TokenLogprob] | None = None,
     usage: Usage | None = None,
     error: APIError | None = None,
+    calls: Sequence[MadeCall] = (),
 ) -> dict[str, Any]:
     """The `response` object. `status`: in_progress, completed, incomplete, cancelled or
-    failed; `text` None leaves `output` empty."""
+    failed; `text` None leaves `output` empty; `calls` follow the message (which, with tools
+    on, is left out when `text` is only whitespace)."""
     r = meta.request
     item_status = "completed" if status in ("completed", "cancelled") else status
     if status == "failed":
         item_status = "incomplete"
+    output = []
+    if text is not None and not (tools_on(r) and not text.strip()):
+        done = "completed" if calls else item_status  # a call after it closed it
+        output.append(message_item(meta, done, text, logprobs))
+    output += [call_item(c.call, "completed" if c.complete else "incomplete") for c in calls]
     return {
         "id": meta.response_id,
         "object": "response",
@@ -101,15 +138,15 @@ def response_body(
         "instructions": r.instructions,
         "max_output_tokens": r.max_output_tokens,
         "model": r.model,
-        "output": [] if text is None else [message_item(meta, item_status, text, logprobs)],
-        "parallel_tool_calls": False,
+        "output": output,
+        "parallel_tool_calls": r.tools.parallel if r.tools is not None else True,
         "previous_response_id": r.previous_response_id,
         "reasoning": {"effort": None, "summary": None},
         "store": r.store,
         "temperature": r.temperature,
         "text": {"format": r.text_format},
-        "tool_choice": "none",
-        "tools": [],
+        "tool_choice": r.tool_choice_echo,
+        "tools": list(r.tools_echo),
         "top_logprobs": r.top_logprobs,
         "top_p": r.top_p,
         "truncation": r.truncation,

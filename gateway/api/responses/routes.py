@@ -28,30 +28,55 @@ from gateway.api.openai.render import render_error
 from gateway.api.responses.render import (
     STATUS_BY_FINISH,
     EventWriter,
+    MadeCall,
     ResponseMeta,
     error_event,
     response_body,
 )
 from gateway.api.responses.store import ResponseStore, StoredResponse
+from gateway.api.responses.tool_events import ToolEvents
 from gateway.api.responses.turn import Turn, not_found
 from gateway.config import ServerConfig
 from gateway.engine.request import ErrorEvent, Event, FinishEvent, TokenEvent, TokenLogprob, Usage
 from gateway.errors import APIError
 from gateway.frontend.admission import Admission
 from gateway.frontend.errors import ClientGone, engine_error
+from gateway.tools.calls import CallEnd, CallSplitter, Piece
 
 CANCEL_WAIT_S = 30.0
 
 
 @dataclass
 class Outcome:
-    """A response's engine events folded up: text, logprobs, then a finish or an error."""
+    """A response's engine events folded up: text, logprobs, then a finish or an error.
+    With a `splitter` (tools on) the text is also split into text and calls as it comes:
+    `split` holds the pieces of the last event."""
 
     pieces: list[str] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     usage: Usage | None = None
     status: str | None = None  # set when done
     error: APIError | None = None
+    splitter: CallSplitter | None = None
+    split: list[Piece] = field(default_factory=list)
+    complete: dict[int, bool] = field(default_factory=dict)  # by call index
+
+    def _split(self, text: str, end: bool) -> None:
+        if self.splitter is None:
+            return
+        self.split = self.splitter.feed(text) + (self.splitter.finish() if end else [])
+        self.complete.update((p.index, p.complete) for p in self.split if isinstance(p, CallEnd))
+
+    @property
+    def answer(self) -> str:
+        """The answer's text: without the calls when it was split."""
+        return self.text if self.splitter is None else self.splitter.text
+
+    @property
+    def calls(self) -> list[MadeCall]:
+        if self.splitter is None:
+            return []
+        return [MadeCall(c, self.complete.get(i, False)) for i, c in enumerate(self.splitter.calls)]
 
     @property
     def done(self) -> bool:
@@ -59,13 +84,16 @@ class Outcome:
 
     def add(self, event: Event) -> tuple[str, tuple[TokenLogprob, ...]]:
         """Fold `event` in; returns the text and logprobs it adds (a stream's delta)."""
+        self.split = []
         if isinstance(event, TokenEvent):
             self.pieces.append(event.text)
             self.logprobs.extend(event.logprobs)
+            self._split(event.text, end=False)
             return event.text, event.logprobs
         if isinstance(event, FinishEvent):
             self.pieces.append(event.text)
             self.usage, self.status = event.usage, STATUS_BY_FINISH[event.finish_reason]
+            self._split(event.text, end=True)
             return event.text, ()
         if isinstance(event, ErrorEvent):
             self.error, self.status = engine_error(event), "failed"
@@ -121,7 +149,7 @@ class ResponsesAPI:
         if turn.request.stream:
             body = self._stream(admission, turn, run)
             return StreamingResponse(body, media_type="text/event-stream", headers=headers)
-        outcome = Outcome()
+        outcome = _outcome(admission)
         finished = await unless_disconnected(request, self._drain(admission, outcome))
         if finished is None:
             self.pipeline.cancel(meta.response_id)
@@ -140,22 +168,28 @@ class ResponsesAPI:
 
     async def _stream(self, admission: Admission, turn: Turn, run: Running) -> AsyncIterator[str]:
         writer = EventWriter(run.meta)
-        outcome = Outcome()
+        outcome = _outcome(admission)
+        tools = ToolEvents(writer) if outcome.splitter is not None else None
+        want_logprobs = run.meta.request.logprobs
         try:
-            yield writer.opening()
+            yield writer.opening() if tools is None else tools.opening()
             while not outcome.done:
                 out: list[str] = []
                 for event in await admission.stream.get_ready():
                     text, logprobs = outcome.add(event)
-                    if text or logprobs:
-                        out.append(writer.delta(text, logprobs if turn.request.logprobs else ()))
+                    logprobs = logprobs if want_logprobs else ()
+                    if tools is not None:
+                        out.append(tools.pieces(outcome.split, logprobs))
+                    elif text or logprobs:
+                        out.append(writer.delta(text, logprobs))
                     if outcome.done:
                         break
                 if outcome.error is not None:
                     self._finish(turn, run, outcome)
                     out.append(error_event(outcome.error, writer.sequence))
                 elif outcome.done:
-                    out.append(writer.closing(self._finish(turn, run, outcome)))
+                    final = self._finish(turn, run, outcome)
+                    out.append(writer.closing(final) if tools is None else tools.closing(final))
                 if out:
                     yield "".join(out)
         finally:
@@ -167,11 +201,17 @@ class ResponsesAPI:
         """The final body; stored (with the conversation) when the request asked for it."""
         request = run.meta.request
         status = outcome.status or "cancelled"
-        logprobs = outcome.logprobs if request.logprobs else None
-        body = response_body(run.meta, status, outcome.text, logprobs, outcome.usage, outcome.error)
+        # With tools the message's logprobs are left out: they would include the calls'.
+        want = request.logprobs and outcome.splitter is None
+        logprobs = outcome.logprobs if want else None
+        answer, calls = outcome.answer, outcome.calls
+        body = response_body(
+            run.meta, status, answer, logprobs, outcome.usage, outcome.error, calls
+        )
         if request.store:
+            made = tuple(c.call for c in calls)
             entry = StoredResponse(
-                run.meta.response_id, run.owner, body, turn.conversation(outcome.text)
+                run.meta.response_id, run.owner, body, turn.conversation(answer, made)
             )
             self.store.put(entry, turn.image_map())
         run.body = body
@@ -218,6 +258,12 @@ class ResponsesAPI:
             f"response '{response_id}' is already {stored.body['status']}; only a running "
             "response can be cancelled"
         )
+
+
+def _outcome(admission: Admission) -> Outcome:
+    """An empty outcome; it splits the answer when it is decoded under a tool grammar."""
+    fmt = admission.tool_format
+    return Outcome(splitter=None if fmt is None else CallSplitter(fmt))
 
 
 def _conflict(message: str) -> APIError:

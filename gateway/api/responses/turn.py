@@ -19,10 +19,12 @@ from typing import Any
 
 from gateway.api.responses.parse import ResponsesRequest, parse_responses_request
 from gateway.api.responses.store import HeldImage, ResponseStore
+from gateway.api.responses.tools import link_outputs
 from gateway.errors import APIError
 from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, TextPart
 from gateway.frontend.pipeline import ChatPipeline
 from gateway.media import DecodedImage
+from gateway.tools.spec import ToolCall
 
 CONTINUABLE = ("completed", "incomplete")
 
@@ -53,15 +55,17 @@ class Turn:
         self.request: ResponsesRequest | None = None
         self.history: tuple[ChatMessage, ...] = ()
         self.images: list[DecodedImage] = []
+        self.input: tuple[ChatMessage, ...] = ()  # this turn's input, tool outputs named
 
     def parse(self, body: Any) -> ChatRequest:
         r = self.request = parse_responses_request(body)
         if r.previous_response_id is not None:
             self.history = self._continued(r.previous_response_id)
+        self.input = link_outputs(self.history, r.input, r.output_params)
         system = (ChatMessage("system", (TextPart(r.instructions),)),) if r.instructions else ()
         return ChatRequest(
             model=r.model,
-            messages=(*system, *self.history, *r.input),
+            messages=(*system, *self.history, *self.input),
             max_tokens=r.max_output_tokens,
             temperature=r.temperature,
             top_p=r.top_p,
@@ -74,6 +78,7 @@ class Turn:
             include_usage=True,
             grammar=r.grammar,
             cache_salt=r.cache_salt,
+            tools=r.tools,
         )
 
     def _continued(self, response_id: str) -> tuple[ChatMessage, ...]:
@@ -125,15 +130,15 @@ class Turn:
         self.images = [image if image is not None else next(fresh) for image in held]
         return self.images
 
-    def conversation(self, answer: str) -> tuple[ChatMessage, ...]:
-        """Every message up to and including `answer`, instructions excluded, this turn's
-        images replaced by their content hash (the store keeps the decoded images)."""
-        assert self.request is not None
+    def conversation(
+        self, answer: str, calls: tuple[ToolCall, ...] = ()
+    ) -> tuple[ChatMessage, ...]:
+        """Every message up to and including the answer (its text and the calls it made),
+        instructions excluded, this turn's images replaced by their content hash (the store
+        keeps the decoded images)."""
         hashes = iter(i.content_hash for i in self.images[self._held_count() :])
-        new = tuple(
-            replace(m, parts=tuple(_held(p, hashes) for p in m.parts)) for m in self.request.input
-        )
-        return (*self.history, *new, ChatMessage("assistant", (TextPart(answer),)))
+        new = tuple(replace(m, parts=tuple(_held(p, hashes) for p in m.parts)) for m in self.input)
+        return (*self.history, *new, ChatMessage("assistant", (TextPart(answer),), calls))
 
     def _held_count(self) -> int:
         return sum(isinstance(p, HeldImage) for m in self.history for p in m.parts)

@@ -224,14 +224,15 @@ def test_cancel_running_response(client: openai.OpenAI) -> None:
 
 
 def test_errors_are_openai_error_objects(client: openai.OpenAI) -> None:
-    """Invariant: tools, built-in tools, file ids and unknown models are 4xx OpenAI errors
-    naming the field."""
+    """Invariant: built-in tools, a named tool_choice not among the tools, file ids and
+    unknown models are 4xx OpenAI errors naming the field."""
     with pytest.raises(openai.BadRequestError) as info:
         _create(client, input="x", tools=[{"type": "web_search"}])
-    assert info.value.body["param"] == "tools"  # type: ignore[index]
+    assert info.value.body["param"] == "tools[0].type"  # type: ignore[index]
     fn = {"type": "function", "name": "f", "parameters": {"type": "object"}}
-    with pytest.raises(openai.BadRequestError):
-        _create(client, input="x", tools=[fn])
+    with pytest.raises(openai.BadRequestError) as info:
+        _create(client, input="x", tools=[fn], tool_choice={"type": "function", "name": "g"})
+    assert info.value.body["param"] == "tool_choice.name"  # type: ignore[index]
     part = {"type": "input_image", "file_id": "file-123"}
     with pytest.raises(openai.BadRequestError) as info:
         _create(client, input=[{"role": "user", "content": [part]}])

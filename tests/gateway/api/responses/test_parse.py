@@ -80,13 +80,56 @@ def test_text_format_maps_to_structured_output() -> None:
     assert "text.format" in error.message and "response_format" not in error.message
 
 
+FN = {"type": "function", "name": "click", "parameters": {"type": "object", "properties": {
+    "x": {"type": "integer"}}, "required": ["x"]}}  # fmt: skip
+CALL = {"type": "function_call", "call_id": "call_1", "name": "click", "arguments": '{"x": 1}'}
+
+
+def test_function_tools_choice_and_call_items() -> None:
+    """Invariant: function tools become a ToolSet (strict by default, as OpenAI's: closed
+    objects) echoed with their defaults; function_call items join the assistant message
+    before them; a function_call_output is a tool message whose parts may hold images, its
+    call_id's field path kept for the check against the stored conversation."""
+    img = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+    r = _parse(
+        tools=[FN],
+        tool_choice={"type": "function", "name": "click"},
+        parallel_tool_calls=False,
+        input=[
+            {"role": "user", "content": "click"},
+            {"role": "assistant", "content": "on it"},
+            CALL,
+            {**CALL, "call_id": "call_2"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "ok"},
+            {"type": "function_call_output", "call_id": "call_2", "output": [
+                {"type": "input_text", "text": "now:"}, img]},
+        ],
+    )  # fmt: skip
+    assert r.tools is not None and r.tools.choice.name == "click" and not r.tools.parallel
+    assert r.tools.tools[0].parameters["additionalProperties"] is False
+    assert r.tools_echo[0]["strict"] is True and r.tool_choice_echo["name"] == "click"
+    assert [m.role for m in r.input] == ["user", "assistant", "tool", "tool"]
+    assert [c.id for c in r.input[1].tool_calls] == ["call_1", "call_2"]
+    assert r.input[1].parts == (TextPart("on it"),)
+    assert isinstance(r.input[3].parts[1], ImagePart) and r.input[3].tool_call_id == "call_2"
+    assert r.output_params == ("input[4].call_id", "input[5].call_id")
+    loose = _parse(tools=[{**FN, "strict": False}]).tools
+    assert loose is not None and "additionalProperties" not in loose.tools[0].parameters
+
+
 def test_refusals_name_the_field() -> None:
-    """Invariant: tools (function and built-in), tool items, files, file_id, background and
-    unknown include values are 400s whose param names the field."""
-    assert "web_search" in _refused("tools", tools=[{"type": "web_search"}]).message
-    _refused("tools", tools=[{"type": "function", "name": "f", "parameters": {}}])
+    """Invariant: built-in tools, bad function tools, unknown items, files, file_id,
+    background and unknown include values are 400s whose param names the field."""
+    assert "web_search" in _refused("tools[0].type", tools=[{"type": "web_search"}]).message
+    _refused("tools[0].name", tools=[{"type": "function", "name": "a b", "parameters": {}}])
+    bad = {"type": "object", "properties": {"a": {"type": "string", "pattern": "("}}}
+    _refused("tools[0].parameters.properties.a.pattern", tools=[{**FN, "parameters": bad}])
+    _refused("tools", tools=[FN, FN])
     _refused("tool_choice", tool_choice="required")
-    _refused("input[0].type", input=[{"type": "function_call_output", "call_id": "c"}])
+    _refused("tool_choice.name", tools=[FN], tool_choice={"type": "function", "name": "g"})
+    _refused("input[0].type", input=[{"type": "reasoning", "summary": []}])
+    _refused("input[0].output", input=[{"type": "function_call_output", "call_id": "c"}])
+    _refused("input[0].arguments", input=[{**CALL, "arguments": {"x": 1}}])
     part = {"type": "input_image", "file_id": "file-1"}
     assert (
         "Files API"
@@ -101,3 +144,21 @@ def test_refusals_name_the_field() -> None:
     _refused("top_p", top_p=0)
     img = {"type": "input_image", "image_url": "x"}
     _refused("input[0].content[0]", input=[{"role": "assistant", "content": [img]}])
+
+
+def test_link_outputs_names_the_call_or_the_field() -> None:
+    """Invariant: a function_call_output answers a call of the stored conversation or of
+    its own input (then it is named after it); a call id matching nothing is a 400 naming
+    that output's `call_id`."""
+    from gateway.api.responses.tools import link_outputs
+    from gateway.frontend.chat import ChatMessage
+    from gateway.tools.spec import ToolCall
+
+    history = (ChatMessage("assistant", (TextPart(""),), (ToolCall("call_9", "click", "{}"),)),)
+    out = {"type": "function_call_output", "call_id": "call_9", "output": "ok"}
+    r = _parse(input=[out])
+    (linked,) = link_outputs(history, r.input, r.output_params)
+    assert linked.name == "click" and linked.tool_call_id == "call_9"
+    with pytest.raises(APIError) as info:
+        link_outputs((), r.input, r.output_params)
+    assert info.value.param == "input[0].call_id"

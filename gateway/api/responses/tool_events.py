@@ -1,0 +1,147 @@
+"""The stream of a response decoded under the tool grammar: its output items opened as the
+answer's pieces (gateway.tools.calls) arrive, each closed before the next one opens.
+
+    response.created, response.in_progress,
+    [message, at its first text that is not only whitespace:
+        response.output_item.added, response.content_part.added,
+        response.output_text.delta*,
+        response.output_text.done, response.content_part.done, response.output_item.done]
+    per call:
+        response.output_item.added (function_call, arguments ""),
+        response.function_call_arguments.delta*,
+        response.function_call_arguments.done, response.output_item.done
+    then response.completed | response.incomplete | response.failed
+
+The items and their `output_index`es are those of the final body (`response_body` leaves a
+whitespace-only message out the same way), so the SDK's stream accumulator rebuilds it.
+One per stream; not thread-safe.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.api.openai.render import logprob_list
+from gateway.api.responses.render import (
+    EventWriter,
+    call_item,
+    message_item,
+    response_body,
+    text_part,
+)
+from gateway.engine.request import TokenLogprob
+from gateway.tools.calls import CallArgs, CallEnd, CallStart, Piece, TextPiece
+from gateway.tools.spec import ToolCall
+
+
+class ToolEvents:
+    """Pieces -> events through `writer` (which numbers them)."""
+
+    def __init__(self, writer: EventWriter) -> None:
+        self.writer = writer
+        self.meta = writer.meta
+        self.index = -1  # the open (or last) item's output_index
+        self.message_open = False
+        self.text = ""  # the message's text so far
+        self.pending = ""  # whitespace that does not open the message (yet)
+        self.calls: dict[int, ToolCall] = {}  # by the call's index among the answer's calls
+
+    def opening(self) -> str:
+        body = response_body(self.meta, "in_progress")
+        return self.writer.event("response.created", response=body) + self.writer.event(
+            "response.in_progress", response=body
+        )
+
+    def pieces(self, pieces: list[Piece], logprobs: tuple[TokenLogprob, ...]) -> str:
+        """The events of `pieces` (one engine event's); its logprobs go with its first text."""
+        out = []
+        for piece in pieces:
+            if isinstance(piece, TextPiece):
+                out.append(self._text(piece.text, logprobs))
+                logprobs = ()
+            elif isinstance(piece, CallStart):
+                out.append(self._call_start(piece))
+            elif isinstance(piece, CallArgs):
+                out.append(self._call_args(piece))
+            elif isinstance(piece, CallEnd):
+                out.append(self._call_end(piece))
+        return "".join(out)
+
+    def closing(self, final: dict[str, Any]) -> str:
+        """The open message's done events (if any) and the terminal event."""
+        out = self._close_message(final["output"][0]) if self.message_open else ""
+        terminal = {"incomplete": "response.incomplete", "failed": "response.failed"}.get(
+            final["status"], "response.completed"
+        )
+        return out + self.writer.event(terminal, response=final)
+
+    # ----- items --------------------------------------------------------------------------
+
+    def _at(self) -> dict[str, Any]:
+        return {"item_id": self.meta.message_id, "output_index": self.index, "content_index": 0}
+
+    def _text(self, text: str, logprobs: tuple[TokenLogprob, ...]) -> str:
+        out = ""
+        if not self.message_open:
+            self.pending += text
+            if not self.pending.strip():
+                return ""
+            text, self.pending = self.pending, ""
+            self.index += 1
+            self.message_open = True
+            item = message_item(self.meta, "in_progress", None, None)
+            out = self.writer.event(
+                "response.output_item.added", output_index=self.index, item=item
+            )
+            out += self.writer.event(
+                "response.content_part.added", **self._at(), part=text_part("", [])
+            )
+        self.text += text
+        delta = {"delta": text, "logprobs": logprob_list(logprobs)}
+        return out + self.writer.event("response.output_text.delta", **self._at(), **delta)
+
+    def _close_message(self, item: dict[str, Any]) -> str:
+        self.message_open = False
+        part = item["content"][0]
+        w = self.writer
+        return "".join(
+            (
+                w.event("response.output_text.done", **self._at(), text=part["text"], logprobs=[]),
+                w.event("response.content_part.done", **self._at(), part=part),
+                w.event("response.output_item.done", output_index=self.index, item=item),
+            )
+        )
+
+    def _call_start(self, piece: CallStart) -> str:
+        out = ""
+        if self.message_open:
+            out = self._close_message(message_item(self.meta, "completed", self.text, None))
+        self.index += 1
+        call = self.calls[piece.index] = ToolCall(piece.id, piece.name, "")
+        item = call_item(call, "in_progress")
+        return out + self.writer.event(
+            "response.output_item.added", output_index=self.index, item=item
+        )
+
+    def _call_args(self, piece: CallArgs) -> str:
+        call = self.calls[piece.index]
+        self.calls[piece.index] = ToolCall(call.id, call.name, call.arguments + piece.text)
+        item_id = call_item(call, "")["id"]
+        return self.writer.event(
+            "response.function_call_arguments.delta",
+            item_id=item_id,
+            output_index=self.index,
+            delta=piece.text,
+        )
+
+    def _call_end(self, piece: CallEnd) -> str:
+        call = self.calls[piece.index]
+        item = call_item(call, "completed" if piece.complete else "incomplete")
+        w = self.writer
+        return w.event(
+            "response.function_call_arguments.done",
+            item_id=item["id"],
+            output_index=self.index,
+            name=call.name,
+            arguments=call.arguments,
+        ) + w.event("response.output_item.done", output_index=self.index, item=item)
