@@ -53,6 +53,13 @@ for step in $STEPS; do
     invariance)  # batched == single: a shared final-block forward and whole requests
       timeout 240 python3 -m docs.investigations.invariance --model /tmp/m7b --requests 16 --tokens 64 \
         --lengths 20 120 --out "$OUT/invariance.json" 2>&1 | tail -30 | tee "$OUT/invariance.log" ;;
+    agent_loop)  # issue 26: a 10-turn agent loop, a 1024 px screenshot per turn, caches on/off
+      timeout 420 python3 -m bench agent-loop --model /tmp/m7b --out "$OUT/agent-loop-h200.json" \
+        --markdown "$OUT/agent-loop-h200.md" 2>&1 | tail -20 | tee "$OUT/agent-loop.log" ;;
+    structured_tools)  # issue 26: what the tool grammar costs per decode step (engine alone)
+      timeout 240 python3 -m docs.investigations.structured --model /tmp/m7b --batch 1 16 \
+        --tokens 128 --repeat 2 --tools --json "$OUT/structured-tools-h200.json" 2>&1 \
+        | tail -20 | tee "$OUT/structured-tools.log" ;;
     structured)  # issue 13: what a grammar costs per decode step (engine alone)
       timeout 300 python3 -m docs.investigations.structured --model /tmp/m7b --batch 1 16 --tokens 256 \
         --repeat 3 --json "$OUT/structured-h200.json" 2>&1 | tee "$OUT/structured.log" ;;
