@@ -55,10 +55,13 @@ def start_group(
     jobs: Iterable[Job],
     max_patches: int | None = None,
     stepwise: Callable[[], bool] = lambda: True,
+    max_images: int | None = None,
 ) -> tuple[EncodeGroup | None, list[tuple[Job, Exception]]]:
     """The next group: every pending image of the given jobs (oldest first) that fits the
-    patch budget; at least one image (None if no job has an image pending). Also returns the
-    jobs whose images could not be prepared (preprocessing failed), to be failed alone."""
+    patch budget and `max_images` (None: no limit; 1 where a group would change the bits,
+    gateway.engine.scheduler.group_check); at least one image (None if no job has an image
+    pending). Also returns the jobs whose images could not be prepared (preprocessing
+    failed), to be failed alone."""
     max_patches = MAX_GROUP_PATCHES if max_patches is None else max_patches
     distinct: dict[str, ImageInput] = {}
     pixels: dict[str, object] = {}
@@ -70,7 +73,8 @@ def start_group(
             image = job.request.images[i]
             if image.content_hash not in distinct:
                 size = image.grid_thw[0] * image.grid_thw[1] * image.grid_thw[2]
-                if distinct and patches + size > max_patches:
+                full = max_images is not None and len(distinct) >= max_images
+                if distinct and (full or patches + size > max_patches):
                     return _group(ops, distinct, pixels, members, failed, stepwise)
                 try:
                     pixels[image.content_hash] = _pixels(ops, image)

@@ -25,6 +25,7 @@ from gateway.config import EngineConfig
 from gateway.engine.cache_ops import CacheOps
 from gateway.engine.families.family import ModelFamily
 from gateway.engine.scheduler.decode_batch import DecodeBatch
+from gateway.engine.scheduler.group_check import towers_group_exactly
 from gateway.engine.scheduler.prefill import Prefiller
 from gateway.engine.tokens.grammar import Grammars
 
@@ -38,6 +39,9 @@ class Loaded:
     cache_ops: CacheOps
     prefiller: Prefiller
     grammars: Grammars
+    # Several images may share one tower call: only where that keeps every image's bits
+    # (gateway.engine.scheduler.group_check; measured at load on this device).
+    group_images: bool = True
 
     @classmethod
     def load(
@@ -62,7 +66,9 @@ class Loaded:
             model.eos_token_ids,
             config.cache.grammar_capacity_bytes,
         )
-        return cls(model, on_gpu, cache_ops, Prefiller(model, cache_ops, block), grammars)
+        prefiller = Prefiller(model, cache_ops, block)
+        group = towers_group_exactly(model)
+        return cls(model, on_gpu, cache_ops, prefiller, grammars, group)
 
     def new_batch(self, config: EngineConfig) -> DecodeBatch:
         """A fresh, empty decode batch (at start, and to replace one whose step raised)."""
@@ -70,11 +76,13 @@ class Loaded:
 
     def cache_stats(self) -> dict[str, dict[str, object]]:
         """The compiled grammars' and the disk tier's counters, and the model family with
-        the caches it turned off and why, JSON-able (any thread)."""
+        the caches it turned off and why and whether images share tower calls, JSON-able
+        (any thread)."""
         return {
             "grammar": self.grammars.stats(),
             "disk": self.cache_ops.disk_stats(),
-            "family": self.model.describe(),
+            # vision_groups: whether images of several requests share a tower call here
+            "family": {**self.model.describe(), "vision_groups": self.group_images},
         }
 
     def clear_caches(self) -> None:

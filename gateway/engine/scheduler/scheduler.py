@@ -185,7 +185,12 @@ class Scheduler:
             # burst is encoded together (16 concurrent images: one tower call).
             alone = self.batch.rows and not self.budget.wave
             jobs = [self.encoding[0]] if alone else self.encoding
-            self.group, failed = start_group(ops, jobs, stepwise=lambda: bool(self.batch.rows))
+            self.group, failed = start_group(
+                ops,
+                jobs,
+                max_images=None if self.loaded.group_images else 1,
+                stepwise=lambda: bool(self.batch.rows),
+            )
             for job, exc in failed:  # e.g. preprocessing an evicted image without pixels
                 log.error("preparing an image of %s failed: %s", job.request_id, exc)
                 self.endings.fail_internal(job, f"internal error preparing the image: {exc}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pytest
 from support import EngineHarness, Run, chat_body, noise_image
@@ -183,6 +184,24 @@ def test_the_patch_budget_splits_a_burst(
     for run in runs:
         assert isinstance(run.wait().finish, FinishEvent)
     assert sizes == [1, 1, 1]  # 112 px = 64 patches each, over a 40-patch budget
+
+
+def test_a_device_whose_groups_change_the_bits_encodes_one_image_per_call(
+    harness: EngineHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant: where the load-time check found grouped features differ from alone
+    (gateway.engine.scheduler.group_check; an H200 in bf16), images arriving together at an
+    idle engine are still encoded one per tower call, so a cached turn's features are the
+    uncached turn's."""
+    harness.engine.clear_caches()
+    scheduler = harness.engine.scheduler
+    monkeypatch.setattr(scheduler, "loaded", replace(scheduler.loaded, group_images=False))
+    sizes = _watch_groups(monkeypatch)
+    with arriving_idle(harness):
+        runs = [harness.submit(body, images) for body, images in _requests()]
+    for run in runs:
+        assert isinstance(run.wait().finish, FinishEvent)
+    assert sizes == [1, 1, 1, 1]
 
 
 def test_a_failing_image_fails_only_its_own_request(harness: EngineHarness) -> None:
