@@ -121,3 +121,34 @@ def test_4b_defaults_to_bfloat16_and_qwen_has_no_small() -> None:
         om.default_model_dir("qwen2_vl", "small")
     with pytest.raises(ValueError, match="size"):
         om.default_model_dir("smolvlm", "4b")
+
+
+# HuggingFaceTB/SmolVLM-256M-Instruct's towers (config.json): SigLIP base/16 at 512 px and
+# SmolLM2-135M. Only the fields `cost` reads.
+SMOLVLM_256M = {
+    "vision_config": dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12,
+                          num_hidden_layers=12, patch_size=16),
+    "text_config": dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+                        num_key_value_heads=3, num_hidden_layers=30, vocab_size=49280),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", SMALL)
+def test_small_tower_to_prefill_cost_is_the_real_models(built: dict[str, Path], arch: str) -> None:
+    """For the same 448 px request (same tiles, same prompt), the small preset's tower costs
+    about as many times its language model's prefill as the real model's does (within 2x
+    either way): the split a cold/warm ratio measures. Real: gemma-3-4b-it ~3x,
+    SmolVLM-256M ~13x."""
+    import json
+
+    from gateway.offline_model.cost import image_cost
+
+    config = json.loads((built[arch] / "config.json").read_text())
+    prompt = len(reference_generate(built[arch], QUESTION, [IMAGE_448], 1).prompt_ids)
+    vision = config["vision_config"]
+    side = vision["image_size"] // vision["patch_size"]
+    tiles = [side * side] * {"gemma3": 1, "smolvlm": 5}[arch]
+    real = gemma3.model_config("4b", "bfloat16") if arch == "gemma3" else SMOLVLM_256M
+    ours, theirs = image_cost(config, tiles, prompt), image_cost(real, tiles, prompt)
+    assert theirs.ratio > 2  # the tower dominates a cold request in both real models
+    assert 0.5 < ours.ratio / theirs.ratio < 2, (ours.ratio, theirs.ratio)
