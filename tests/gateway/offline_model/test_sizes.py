@@ -2,16 +2,20 @@
 `4b` (real shapes, GPU).
 
 Invariants: a `small` checkpoint builds byte-for-byte deterministically, loads with the
-reference implementation and answers about an image; its tower sees the image at the real
-model's resolution and the prompt holds the real model's image tokens (gemma3: 896 px, 256
-soft tokens; smolvlm: 512 px tiles of 16 px patches, 64 tokens per tile), so a cold/warm
-ratio measured on it reflects that work. The `4b` config is gemma-3-4b-it's, accepted by
-mlx-vlm's and transformers' config classes (it is never built here: 8 GB).
+reference implementation and answers about an image; its tower sees a 448 px image at the
+real model's resolution and the prompt holds the real model's image tokens (gemma3: 896 px,
+256 soft tokens; smolvlm: 512 px tiles of 16 px patches, 64 tokens per tile; mistral3:
+14 px patches, unscaled, 16 x 16 [IMG]; gemma4: the 280 budget, 768 px, 256 soft tokens),
+and its tower costs about as many times its prefill as the real model's does, so a
+cold/warm ratio measured on it reflects that split. The `4b` config is gemma-3-4b-it's,
+accepted by mlx-vlm's and transformers' config classes (never built here: 8.6 GB).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import os
 from pathlib import Path
 
@@ -19,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import pytest  # noqa: E402
-from reference import reference_generate  # noqa: E402
+from reference import ReferenceOutput, reference_generate  # noqa: E402
 from tokenizers import Tokenizer  # noqa: E402
 
 from gateway import offline_model as om  # noqa: E402
@@ -33,7 +37,14 @@ QUESTION = [
         "content": [{"type": "image"}, {"type": "text", "text": "What is in this picture?"}],
     }
 ]
-SMALL = ("gemma3", "smolvlm")
+SMALL = ("gemma3", "smolvlm", "mistral3", "gemma4")
+# For the 448 px image: (pixel_values shape, image tokens in the prompt), as upstream's.
+REAL_IMAGE_PATH = {
+    "gemma3": ((1, 3, 896, 896), 256),  # resized to 896 px, 64 x 64 patches pooled 4 x 4
+    "smolvlm": ((1, 5, 3, 512, 512), 5 * 64),  # 2 x 2 tiles + global, 64 tokens each
+    "mistral3": ((1, 3, 448, 448), 16 * 16),  # never scaled up: 32 x 32 patches merged 2 x 2
+    "gemma4": ((1, 3, 768, 768), 256),  # budget 280: 48 x 48 patches pooled 3 x 3
+}
 
 
 @pytest.fixture(scope="module")
@@ -56,45 +67,41 @@ def test_small_builds_the_same_bytes_again(
     assert '"size": "small"' in info and '"dtype": "float32"' in info
 
 
-def _image_tokens(arch: str, prompt_ids: tuple[int, ...], path: Path) -> int:
-    import json
-
-    config = json.loads((path / "config.json").read_text())
-    image_id = config.get("image_token_index", config.get("image_token_id"))
-    return sum(1 for i in prompt_ids if i == image_id)
+@pytest.fixture(scope="module")
+def answers(built: dict[str, Path]) -> dict[str, ReferenceOutput]:
+    return {
+        arch: reference_generate(path, QUESTION, [IMAGE_448], max_tokens=4)
+        for arch, path in built.items()
+    }
 
 
 @pytest.mark.parametrize("arch", SMALL)
 def test_small_answers_about_an_image_through_the_reference(
-    built: dict[str, Path], arch: str
+    built: dict[str, Path], answers: dict[str, ReferenceOutput], arch: str
 ) -> None:
-    out = reference_generate(built[arch], QUESTION, [IMAGE_448], max_tokens=4)
+    out = answers[arch]
     assert len(out.token_ids) >= 1 and len(out.token_ids) == len(out.logprobs)
     assert all(lp <= 0.0 for lp in out.logprobs)
-    # The real model's image tokens for a 448 px image: gemma3 256 (896 px pooled 4 x 4);
-    # smolvlm 5 tiles (2 x 2 + global, 512 px each) of 64 tokens.
-    want = {"gemma3": 256, "smolvlm": 5 * 64}[arch]
-    assert _image_tokens(arch, out.prompt_ids, built[arch]) == want
+    config = json.loads((built[arch] / "config.json").read_text())
+    image_id = config.get("image_token_index", config.get("image_token_id"))
+    assert out.prompt_ids.count(image_id) == REAL_IMAGE_PATH[arch][1]
 
 
-def test_small_towers_see_the_real_resolution(built: dict[str, Path]) -> None:
+@pytest.mark.parametrize("arch", SMALL)
+def test_small_towers_see_the_real_resolution(built: dict[str, Path], arch: str) -> None:
+    assert _pixel_shape(built[arch]) == REAL_IMAGE_PATH[arch][0]
+
+
+def _pixel_shape(path: Path) -> tuple[int, ...]:
+    """The shape of the pixels mlx-vlm's own processor makes of the 448 px image."""
     import mlx_vlm
     from mlx_vlm.prompt_utils import apply_chat_template
     from mlx_vlm.utils import prepare_inputs
 
-    shapes = {}
-    for arch in SMALL:
-        model, processor = mlx_vlm.load(str(built[arch]))
-        prompt = apply_chat_template(processor, model.config, QUESTION, num_images=1)
-        inputs = prepare_inputs(processor, images=[str(IMAGE_448)], prompts=prompt)
-        shapes[arch] = tuple(inputs["pixel_values"].shape)
-        vision = model.config.vision_config
-        assert (vision.image_size, vision.patch_size) == {
-            "gemma3": (896, 14),
-            "smolvlm": (512, 16),
-        }[arch]
-    assert shapes["gemma3"] == (1, 3, 896, 896)
-    assert shapes["smolvlm"] == (1, 5, 3, 512, 512)
+    model, processor = mlx_vlm.load(str(path))
+    prompt = apply_chat_template(processor, model.config, QUESTION, num_images=1)
+    inputs = prepare_inputs(processor, images=[str(IMAGE_448)], prompts=prompt)
+    return tuple(inputs["pixel_values"].shape)
 
 
 def test_4b_config_is_gemma_3_4b(tmp_path: Path) -> None:
@@ -123,32 +130,51 @@ def test_4b_defaults_to_bfloat16_and_qwen_has_no_small() -> None:
         om.default_model_dir("smolvlm", "4b")
 
 
-# HuggingFaceTB/SmolVLM-256M-Instruct's towers (config.json): SigLIP base/16 at 512 px and
-# SmolLM2-135M. Only the fields `cost` reads.
-SMOLVLM_256M = {
-    "vision_config": dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12,
-                          num_hidden_layers=12, patch_size=16),
-    "text_config": dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9,
-                        num_key_value_heads=3, num_hidden_layers=30, vocab_size=49280),
+# The upstream towers the small presets are scaled from, only the fields `cost` reads:
+# HuggingFaceTB/SmolVLM-256M-Instruct (SigLIP base/16 at 512 px, SmolLM2-135M),
+# mistralai/Mistral-Small-3.1-24B-Instruct-2503 (Pixtral 24 x 1024, Mistral 40 x 5120) and
+# Gemma 4 E2B (mlx-vlm 0.7.10's gemma4 config defaults). gemma3's is the `4b` size.
+UPSTREAM = {
+    "smolvlm": {
+        "vision_config": dict(hidden_size=768, intermediate_size=3072, num_attention_heads=12,
+                              num_hidden_layers=12, patch_size=16),
+        "text_config": dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9,
+                            num_key_value_heads=3, num_hidden_layers=30, vocab_size=49280),
+    },
+    "mistral3": {
+        "vision_config": dict(model_type="pixtral", hidden_size=1024, intermediate_size=4096,
+                              num_attention_heads=16, head_dim=64, num_hidden_layers=24,
+                              patch_size=14),
+        "text_config": dict(hidden_size=5120, intermediate_size=32768, num_attention_heads=32,
+                            num_key_value_heads=8, head_dim=128, num_hidden_layers=40,
+                            vocab_size=131072),
+    },
+    "gemma4": {
+        "vision_config": dict(model_type="gemma4_vision", hidden_size=768,
+                              intermediate_size=3072, num_attention_heads=12, head_dim=64,
+                              num_hidden_layers=16, patch_size=16),
+        "text_config": dict(hidden_size=1536, intermediate_size=6144, num_attention_heads=8,
+                            num_key_value_heads=1, head_dim=256, num_hidden_layers=35,
+                            vocab_size=262144),
+    },
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("arch", SMALL)
-def test_small_tower_to_prefill_cost_is_the_real_models(built: dict[str, Path], arch: str) -> None:
+def test_small_tower_to_prefill_cost_is_the_real_models(
+    built: dict[str, Path], answers: dict[str, ReferenceOutput], arch: str
+) -> None:
     """For the same 448 px request (same tiles, same prompt), the small preset's tower costs
     about as many times its language model's prefill as the real model's does (within 2x
-    either way): the split a cold/warm ratio measures. Real: gemma-3-4b-it ~3x,
-    SmolVLM-256M ~13x."""
-    import json
-
+    either way): the split a cold/warm ratio measures. Upstream: gemma-3-4b-it ~3x,
+    SmolVLM-256M ~13x, Gemma 4 E2B ~1.3x, Mistral Small 3.1 ~0.04x (its prefill dominates)."""
     from gateway.offline_model.cost import image_cost
 
     config = json.loads((built[arch] / "config.json").read_text())
-    prompt = len(reference_generate(built[arch], QUESTION, [IMAGE_448], 1).prompt_ids)
-    vision = config["vision_config"]
-    side = vision["image_size"] // vision["patch_size"]
-    tiles = [side * side] * {"gemma3": 1, "smolvlm": 5}[arch]
-    real = gemma3.model_config("4b", "bfloat16") if arch == "gemma3" else SMOLVLM_256M
-    ours, theirs = image_cost(config, tiles, prompt), image_cost(real, tiles, prompt)
-    assert theirs.ratio > 2  # the tower dominates a cold request in both real models
+    *tiles, _, height, width = REAL_IMAGE_PATH[arch][0]
+    patch = config["vision_config"]["patch_size"]
+    patches = [height * width // patch**2] * math.prod(tiles)
+    prompt = len(answers[arch].prompt_ids)
+    real = gemma3.model_config("4b", "bfloat16") if arch == "gemma3" else UPSTREAM[arch]
+    ours, theirs = image_cost(config, patches, prompt), image_cost(real, patches, prompt)
     assert 0.5 < ours.ratio / theirs.ratio < 2, (ours.ratio, theirs.ratio)
