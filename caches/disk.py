@@ -17,6 +17,11 @@ rescans when its own estimate (the last scan plus what it wrote since) passes th
 when its last scan is older than `rescan_s`: the budget can be exceeded by what *other*
 processes wrote in that window, never by one process's own writes.
 
+Privacy (caches/private_dir.py): folders are created 0700 and files 0600 whatever the umask
+(2770 / 0660 with `FolderModes.group_shared()`), a folder other users can write to is refused
+(`LooseFolder`), and files or folders an older version left readable by others are tightened
+when the folder is scanned.
+
 Failure policy: an unreadable, truncated, corrupt or foreign file is logged, removed and
 counted (`corrupt`), and the lookup is a miss; a failed write is logged and counted. No
 method raises for an I/O problem. No MLX; thread-safe (one lock for the counters).
@@ -36,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from caches.disk_format import CorruptFile, RawTensor, decode, layout
+from caches.private_dir import FolderModes, check_folder, make_dirs, open_new, tighten
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,7 @@ FORMAT_DIR = "v1"  # bump when the layout or the metadata contract changes
 SUFFIX = ".safetensors"
 TMP_PREFIX = ".tmp-"
 STALE_TMP_S = 3600.0  # a temporary file this old belongs to a writer that died
+PRIVATE = FolderModes.private()
 
 
 @dataclass(frozen=True)
@@ -89,7 +96,8 @@ class _Counts:
 class DiskStore:
     """Files of `namespace` under `root` (created if missing), `capacity_bytes` for the whole
     root. `kinds` are the entry kinds counted in stats; `clock` is wall time (seconds), used
-    only to age temporary files."""
+    only to age temporary files; `modes`: who may read (private by default). Raises
+    LooseFolder (a PermissionError) when `root` is writable by others (see private_dir)."""
 
     def __init__(
         self,
@@ -99,6 +107,7 @@ class DiskStore:
         kinds: tuple[str, ...] = ("vision", "prefix"),
         rescan_s: float = 10.0,
         clock: Callable[[], float] = time.time,
+        modes: FolderModes = PRIVATE,
     ) -> None:
         if capacity_bytes <= 0:
             raise ValueError("capacity_bytes must be > 0 (turn the disk tier off instead)")
@@ -113,7 +122,12 @@ class DiskStore:
         self._counts = {kind: _Counts() for kind in kinds}
         self._bytes = self._entries = self._evictions = 0
         self._scanned_at = float("-inf")
-        self.base.mkdir(parents=True, exist_ok=True)
+        self.modes = modes
+        for folder in (Path(root), self.base):
+            check_folder(folder, modes)
+        make_dirs(self.base / namespace, modes)
+        for folder in (Path(root), self.base, self.base / namespace):
+            tighten(folder, folder.stat().st_mode, modes)
         self._lock_path = self.base / ".lock"
         self.enforce_budget(force=True)
 
@@ -208,8 +222,8 @@ class DiskStore:
             if size > self.capacity_bytes:
                 log.info("disk cache: %s/%s (%d bytes) exceeds the budget", kind, key, size)
                 return False
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb") as f:
+            make_dirs(path.parent, self.modes)
+            with os.fdopen(open_new(tmp, self.modes), "wb") as f:
                 f.write(head)
                 for view in views:
                     f.write(view)
@@ -286,21 +300,25 @@ class DiskStore:
     def _folder_lock(self) -> Iterator[None]:
         """The whole folder's exclusive lock, across processes (scans and mass deletes run
         under it); raises OSError if the lock file cannot be opened."""
-        with open(self._lock_path, "a+b") as lock:
+        fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, self.modes.file)
+        with os.fdopen(fd, "r+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
             yield
 
     def _scan(self) -> Iterator[tuple[float, int, Path]]:
         """(mtime, size, path) of every entry of every namespace; stale temporary files of
-        dead writers are removed on the way."""
+        dead writers are removed on the way, and modes too open are tightened."""
         now = self._clock()
         for folder, _, names in os.walk(self.base):
+            with contextlib.suppress(OSError):
+                tighten(Path(folder), os.stat(folder).st_mode, self.modes)
             for name in names:
                 path = Path(folder) / name
                 try:
                     st = path.stat()
                 except FileNotFoundError:
                     continue
+                tighten(path, st.st_mode, self.modes)
                 if name.startswith(TMP_PREFIX):
                     if now - st.st_mtime > STALE_TMP_S:
                         with contextlib.suppress(OSError):

@@ -6,6 +6,9 @@ body of `GET /v1/cache/entries`: the largest and the most-hit entries, hashes cu
 prefix. The prefix identifies an image to whoever already has it (hash it and compare) and
 says nothing about its pixels; no image content, text or token ids leave the caches.
 
+Each entry names its tenant (caches/scope.py); `entries_report(..., tenant=name)` reports only
+that tenant's entries (what a non-admin caller may see of the caches: its own).
+
 No MLX here; thread safety is the caches' (each `entries()` is one consistent snapshot).
 """
 
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from caches.tenants import SHARED
 
 HASH_PREFIX_CHARS = 12  # 48 bits: unique among any realistic number of cached images
 KINDS = ("vision", "prefix")
@@ -28,7 +33,7 @@ class CacheEntryInfo:
         one; a prefix entry has one per image occurrence, none for a text-only prefix).
     tokens: placeholder tokens (vision) or prompt tokens (prefix) the entry stands for.
     nbytes: bytes counted against the cache's budget. hits: lookups it served since stored.
-    age_s: seconds since it was stored.
+    age_s: seconds since it was stored. tenant: whose scope it is in ("" for the shared one).
     """
 
     kind: str
@@ -37,6 +42,7 @@ class CacheEntryInfo:
     nbytes: int
     hits: int
     age_s: float
+    tenant: str = ""
 
 
 class _HasEntries(Protocol):
@@ -44,13 +50,20 @@ class _HasEntries(Protocol):
 
 
 def entries_report(
-    vision: _HasEntries, prefix: _HasEntries, limit: int = 10, kind: str | None = None
+    vision: _HasEntries,
+    prefix: _HasEntries,
+    limit: int = 10,
+    kind: str | None = None,
+    tenant: str | None = None,
 ) -> dict[str, Any]:
     """The largest and the most-hit entries (up to `limit` each, 1..MAX_LIMIT) of both caches,
-    or of one `kind`, as a JSON-able dict. Ties: larger first in `most_hit`, more hits first in
-    `largest`, then the younger entry. Raises ValueError for a bad `limit` or `kind`."""
+    or of one `kind`, as a JSON-able dict; only `tenant`'s entries unless it is None (counts
+    and bytes then cover that tenant's too). Ties: larger first in `most_hit`, more hits first
+    in `largest`, then the younger entry. Raises ValueError for a bad `limit` or `kind`."""
     check_query(limit, kind)
     lists = {"vision": vision.entries(), "prefix": prefix.entries()}
+    if tenant is not None:
+        lists = {name: [e for e in es if e.tenant == tenant] for name, es in lists.items()}
     chosen = [e for name in KINDS if kind in (None, name) for e in lists[name]]
     largest = sorted(chosen, key=lambda e: (-e.nbytes, -e.hits, e.age_s))[:limit]
     most_hit = sorted(chosen, key=lambda e: (-e.hits, -e.nbytes, e.age_s))[:limit]
@@ -84,4 +97,5 @@ def _public(entry: CacheEntryInfo) -> dict[str, Any]:
         "bytes": entry.nbytes,
         "hits": entry.hits,
         "age_s": round(entry.age_s, 3),
+        "tenant": entry.tenant or SHARED,
     }

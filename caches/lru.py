@@ -4,6 +4,11 @@ The budget is in bytes as reported by the caller for each entry (the *used* size
 arrays it holds, not their buffer capacity). An entry larger than the whole budget is not
 stored. No MLX import here: values are opaque.
 
+Groups (optional): `group(key)` names the group an entry belongs to (a tenant); a named group
+may hold at most `group_share` of the budget, so storing into a full group evicts that
+group's own least recently used entries first and one group never evicts everyone else. The
+group "" is unlimited (the shared scope).
+
 Thread safety: every public method takes one internal lock, so the engine thread may write
 while the HTTP thread reads stats.
 """
@@ -68,6 +73,7 @@ class ByteLRU(Generic[K, V]):
     `capacity_bytes` of 0 disables storing (every put is rejected, every get misses).
     `on_evict(key, value)` is called, outside no lock guarantees, for each evicted entry.
     `clock` (seconds, monotonic) dates entries for `entries()`; injectable for tests.
+    `group` and `group_share` (0 < share <= 1): see the module docstring.
     """
 
     def __init__(
@@ -75,9 +81,16 @@ class ByteLRU(Generic[K, V]):
         capacity_bytes: int,
         on_evict: Callable[[K, V], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        group: Callable[[K], str] | None = None,
+        group_share: float = 1.0,
     ):
         if capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
+        if not 0 < group_share <= 1:
+            raise ValueError(f"group_share must be in (0, 1], got {group_share}")
+        self._group = group or (lambda _key: "")
+        self._group_limit = int(capacity_bytes * group_share)
+        self._groups: dict[str, list[int]] = {}  # group -> [entries, bytes]
         self._capacity = capacity_bytes
         self._on_evict = on_evict
         self._clock = clock
@@ -128,35 +141,57 @@ class ByteLRU(Generic[K, V]):
                 self._misses += 1
 
     def put(self, key: K, value: V, nbytes: int) -> bool:
-        """Store `value` under `key` (replacing any old value); evict LRU entries to fit.
+        """Store `value` under `key` (replacing any old value); evict LRU entries to fit: first
+        the key's group's own while the group would pass its share, then any.
 
-        Returns False (and stores nothing) when `nbytes` exceeds the whole budget.
+        Returns False (and stores nothing) when `nbytes` exceeds the whole budget, or the
+        group's share.
         """
         if nbytes < 0:
             raise ValueError("nbytes must be >= 0")
         evicted: list[tuple[K, V]] = []
         with self._lock:
+            group = self._group(key)
+            limit = self._group_limit if group else self._capacity
             # capacity 0 means disabled: even a 0-byte entry is refused (as documented above).
-            if nbytes > self._capacity or self._capacity == 0:
+            if nbytes > self._capacity or nbytes > limit or self._capacity == 0:
                 self._rejected += 1
                 return False
             old = self._items.pop(key, None)
             if old is not None:
-                self._bytes -= old[1]
+                self._unaccount(key, old[1])
+            if group:
+                held = self._groups.get(group, [0, 0])
+                mine = (k for k in list(self._items) if self._group(k) == group)
+                while held[1] + nbytes > limit:
+                    evicted.append(self._evict(next(mine)))
             while self._items and self._bytes + nbytes > self._capacity:
-                k, (v, n) = self._items.popitem(last=False)
-                del self._meta[k]
-                self._bytes -= n
-                self._evictions += 1
-                evicted.append((k, v))
+                evicted.append(self._evict(next(iter(self._items))))
             self._items[key] = (value, nbytes)
             self._meta[key] = _Meta(self._clock())
             self._bytes += nbytes
+            counts = self._groups.setdefault(group, [0, 0])
+            counts[0] += 1
+            counts[1] += nbytes
             self._insertions += 1
         if self._on_evict is not None:
             for k, v in evicted:
                 self._on_evict(k, v)
         return True
+
+    def _evict(self, key: K) -> tuple[K, V]:
+        value, nbytes = self._items.pop(key)
+        self._unaccount(key, nbytes)
+        self._evictions += 1
+        return key, value
+
+    def _unaccount(self, key: K, nbytes: int) -> None:
+        """Forget a removed entry's bytes and meta (the caller popped it from _items)."""
+        del self._meta[key]
+        self._bytes -= nbytes
+        counts = self._groups[self._group(key)]
+        counts[0] -= 1
+        counts[1] -= nbytes
 
     def pop(self, key: K) -> V | None:
         """Remove an entry (not counted as an eviction)."""
@@ -164,8 +199,7 @@ class ByteLRU(Generic[K, V]):
             item = self._items.pop(key, None)
             if item is None:
                 return None
-            del self._meta[key]
-            self._bytes -= item[1]
+            self._unaccount(key, item[1])
             return item[0]
 
     def clear(self) -> None:
@@ -173,6 +207,7 @@ class ByteLRU(Generic[K, V]):
         with self._lock:
             self._items.clear()
             self._meta.clear()
+            self._groups.clear()
             self._bytes = 0
 
     def keys(self) -> list[K]:
@@ -194,6 +229,11 @@ class ByteLRU(Generic[K, V]):
                 LRUEntry(k, v, n, self._meta[k].hits, max(0.0, now - self._meta[k].stored_at))
                 for k, (v, n) in self._items.items()
             ]
+
+    def groups(self) -> dict[str, tuple[int, int]]:
+        """(entries, bytes) held by each group that holds any."""
+        with self._lock:
+            return {g: (n, b) for g, (n, b) in self._groups.items() if n}
 
     def __len__(self) -> int:
         with self._lock:

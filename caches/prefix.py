@@ -10,6 +10,11 @@ past the text before them. Only whole blocks are stored; each is stored once, ho
 entries (leaves) contain it. Without the exact rule (`align` 1) a hit may also use the
 leading tokens of a stored block (the one sharing most with the prompt's next tokens).
 
+Scopes (caches/scope.py): `scope` (a tag, "" for the shared scope) marks a prompt's first key
+item, so two scopes share no block, in the tree or on disk (`block_keys` chains from it); its
+tenant owns the branch and may hold at most `tenant_share` of the budget (radix.py). Lookups,
+tokens, entries and bytes are also counted per tenant (`tenant_stats`).
+
 Values are opaque (an MLX KV block; no mlx/numpy/PIL here), never sliced or mutated: a hit
 returns the path's block values and how many of their tokens to use; the caller assembles
 them. Budgets are bytes given by the caller. Any exception inside `lookup`/`store` is logged
@@ -26,25 +31,17 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import xxhash
-
 from caches.entries import CacheEntryInfo
 from caches.lru import LRUStats
+from caches.prompt_key import ImageSpan, edge_tenant, key_items
+from caches.prompt_key import block_keys as block_keys  # re-exported: the disk tier's names
 from caches.radix import Block, BlockTree, Edge, Node
+from caches.scope import tenant_of
+from caches.tenants import TenantCounters
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_TOKENS = 32
-
-
-@dataclass(frozen=True)
-class ImageSpan:
-    """One image's placeholder run: prompt token indices [start, end), and its content hash
-    (the pixel hash of the image as processed)."""
-
-    start: int
-    end: int
-    content_hash: str
 
 
 @dataclass(frozen=True)
@@ -74,41 +71,6 @@ class PrefixStats(LRUStats):
     sharing_ratio: float
 
 
-def _validate(n_tokens: int, spans: Sequence[ImageSpan]) -> None:
-    prev_end = 0
-    for sp in spans:
-        if not (prev_end <= sp.start < sp.end <= n_tokens) or not isinstance(sp.content_hash, str):
-            raise ValueError(f"{sp}: spans must be sorted, disjoint, non-empty, in [0, {n_tokens}]")
-        if not sp.content_hash:
-            raise ValueError(f"{sp}: empty content_hash")
-        prev_end = sp.end
-
-
-def key_items(token_ids: Sequence[int], spans: Sequence[ImageSpan]) -> list[int | str]:
-    """One key item per prompt token: the id for text, the image's tag for its run. Tags are
-    str, ids int: they never compare equal. ValueError for bad spans."""
-    items: list[int | str] = list(token_ids)
-    _validate(len(items), spans)
-    for sp in spans:
-        items[sp.start : sp.end] = [f"{sp.content_hash}:{sp.end - sp.start}"] * (sp.end - sp.start)
-    return items
-
-
-def block_keys(items: Sequence[int | str], block_tokens: int, count: int) -> list[str]:
-    """A content key (32 hex chars) for each of the first `count` whole blocks of `items`
-    (from `key_items`): block k's key hashes block k-1's key and block k's items, so it names
-    the whole prefix up to the block's end, as the block's path in the tree does. Used to
-    name blocks outside the tree (the disk tier). ValueError if there are fewer blocks."""
-    if count * block_tokens > len(items):
-        raise ValueError(f"{count} blocks of {block_tokens} exceed {len(items)} items")
-    keys, previous = [], ""
-    for k in range(count):
-        edge = tuple(items[k * block_tokens : (k + 1) * block_tokens])
-        previous = xxhash.xxh3_128_hexdigest(f"{previous}|{edge!r}".encode())
-        keys.append(previous)
-    return keys
-
-
 def _leave_one(tokens: int, n: int, spans: Sequence[ImageSpan]) -> int:
     """Cap a hit so at least one token is left to prefill (the model needs logits for the last
     position), without ending inside an image: an image is encoded as a whole."""
@@ -124,6 +86,8 @@ class PrefixCache:
 
     `capacity_bytes` of 0 disables: lookups miss (and are counted), stores return False.
     `block_tokens` is the block size B; changing it (`configure`) drops every block.
+    `tenant_share` (0 < share <= 1): the part of the budget one tenant's branches may hold.
+    Every method taking a prompt takes its `scope` tag too ("" for the shared scope).
     """
 
     def __init__(
@@ -131,14 +95,18 @@ class PrefixCache:
         capacity_bytes: int,
         block_tokens: int = DEFAULT_BLOCK_TOKENS,
         clock: Callable[[], float] = time.monotonic,
+        tenant_share: float = 1.0,
     ) -> None:
         if capacity_bytes < 0:
             raise ValueError("capacity_bytes must be >= 0")
+        if not 0 < tenant_share <= 1:
+            raise ValueError(f"tenant_share must be in (0, 1], got {tenant_share}")
         self._capacity = capacity_bytes
         self._clock = clock
         self._lock = threading.Lock()
         self._block = self._check_block(block_tokens)
-        self._tree = BlockTree(max(capacity_bytes, 1), clock)
+        self._tree = BlockTree(max(capacity_bytes, 1), clock, edge_tenant, tenant_share)
+        self._tenants = TenantCounters()
         self._hits = self._misses = self._rejected = 0
         self._tokens_queried = self._tokens_hit = 0
 
@@ -168,7 +136,7 @@ class PrefixCache:
         return (tuple(items[k * b : (k + 1) * b]) for k in range(whole))
 
     def lookup(
-        self, token_ids: Sequence[int], spans: Sequence[ImageSpan], align: int = 1
+        self, token_ids: Sequence[int], spans: Sequence[ImageSpan], align: int = 1, scope: str = ""
     ) -> PrefixHit | None:
         """Longest usable cached prefix of the prompt, or None (also for 0 usable tokens).
 
@@ -180,7 +148,7 @@ class PrefixCache:
         with self._lock:
             hit, n = None, len(token_ids)
             try:
-                hit = self._find(token_ids, spans, align, touch=True)
+                hit = self._find(token_ids, spans, align, scope, touch=True)
             except Exception:
                 logger.exception("prefix cache lookup failed; treating as a miss")
             self._tokens_queried += n
@@ -189,53 +157,64 @@ class PrefixCache:
             else:
                 self._hits += 1
                 self._tokens_hit += hit.tokens
+            got = hit.tokens if hit is not None else 0
+            self._tenants.count(tenant_of(scope), hit is not None, n, got)
             return hit
 
-    def peek(self, token_ids: Sequence[int], spans: Sequence[ImageSpan], align: int = 1) -> int:
+    def peek(
+        self, token_ids: Sequence[int], spans: Sequence[ImageSpan], align: int = 1, scope: str = ""
+    ) -> int:
         """How many prompt tokens `lookup` would serve now (0 for none), without counting a
         query or touching recency. Advisory: blocks may be evicted before the real lookup."""
         with self._lock:
             try:
-                hit = self._find(token_ids, spans, align, touch=False)
+                hit = self._find(token_ids, spans, align, scope, touch=False)
             except Exception:
                 logger.exception("prefix cache peek failed; treating as a miss")
                 return 0
             return hit.tokens if hit is not None else 0
 
     def find(
-        self, token_ids: Sequence[int], spans: Sequence[ImageSpan], align: int = 1
+        self, token_ids: Sequence[int], spans: Sequence[ImageSpan], align: int = 1, scope: str = ""
     ) -> PrefixHit | None:
         """What `lookup` would return, marking the blocks used but counting no query: for a
         second look after the caller added blocks (e.g. promoted from disk) to a lookup that
         was already counted."""
         with self._lock:
             try:
-                return self._find(token_ids, spans, align, touch=True)
+                return self._find(token_ids, spans, align, scope, touch=True)
             except Exception:
                 logger.exception("prefix cache find failed; treating as a miss")
                 return None
 
-    def stored_blocks(self, token_ids: Sequence[int], spans: Sequence[ImageSpan]) -> int:
+    def stored_blocks(
+        self, token_ids: Sequence[int], spans: Sequence[ImageSpan], scope: str = ""
+    ) -> int:
         """How many of the prompt's leading whole blocks are stored (0 when disabled)."""
         with self._lock:
             try:
                 if self._capacity == 0:
                     return 0
-                items = key_items(token_ids, spans)
+                items = key_items(token_ids, spans, scope)
                 return len(self._tree.match(self._edges(items, len(items) // self._block)))
             except Exception:
                 logger.exception("prefix cache match failed; treating as none stored")
                 return 0
 
     def _find(
-        self, token_ids: Sequence[int], spans: Sequence[ImageSpan], align: int, touch: bool
+        self,
+        token_ids: Sequence[int],
+        spans: Sequence[ImageSpan],
+        align: int,
+        scope: str,
+        touch: bool,
     ) -> PrefixHit | None:
         if align < 1:
             raise ValueError(f"align must be >= 1, got {align}")
         n, b = len(token_ids), self._block
         if self._capacity == 0 or n < 2:
             return None
-        items = key_items(token_ids, spans)
+        items = key_items(token_ids, spans, scope)
         path = self._tree.match(self._edges(items, n // b))
         covered = len(path) * b
         if covered < n and align < b:  # a hit may also end inside a stored block
@@ -263,6 +242,7 @@ class PrefixCache:
         spans: Sequence[ImageSpan],
         make_block: Callable[[int], Block],
         length: int | None = None,
+        scope: str = "",
     ) -> bool:
         """Store the whole blocks of the prompt's first `length` tokens (default: all):
         `make_block(k)` gives block k's KV (positions [k*B, (k+1)*B)), called only for blocks
@@ -277,7 +257,7 @@ class PrefixCache:
             if self._capacity == 0:
                 return False
             with self._lock:
-                return self._store(token_ids, spans, make_block, length)
+                return self._store(token_ids, spans, make_block, length, scope)
         except Exception:
             logger.exception("prefix cache store failed; not stored")
             return False
@@ -288,6 +268,7 @@ class PrefixCache:
         spans: Sequence[ImageSpan],
         make: Callable[[int], Block],
         length: int | None,
+        scope: str,
     ) -> bool:
         b = self._block
         n = len(token_ids) if length is None else length
@@ -296,7 +277,7 @@ class PrefixCache:
         whole = n // b
         if whole == 0:
             return False
-        edges = list(self._edges(key_items(token_ids, spans), whole))
+        edges = list(self._edges(key_items(token_ids, spans, scope), whole))
         starts: dict[int, list[str]] = {}
         for sp in spans:
             starts.setdefault(sp.start // b, []).append(sp.content_hash)
@@ -335,9 +316,20 @@ class PrefixCache:
                     size,
                     hits,
                     max(0.0, now - leaf.born),
+                    leaf.owner,
                 )
                 for (leaf, hits), size in zip(leaves, sizes)
             ]
+
+    def tenant_stats(self) -> dict[str, dict[str, int]]:
+        """Per tenant that looked up or holds anything: queries, hits, tokens_queried,
+        tokens_hit, entries (leaves) and bytes (its blocks)."""
+        with self._lock:
+            held: dict[str, tuple[int, int]] = {}
+            for leaf, _ in self._tree.leaves():
+                n, _b = held.get(leaf.owner, (0, 0))
+                held[leaf.owner] = (n + 1, self._tree.owner_bytes.get(leaf.owner, 0))
+        return self._tenants.report(held, tokens=True)
 
     def __len__(self) -> int:
         with self._lock:

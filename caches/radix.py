@@ -9,6 +9,9 @@ every block is shared by all the entries below it. `refs` counts them.
 
 Budget: the bytes of every node, each counted once. Eviction removes least-recently-used
 leaves (a lazy min-heap on the last-use tick); evicting a leaf may turn its parent into one.
+Owners: a whole branch from a root edge belongs to one owner (`owner_of(first edge)`, a
+tenant; "" unlimited), which may hold at most `owner_share` of the budget: storing past it
+evicts that owner's own LRU leaves, never another's.
 Values are never sliced, mutated or copied here.
 
 Not thread-safe: the owner (PrefixCache) holds one lock around every call.
@@ -40,10 +43,15 @@ class Block:
 class Node:
     """A block in the tree. Mutable bookkeeping, owned by its BlockTree."""
 
-    __slots__ = ("edge", "block", "parent", "children", "depth", "refs", "tick", "hits", "born")
+    __slots__ = (
+        "edge", "block", "parent", "children", "depth", "refs", "tick", "hits", "born", "owner",
+    )  # fmt: skip
 
-    def __init__(self, edge: Edge, block: Block | None, parent: Node | None, born: float) -> None:
+    def __init__(
+        self, edge: Edge, block: Block | None, parent: Node | None, born: float, owner: str = ""
+    ) -> None:
         self.edge = edge
+        self.owner = owner  # the tenant whose branch this is ("": shared)
         self.block = block
         self.parent = parent
         self.children: dict[Edge, Node] = {}
@@ -79,11 +87,21 @@ def common_prefix_len(a: Edge, b: Edge) -> int:
 
 
 class BlockTree:
-    """The tree, its byte total and its sharing counters. `capacity_bytes` > 0."""
+    """The tree, its byte total and its sharing counters. `capacity_bytes` > 0; `owner_of`
+    and `owner_share` (0 < share <= 1): see the module docstring."""
 
-    def __init__(self, capacity_bytes: int, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int,
+        clock: Callable[[], float],
+        owner_of: Callable[[Edge], str] | None = None,
+        owner_share: float = 1.0,
+    ) -> None:
         self.capacity_bytes = capacity_bytes
         self._clock = clock
+        self._owner_of = owner_of or (lambda _edge: "")
+        self.owner_limit = int(capacity_bytes * owner_share)
+        self.owner_bytes: dict[str, int] = {}
         self.root = Node((), None, None, clock())
         self.bytes = 0
         self.nodes = 0
@@ -149,21 +167,26 @@ class BlockTree:
         pinned = {id(n) for n in path}
         parent = path[-1] if path else self.root
         held = sum(n.block.nbytes for n in path if n.block is not None)
+        owner = path[0].owner if path else self._owner_of(edges[0]) if edges else ""
+        limit = self.owner_limit if owner else self.capacity_bytes
         for index in range(len(path), len(edges)):
             block = make(index)
             held += block.nbytes
-            if held > self.capacity_bytes:
+            if held > min(self.capacity_bytes, limit):
                 break
+            if owner:  # the owner's own leaves first, while it would pass its share
+                self._evict_until(limit - block.nbytes, pinned, owner)
             self._evict_until(self.capacity_bytes - block.nbytes, pinned)
-            node = self._add(parent, edges[index], block)
+            node = self._add(parent, edges[index], block, owner)
             pinned.add(id(node))
             path.append(node)
             parent = node
         self.touch(path)
         return path
 
-    def _add(self, parent: Node, edge: Edge, block: Block) -> Node:
-        node = Node(edge, block, parent, self._clock())
+    def _add(self, parent: Node, edge: Edge, block: Block, owner: str) -> Node:
+        node = Node(edge, block, parent, self._clock(), owner)
+        self.owner_bytes[owner] = self.owner_bytes.get(owner, 0) + block.nbytes
         new_entry = parent is self.root or bool(parent.children)  # else it extends a leaf
         parent.children[edge] = node
         node.refs = 1
@@ -194,14 +217,20 @@ class BlockTree:
         tick, _, node = entry
         return node.parent is not None and not node.children and node.tick == tick
 
-    def _evict_until(self, limit: int, pinned: set[int]) -> None:
-        """Evict LRU leaves not in `pinned` until bytes <= limit (or none is left)."""
+    def _evict_until(self, limit: int, pinned: set[int], owner: str | None = None) -> None:
+        """Evict LRU leaves not in `pinned` until bytes <= limit (or none is left); with
+        `owner`, only that owner's leaves, until its bytes are <= limit."""
+
+        def over() -> bool:
+            held = self.bytes if owner is None else self.owner_bytes.get(owner, 0)
+            return held > limit
+
         kept = []
-        while self.bytes > limit and self._heap:
+        while over() and self._heap:
             entry = heapq.heappop(self._heap)
             if not self._live(entry):
                 continue
-            if id(entry[2]) in pinned:
+            if id(entry[2]) in pinned or owner not in (None, entry[2].owner):
                 kept.append(entry)
                 continue
             self._remove_leaf(entry[2])
@@ -216,7 +245,9 @@ class BlockTree:
         node.parent = None
         self.nodes -= 1
         self.ref_sum -= node.refs
-        self.bytes -= node.block.nbytes if node.block is not None else 0
+        nbytes = node.block.nbytes if node.block is not None else 0
+        self.bytes -= nbytes
+        self.owner_bytes[node.owner] -= nbytes
         if parent is self.root:
             return
         if parent.children:  # the parent keeps other entries: one fewer below it
@@ -230,4 +261,5 @@ class BlockTree:
             child.parent = None
         self.root.children.clear()
         self._heap.clear()
+        self.owner_bytes.clear()
         self.bytes = self.nodes = self.shared = self.ref_sum = 0

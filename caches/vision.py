@@ -8,6 +8,11 @@ truncated.
 Values are opaque (MLX arrays in practice); this module never imports mlx, numpy or PIL. The byte
 size of an entry is given by the caller (`VisionEntry.nbytes`, the used size of its arrays).
 
+Scopes (caches/scope.py): the pixel hash of a scoped request is `<pixel hash>@<scope tag>`, so
+two scopes never share an entry. Each tenant may hold at most `tenant_share` of the budget
+(its own LRU entries go first when it is full); lookups, hits, entries and bytes are also
+counted per tenant (`tenant_stats`).
+
 Failure policy: any exception inside `lookup` or `store` is logged and becomes a miss or a
 "not stored"; a cache fault never fails a request.
 
@@ -23,6 +28,8 @@ from typing import Any
 
 from caches.entries import CacheEntryInfo
 from caches.lru import ByteLRU, LRUStats
+from caches.scope import scope_of_hash, tenant_of
+from caches.tenants import TenantCounters
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +41,8 @@ class VisionKey:
     model_fingerprint: hash of the vision tower weights / model identity.
     processor_fingerprint: hash of processor settings that change pixels or token layout.
     dtype: dtype of the features (e.g. "bfloat16"); features of two dtypes differ.
-    pixel_hash: `caches.hashing.pixel_hash` of the decoded pixels (full 32 hex chars).
+    pixel_hash: `caches.hashing.pixel_hash` of the decoded pixels (full 32 hex chars), scoped
+        with `caches.scope.scoped_hash` when the request has a scope.
     """
 
     model_fingerprint: str
@@ -48,6 +56,11 @@ class VisionKey:
             value = getattr(self, f.name)
             if not isinstance(value, str) or not value:
                 raise ValueError(f"VisionKey.{f.name} must be a non-empty str, got {value!r}")
+
+    @property
+    def tenant(self) -> str:
+        """The tenant whose scope this key is in ("" for the shared scope)."""
+        return tenant_of(scope_of_hash(self.pixel_hash))
 
 
 @dataclass(frozen=True)
@@ -73,11 +86,14 @@ class VisionCache:
     """Byte-bounded LRU of `VisionEntry` by `VisionKey`.
 
     `capacity_bytes` of 0 disables the cache: lookups miss (and are counted), stores return
-    False.
+    False. `tenant_share` (0 < share <= 1): the part of the budget one tenant may hold.
     """
 
-    def __init__(self, capacity_bytes: int) -> None:
-        self._lru: ByteLRU[VisionKey, VisionEntry] = ByteLRU(capacity_bytes)
+    def __init__(self, capacity_bytes: int, tenant_share: float = 1.0) -> None:
+        self._lru: ByteLRU[VisionKey, VisionEntry] = ByteLRU(
+            capacity_bytes, group=_tenant, group_share=tenant_share
+        )
+        self._tenants = TenantCounters()
         # Own lock so that peek -> verify -> pop/touch -> record is one atomic step: without it a
         # concurrent store of a fresh entry could be dropped by a stale corruption check.
         self._lock = threading.Lock()
@@ -97,6 +113,8 @@ class VisionCache:
         try:
             with self._lock:
                 entry = self._lru.peek(key)
+                if entry is None or entry.num_tokens != expected_tokens:
+                    self._tenants.count(key.tenant, hit=False)
                 if entry is None:
                     self._lru.record(False)
                     return None
@@ -113,6 +131,7 @@ class VisionCache:
                     return None
                 self._lru.touch(key, hit=True)
                 self._lru.record(True)
+                self._tenants.count(key.tenant, hit=True)
                 return entry
         except Exception:
             logger.exception("vision cache lookup failed; treating as a miss")
@@ -148,10 +167,20 @@ class VisionCache:
         """Every entry's pixel hash, tokens, bytes, hits served and age (no features)."""
         return [
             CacheEntryInfo(
-                "vision", (e.key.pixel_hash,), e.value.num_tokens, e.nbytes, e.hits, e.age_s
+                "vision",
+                (e.key.pixel_hash,),
+                e.value.num_tokens,
+                e.nbytes,
+                e.hits,
+                e.age_s,
+                e.key.tenant,
             )
             for e in self._lru.entries()
         ]
+
+    def tenant_stats(self) -> dict[str, dict[str, int]]:
+        """Per tenant that looked up or holds anything: queries, hits, entries, bytes."""
+        return self._tenants.report(self._lru.groups())
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -162,3 +191,7 @@ class VisionCache:
     def stats(self) -> LRUStats:
         """A consistent snapshot of the counters (hits, misses, evictions, bytes, ...)."""
         return self._lru.stats()
+
+
+def _tenant(key: VisionKey) -> str:
+    return key.tenant

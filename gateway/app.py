@@ -25,8 +25,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.api.anthropic import routes as anthropic_api
-from gateway.api.http import authorize, internal_error
+from gateway.api.http import internal_error
 from gateway.api.intake import Intake
+from gateway.api.keys import Caller, Keyring
 from gateway.api.openai import routes as openai_api
 from gateway.api.openai.render import render_error
 from gateway.api.responses import routes as responses_api
@@ -75,7 +76,8 @@ class Gateway:
         self.pipeline = ChatPipeline(
             engine_config.served_model_name, self.engine, self.media, self.metrics
         )
-        self.intake = Intake(server, self.pipeline, self.metrics)
+        self.keys = Keyring(server)
+        self.intake = Intake(server, self.pipeline, self.metrics, self.keys)
         self.notice = notice
         self.created = int(time.time())
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -99,6 +101,7 @@ class Gateway:
                 self.engine.needs_pixels,
                 self.engine_config.max_context_tokens,
                 self.engine_config.default_max_tokens,
+                self.engine_config.tool_call_parser,
             )
             if self.engine_config.warmup:
                 # (a text model takes no images: its warm-up is text only)
@@ -123,7 +126,8 @@ class Gateway:
         """One streamed and one plain chat request through the app itself (in-process, before
         the port opens): the first request through Starlette, the SSE writer and the JSON
         paths cost tens of ms once, which would otherwise land on a user's first request."""
-        headers = {"authorization": f"Bearer {self.server.api_key}"} if self.server.api_key else {}
+        key = self.keys.warmup_key
+        headers = {"authorization": f"Bearer {key}"} if key else {}
         body = {
             "model": self.engine_config.served_model_name,
             "messages": [{"role": "user", "content": "warm-up"}],
@@ -184,7 +188,7 @@ class Gateway:
     async def models(self, request: Request) -> Response:
         """The one served model. `root` is its id too: the model's path or hub name
         (`--model`) stays on the server (a local path would tell clients its file system)."""
-        authorize(request, self.server.api_key)
+        self.keys.authorize(request, "read")
         name = self.engine_config.served_model_name
         card: dict[str, Any] = {
             "id": name,
@@ -211,18 +215,35 @@ class Gateway:
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        authorize(request, self.server.metrics_api_key or self.server.api_key)
+        self.keys.authorize(request, "admin")
         text = self.metrics.render() + await self._engine_call(self.engine.metrics_text)
         return Response(text, media_type="text/plain; version=0.0.4")
 
     async def cache_stats(self, request: Request) -> Response:
-        authorize(request, self.server.api_key)
-        return JSONResponse(await self._engine_call(self.engine.cache_stats))
+        """Every key sees the caches' totals; the `tenants` section holds every tenant's
+        numbers for the admin, only the caller's own otherwise."""
+        caller = self.keys.authorize(request, "read")
+        stats = await self._engine_call(self.engine.cache_stats)
+        return JSONResponse(own_tenant(stats, caller))
 
     async def cache_clear(self, request: Request) -> Response:
-        authorize(request, self.server.api_key)
+        self.keys.authorize(request, "admin")
         await self._engine_call(self.engine.clear_caches)
         return JSONResponse({"cleared": True, **await self._engine_call(self.engine.cache_stats)})
+
+    def reload_keys(self) -> None:
+        """SIGHUP: reread --api-keys-file (thread-safe: applied on the event loop)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.keys.reload)
+
+
+def own_tenant(stats: dict[str, Any], caller: Caller) -> dict[str, Any]:
+    """`stats` with its `tenants` section cut to the caller's own tenant unless it is the
+    admin (a non-admin learns nothing of other tenants' use of the caches)."""
+    if caller.admin or "tenants" not in stats:
+        return stats
+    mine = {t: row for t, row in stats["tenants"].items() if t == caller.tenant}
+    return {**stats, "tenants": mine}
 
 
 async def api_error(_: Request, exc: Exception) -> Response:

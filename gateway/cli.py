@@ -133,13 +133,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     level = getattr(args, "log_level", "info").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level != "DEBUG":  # httpx logs every request's full URL (image URLs' query strings too)
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         if args.command == "make-model":
             _make_model(args)
             return
         if args.command == "serve":
-            serve(*configs_from_args(args))
+            serve(*configs_from_args(args))  # (sets umask 077 itself)
         else:
+            os.umask(0o077)  # what the replicas write is their users' (docs/security.md)
             cluster(args)
     except ConfigError as exc:
         sys.exit(f"vision-gateway: {exc}")

@@ -5,134 +5,17 @@ Nothing below the edge reads argv or the environment: it receives one of these.
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-MIB = 1024 * 1024
-
-
-class ConfigError(ValueError):
-    """A configuration value is out of range; the message names the setting."""
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ConfigError(message)
-
-
-@dataclass(frozen=True)
-class Flag:
-    """The command-line flag of one config field: `gateway.flags` builds `serve`'s parser and
-    reads the parsed values back from these, so a flag is declared once, beside its field.
-
-    kind: "value" (`NAME VALUE`, parsed as the field's type; absent: the field's default),
-    "list" (repeatable, a tuple of the field's element type; absent: the field's default,
-    which `help` may show as "{default}"), "on" / "off" (a switch that sets the field True /
-    False), "both" (`NAME` and its `--no-` form). `env`: an environment variable read when the
-    flag is absent or empty (secrets stay out of `ps` and shell history). `off`: a second
-    switch (with `off_help`) that sets the field to None (a part turned off).
-    """
-
-    name: str
-    help: str
-    kind: str = "value"
-    metavar: str | None = None
-    choices: tuple[str, ...] | None = None
-    env: str | None = None
-    off: str | None = None
-    off_help: str = ""
-
-
-def flag(
-    name: str, help: str, default: Any = MISSING, *, factory: Any = MISSING, **options: Any
-) -> Any:
-    """A dataclass field with `default` (or `factory`, as `default_factory`) whose
-    command-line flag is `Flag(name, help, **options)`."""
-    metadata = {"flag": Flag(name, help, **options)}
-    return field(default=default, default_factory=factory, metadata=metadata)
-
-
-@dataclass(frozen=True)
-class MediaConfig:
-    """Limits and permissions for loading images from URLs, data URIs and local paths."""
-
-    allowed_media_dirs: tuple[Path, ...] = flag(
-        "--allowed-media-dir",
-        "serve local image paths under DIR (repeatable); none: paths are refused",
-        (),
-        kind="list",
-        metavar="DIR",
-    )
-    allow_private_urls: bool = flag(
-        "--allow-private-urls",
-        "allow image URLs on loopback/private/link-local addresses (off: SSRF protection)",
-        False,
-        kind="on",
-    )
-    allowed_url_hosts: tuple[str, ...] = flag(  # empty: any public host
-        "--allowed-url-host",
-        "only fetch image URLs from these hosts (repeatable)",
-        (),
-        kind="list",
-        metavar="HOST",
-    )
-    max_image_bytes: int = flag("--max-image-bytes", "per image, bytes", 20 * MIB)
-    max_image_pixels: int = flag(
-        "--max-image-pixels", "per image, checked from the header before decoding", 40_000_000
-    )
-    max_request_pixels: int = flag(
-        "--max-request-pixels", "all images of one request together", 160_000_000
-    )
-    max_images_per_request: int = flag(
-        "--max-images-per-request", "images in one request (more: 400)", 16
-    )
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 15.0
-    max_redirects: int = flag("--max-redirects", "redirects followed per image URL", 3)
-    decode_memo_mb: int = 64  # encoded-bytes hash -> decoded image memo
-    # Video (the `video_url` part): the encoded clip's size, its length, and how many frames
-    # are sampled from it (at `video_fps` frames per second, spread evenly when the clip is
-    # longer than max_video_frames / video_fps seconds).
-    max_video_bytes: int = flag(
-        "--max-video-bytes", "per video (the encoded clip), bytes (more: 413)", 64 * MIB
-    )
-    max_video_seconds: float = flag(
-        "--max-video-seconds", "per video, its length in seconds (longer: 413)", 120.0
-    )
-    max_video_frames: int = flag(
-        "--max-video-frames",
-        "frames sampled per video at most (a longer clip is sampled more sparsely)",
-        32,
-    )
-    video_fps: float = flag(
-        "--video-fps", "frames sampled per second of video (up to --max-video-frames)", 2.0
-    )
-
-    def __post_init__(self) -> None:
-        _require(self.max_image_bytes > 0, "--max-image-bytes must be > 0")
-        _require(self.max_image_pixels > 0, "--max-image-pixels must be > 0")
-        _require(self.max_video_bytes > 0, "--max-video-bytes must be > 0")
-        _require(self.max_video_seconds > 0, "--max-video-seconds must be > 0")
-        _require(1 <= self.max_video_frames <= 1024, "--max-video-frames must be in 1..1024")
-        _require(0 < self.video_fps <= 60, "--video-fps must be in (0, 60]")
-        _require(
-            self.max_request_pixels >= self.max_image_pixels or self.max_request_pixels > 0,
-            "--max-request-pixels must be > 0",
-        )
-        _require(self.max_images_per_request >= 0, "--max-images-per-request must be >= 0")
-        _require(self.connect_timeout_s > 0 and self.read_timeout_s > 0, "timeouts must be > 0")
-        _require(0 <= self.max_redirects <= 10, "--max-redirects must be in 0..10")
-        _require(self.decode_memo_mb >= 0, "decode memo size must be >= 0")
-        object.__setattr__(
-            self,
-            "allowed_media_dirs",
-            tuple(Path(p).expanduser().resolve() for p in self.allowed_media_dirs),
-        )
-        object.__setattr__(
-            self, "allowed_url_hosts", tuple(h.lower().rstrip(".") for h in self.allowed_url_hosts)
-        )
-
+# The flag machinery and MediaConfig live in their own modules; importable from here as before.
+from gateway.config_fields import MIB as MIB
+from gateway.config_fields import ConfigError as ConfigError
+from gateway.config_fields import Flag as Flag
+from gateway.config_fields import flag as flag
+from gateway.config_fields import require as _require
+from gateway.media_config import MediaConfig as MediaConfig
+from gateway.tools.formats import PARSERS
 
 GPU_KV_BLOCK_TOKENS = 256
 CPU_KV_BLOCK_TOKENS = 32
@@ -194,6 +77,23 @@ class CacheConfig:
         "disk tier budget for the whole --cache-dir, GiB; least recently used files go",
         10,
     )
+    # Folders 0700 and files 0600 by default (docs/security.md); a folder others can write
+    # to is refused unless its group is meant to share it.
+    cache_dir_group: bool = flag(
+        "--cache-dir-group",
+        "let the --cache-dir folder's group share it (folders 2770, files 0660; a "
+        "group-writable folder is then accepted): several servers of one group on one folder",
+        False,
+        kind="on",
+    )
+    # One tenant (API key name) may hold at most this part of each memory cache's budget, so
+    # it cannot evict every other tenant; the shared scope is not limited.
+    tenant_cache_share: float = flag(
+        "--tenant-cache-share",
+        "part of each memory cache's budget one tenant may hold (0 < share <= 1), so one "
+        "tenant cannot evict everyone else",
+        0.5,
+    )
 
     def __post_init__(self) -> None:
         _require(self.vision_cache_mb >= 0, "--vision-cache-mb must be >= 0")
@@ -201,6 +101,7 @@ class CacheConfig:
         _require(0 <= self.kv_block_tokens <= 4096, "--kv-block-tokens must be in 0..4096")
         _require(self.grammar_cache_mb >= 0, "--grammar-cache-mb must be >= 0")
         _require(self.disk_cache_gb >= 0, "--disk-cache-gb must be >= 0")
+        _require(0 < self.tenant_cache_share <= 1, "--tenant-cache-share must be in (0, 1]")
         if self.cache_dir is not None:
             object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
 
@@ -249,6 +150,12 @@ class EngineConfig:
     )
     default_max_tokens: int = flag("--default-max-tokens", "when a request sets none", 512)
     max_context_tokens: int = flag("--max-context", "prompt + completion tokens", 32768)
+    tool_call_parser: str = flag(  # the tool-call syntax; auto: read from the chat template
+        "--tool-call-parser",
+        "tool-call syntax: auto (from the chat template), hermes, llama3_json, none (off)",
+        "auto",
+        choices=PARSERS,
+    )
     seed: int = 0
     mlx_cache_limit_mb: float | None = flag(  # MLX's pool of freed buffers; None: MLX default
         "--mlx-cache-limit-mb",
@@ -342,11 +249,36 @@ class ServerConfig:
         None,
         env="VISION_GATEWAY_API_KEY",
     )
-    metrics_api_key: str | None = flag(  # None: /metrics uses api_key
+    # Several keys, one per tenant: `name key` lines; reread on SIGHUP.
+    api_keys_file: Path | None = flag(
+        "--api-keys-file",
+        "a file of `NAME KEY` lines, one API key per tenant (NAME: letters, digits, _ . -); "
+        "reread on SIGHUP; --api-key adds a tenant named 'default'",
+        None,
+        metavar="FILE",
+    )
+    # The operator's key: cache clear, every cache entry, the dashboard's data, /metrics.
+    # None: with a single key (or none) that key is the admin, else nobody is.
+    admin_api_key: str | None = flag(
+        "--admin-api-key",
+        "key for /v1/cache/clear, all of /v1/cache/entries, /v1/dashboard and /metrics "
+        "(env VISION_GATEWAY_ADMIN_API_KEY; default: the only key when there is one)",
+        None,
+        env="VISION_GATEWAY_ADMIN_API_KEY",
+    )
+    metrics_api_key: str | None = flag(  # the old name of admin_api_key, folded into it
         "--metrics-api-key",
-        "separate key for /metrics (env VISION_GATEWAY_METRICS_API_KEY; default: --api-key)",
+        "old name of --admin-api-key (env VISION_GATEWAY_METRICS_API_KEY)",
         None,
         env="VISION_GATEWAY_METRICS_API_KEY",
+    )
+    # Which requests may share cache entries: "tenant" keeps each key's entries its own.
+    cache_scope: str = flag(
+        "--cache-scope",
+        "share cache entries between tenants (shared) or not (tenant); auto: tenant when "
+        "more than one key is configured. `cache_salt` in a request scopes further",
+        "auto",
+        choices=("auto", "tenant", "shared"),
     )
     # The OpenAI API's own payload limit (50 MB): larger bodies are refused before being read.
     max_body_bytes: int = flag(
@@ -391,3 +323,16 @@ class ServerConfig:
             "--max-inflight-body-mb must hold at least one body of --max-body-bytes",
         )
         _require(self.shutdown_grace_s >= 0, "--shutdown-grace must be >= 0")
+        _require(
+            self.cache_scope in ("auto", "tenant", "shared"),
+            "--cache-scope must be auto, tenant or shared",
+        )
+        old, new = self.metrics_api_key, self.admin_api_key
+        _require(
+            old is None or new is None or old == new,
+            "--metrics-api-key is the old name of --admin-api-key: give one of them",
+        )
+        object.__setattr__(self, "admin_api_key", new or old)
+        object.__setattr__(self, "metrics_api_key", new or old)
+        if self.api_keys_file is not None:
+            object.__setattr__(self, "api_keys_file", Path(self.api_keys_file).expanduser())

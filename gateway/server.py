@@ -5,7 +5,12 @@ and `run_app` for its ingress. Order matters for a new user: the port is bound f
 port fails in a second, not after minutes of model loading), then the model is resolved, then
 the app starts. SIGINT and SIGTERM (from a terminal's Ctrl-C or a service manager, to the
 whole process group) drain running requests and return normally: the process exits 0, without
-a traceback.
+a traceback. SIGHUP rereads --api-keys-file.
+
+What the server writes is its users' (cached images and prompts, docs/security.md): `serve`
+sets the process umask to 077 (the engine process inherits it), so every folder and file it
+creates is its user's alone, and refuses a --cache-dir other users can write to before
+loading anything.
 """
 
 from __future__ import annotations
@@ -44,9 +49,29 @@ def serve(server: ServerConfig, engine: EngineConfig, media: MediaConfig) -> Non
     directory."""
     from gateway.app import create_app
 
+    os.umask(0o077)  # whatever the caller's umask: nothing we write is for other users
+    check_cache_dir(engine)
     with bind_socket(server) as sock:
         engine, notice = resolve_model(engine)
         run_app(create_app(server, engine, media, notice=notice), server, sock)
+
+
+def check_cache_dir(engine: EngineConfig) -> None:
+    """ConfigError when the disk tier's folder is writable by users it should not be (see
+    caches/private_dir.py: world-writable, or group-writable without --cache-dir-group)."""
+    from caches.disk import FORMAT_DIR
+    from caches.private_dir import FolderModes, LooseFolder, check_folder
+
+    folder = engine.cache.cache_dir
+    if folder is None:
+        return
+    group = engine.cache.cache_dir_group
+    modes = FolderModes.group_shared() if group else FolderModes.private()
+    try:
+        for path in (folder, folder / FORMAT_DIR):
+            check_folder(path, modes)
+    except LooseFolder as exc:
+        raise ConfigError(f"--cache-dir: {exc}") from None
 
 
 def bind_socket(server: ServerConfig) -> socket.socket:
@@ -121,6 +146,7 @@ def uvicorn_server(app: Any, server: ServerConfig) -> Any:
         timeout_graceful_shutdown=max(server.shutdown_grace_s, 0.001),
     )
     on_exit = app.state.gateway.begin_shutdown
+    on_hangup = app.state.gateway.reload_keys
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
@@ -137,6 +163,7 @@ def uvicorn_server(app: Any, server: ServerConfig) -> Any:
                 return
             handled = (signal.SIGINT, signal.SIGTERM)
             previous = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, lambda *_: on_hangup())
             try:
                 yield
             finally:

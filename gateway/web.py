@@ -4,8 +4,9 @@ endpoints the dashboard reads (`GET /v1/cache/entries`, `GET /v1/dashboard`).
 
 The pages are plain HTML/CSS/JS with nothing to build and nothing fetched from elsewhere; they
 talk to the gateway's own OpenAI endpoints exactly as any client would. They carry no data, so
-they are served without a key; every JSON endpoint they call checks `--api-key`, and the pages
-ask for the key (kept in the tab's sessionStorage) when the server answers 401.
+they are served without a key; every JSON endpoint they call checks the key (gateway/api/
+keys.py: `/v1/dashboard` is the admin's, `/v1/cache/entries` shows a tenant its own entries),
+and the pages ask for the key (kept in the tab's sessionStorage) when the server answers 401.
 
 `web_routes(gateway)` is all `create_app` needs. Handlers run on the event loop; calls into
 the engine go through `gateway._engine_call` (off the loop, 503 if the engine is gone).
@@ -23,7 +24,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from caches.entries import MAX_LIMIT, check_query
-from gateway.api.http import authorize
+from gateway.api.keys import Keyring
 from gateway.config import EngineConfig, ServerConfig
 from gateway.dashboard import LiveStats, Sample, parse_engine_metrics
 from gateway.engine.client import EngineClient
@@ -50,6 +51,7 @@ class _Gateway(Protocol):
     server: ServerConfig
     engine: EngineClient
     engine_config: EngineConfig
+    keys: Keyring
 
     async def _engine_call(self, method: Any) -> Any: ...
 
@@ -69,9 +71,16 @@ class Web:
         return FileResponse(STATIC / "dashboard.html", headers=PAGE_HEADERS)
 
     async def cache_entries(self, request: Request) -> Response:
-        """`?limit=N` (1..100, default 10) and `?kind=vision|prefix` (default both)."""
+        """`?limit=N` (1..100, default 10), `?kind=vision|prefix` (default both) and
+        `?tenant=NAME`: the caller's own entries (its tenant's); every entry, or the named
+        tenant's, for the admin (403 for anyone else naming another tenant)."""
         g = self.gateway
-        authorize(request, g.server.api_key)
+        caller = g.keys.authorize(request, "read")
+        tenant = request.query_params.get("tenant")
+        if tenant is not None and tenant != caller.tenant:
+            caller = g.keys.authorize(request, "admin")
+        if tenant is None and not caller.admin:
+            tenant = caller.tenant
         raw = request.query_params.get("limit", "10")
         kind = request.query_params.get("kind") or None
         limit = int(raw) if raw.isdigit() else 0
@@ -80,13 +89,15 @@ class Web:
         except ValueError as exc:
             param = "kind" if raw.isdigit() and 1 <= limit <= MAX_LIMIT else "limit"
             raise invalid(str(exc), param) from None
-        return JSONResponse(await g._engine_call(lambda: g.engine.cache_entries(limit, kind)))
+        report = await g._engine_call(lambda: g.engine.cache_entries(limit, kind, tenant))
+        return JSONResponse(report)
 
     async def dashboard_data(self, request: Request) -> Response:
         """The dashboard's numbers: samples the engine at most once per ~second, then reports
-        over the history (see `gateway.dashboard.LiveStats`)."""
+        over the history (see `gateway.dashboard.LiveStats`). The admin's: they are every
+        tenant's traffic together."""
         g = self.gateway
-        authorize(request, g.server.api_key)
+        g.keys.authorize(request, "admin")
         if self._sampling is None:
             self._sampling = asyncio.Lock()
         async with self._sampling:  # concurrent viewers share one sample

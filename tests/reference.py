@@ -127,6 +127,14 @@ def _drop_duplicate_bos(processor: Any, input_ids: Any, mask: Any) -> tuple[Any,
     return input_ids[:, 1:], None if mask is None else mask[:, 1:]
 
 
+def _drop_first(value: Any, length: int) -> Any:
+    """A (1, length, ...) per-token array without its first entry; anything else as is."""
+    shape = getattr(value, "shape", ())
+    if len(shape) >= 2 and shape[0] == 1 and shape[1] == length:
+        return value[:, 1:]
+    return value
+
+
 def _vision_generate(
     model: Any,
     processor: Any,
@@ -146,7 +154,13 @@ def _vision_generate(
         model, processor, prompt, images or None, None, None, {}
     )
     if single_bos:
+        length = input_ids.shape[1]
         input_ids, mask = _drop_duplicate_bos(processor, input_ids, mask)
+        if input_ids.shape[1] < length:
+            # The per-token inputs the processor made along the ids lose the same first entry
+            # (Gemma 4's `mm_token_type_ids`: left one longer than the ids, mlx-vlm silently
+            # drops its bidirectional image mask, which the checkpoint was trained with).
+            extra = {k: _drop_first(v, length) for k, v in extra.items()}
     prompt_ids = tuple(int(t) for t in input_ids[0].tolist())
     ids: list[int] = []
     logprobs: list[float] = []

@@ -62,6 +62,24 @@ def opt_bool(body: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
+MAX_CACHE_SALT_CHARS = 256
+
+
+def cache_salt(body: dict[str, Any]) -> str:
+    """vLLM's `cache_salt`: a non-empty string (at most 256 characters) that scopes cache
+    reuse to requests sending the same salt; "" when absent."""
+    value = body.get("cache_salt")
+    if value is None:
+        return ""
+    if not isinstance(value, str) or not value or len(value) > MAX_CACHE_SALT_CHARS:
+        raise invalid(
+            f"`cache_salt` must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} "
+            "characters (requests share cached prompts only with the same salt)",
+            "cache_salt",
+        )
+    return text(value, "cache_salt")
+
+
 def stop_strings(raw: Any, name: str, limit: int, allow_single: bool) -> tuple[str, ...]:
     """A list of non-empty strings (or one string when `allow_single`), at most `limit`."""
     if raw is None:

@@ -1,5 +1,5 @@
-"""HTTP plumbing shared by the wire formats: API keys, bounded JSON bodies, disconnects, and
-per-route error rendering.
+"""HTTP plumbing shared by the wire formats: bounded JSON bodies, disconnects, and per-route
+error rendering (API keys: gateway/api/keys.py).
 
 Everything here is protocol-neutral: failures are `APIError`s and each route renders them in
 its own API's error shape (`with_errors`).
@@ -8,7 +8,6 @@ its own API's error shape (`with_errors`).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -25,31 +24,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 Handler = Callable[[Request], Awaitable[Response]]
 Renderer = Callable[[APIError], Response]
-
-
-def authorize(request: Request, key: str | None) -> None:
-    """Accept `Authorization: Bearer <key>` (OpenAI) or `x-api-key: <key>` (Anthropic);
-    401 otherwise. No-op when `key` is None. Constant-time comparison."""
-    if key is None:
-        return
-    expected = key.encode("utf-8")
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    # Headers are latin-1 on the wire; a key with other characters can never match.
-    bearer = token.strip().encode("latin-1", errors="replace")
-    if scheme.lower() == "bearer" and hmac.compare_digest(bearer, expected):
-        return
-    api_key = request.headers.get("x-api-key")
-    if api_key is not None:
-        given = api_key.strip().encode("latin-1", errors="replace")
-        if hmac.compare_digest(given, expected):
-            return
-    raise APIError(
-        401,
-        "missing or wrong API key: send `Authorization: Bearer <key>` or `x-api-key: <key>`",
-        "authentication_error",
-        code="invalid_api_key",
-    )
 
 
 async def read_json(request: Request, limit: int, budget: BodyBudget | None = None) -> Any:

@@ -1,7 +1,7 @@
-"""The HTTP side of a chat request, above the front end: the API key, the drain check, the
-bounded JSON body (within the body budget shared by all requests), the wire format's parser,
-and the connection watched until admission; then the front end's `ChatPipeline` does the
-rest.
+"""The HTTP side of a chat request, above the front end: the API key (and the cache scope
+that its tenant and the request's `cache_salt` give), the drain check, the bounded JSON body
+(within the body budget shared by all requests), the wire format's parser, and the
+connection watched until admission; then the front end's `ChatPipeline` does the rest.
 
 Each API's routes go through one `Intake`; failures are `APIError`s they render in their own
 shape (gateway.api.http.with_errors), and `ClientGone` when the client left before admission.
@@ -12,12 +12,14 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
 
 from gateway.api.body_budget import BodyBudget
-from gateway.api.http import authorize, read_json, unless_disconnected
+from gateway.api.http import read_json, unless_disconnected
+from gateway.api.keys import Keyring
 from gateway.config import MIB, ServerConfig
 from gateway.frontend.admission import Admission
 from gateway.frontend.chat import ChatRequest
@@ -32,19 +34,24 @@ Parser = Callable[[Any], ChatRequest]
 class Intake:
     """Reads chat requests off HTTP into one pipeline. Event loop only."""
 
-    def __init__(self, server: ServerConfig, pipeline: ChatPipeline, metrics: EdgeMetrics):
+    def __init__(
+        self, server: ServerConfig, pipeline: ChatPipeline, metrics: EdgeMetrics, keys: Keyring
+    ) -> None:
         self._server = server
+        self.keys = keys
         self.pipeline = pipeline
         self._bodies = BodyBudget(int(server.max_inflight_body_mb * MIB), metrics)
 
     async def _read(self, request: Request, parse: Parser) -> tuple[ChatRequest, float]:
-        """Authorize, refuse while draining, read and parse the body; returns the request and
-        the perf_counter() mark of the read's end."""
-        authorize(request, self._server.api_key)
+        """Authorize, refuse while draining, read and parse the body; returns the request (in
+        the caller's cache scope: tenant and `cache_salt`) and the perf_counter() mark of the
+        read's end."""
+        caller = self.keys.authorize(request, "chat")
         self.pipeline.accept()
         body = await read_json(request, self._server.max_body_bytes, self._bodies)
         t_read = time.perf_counter()
-        return parse(body), t_read
+        chat = parse(body)
+        return replace(chat, cache_scope=self.keys.scope(caller, chat.cache_salt)), t_read
 
     async def admit(
         self,

@@ -89,8 +89,10 @@ class ReplicaQueries:
         merged["router"] = self.router.stats()
         return merged
 
-    def cache_entries(self, limit: int = 10, kind: str | None = None) -> dict[str, Any]:
-        return merge_entries(self._answers(CacheEntries(limit, kind)), limit)
+    def cache_entries(
+        self, limit: int = 10, kind: str | None = None, tenant: str | None = None
+    ) -> dict[str, Any]:
+        return merge_entries(self._answers(CacheEntries(limit, kind, tenant)), limit)
 
     def clear_caches(self) -> None:
         self._answers(ClearCaches())

@@ -75,6 +75,7 @@ class EngineReplica:
                 self.engine.needs_pixels,
                 config.max_context_tokens,
                 config.default_max_tokens,
+                config.tool_call_parser,
             )
             seconds = Warmup(self.engine, prompts).run(config.warmup_image_sizes)
             log.info("replica %d: warm-up done in %.1f s", slot, seconds)

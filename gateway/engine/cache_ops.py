@@ -4,6 +4,10 @@ blocks of the radix tree (caches/prefix.py). Engine thread only.
 
 A failure inside a cache is a miss (or a skipped store) with a log line, never a failed
 request: the caches are an optimisation, the request must still be answered.
+
+Scopes (caches/scope.py): a request's images arrive with scoped content hashes (the prompt
+builder's doing), so vision keys and image tags are scoped already; its `cache_scope` tag is
+passed with every prompt given to the prefix cache (`_scope`), so its text is too.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import mlx.core as mx
 
 from caches.prefix import ImageSpan, PrefixCache, PrefixHit
 from caches.radix import Block
+from caches.scope import scope_of_hash
 from caches.vision import VisionCache, VisionEntry, VisionKey
 from gateway.config import CPU_KV_BLOCK_TOKENS, GPU_KV_BLOCK_TOKENS, CacheConfig
 from gateway.engine.disk.kv import (
@@ -84,6 +89,11 @@ class CacheOps:
         cache.configure(self.block)
         self._prefix = cache
 
+    @staticmethod
+    def _scope(job: Job) -> str:
+        """The request's cache scope: one more component of every prefix-cache key."""
+        return job.request.cache_scope
+
     def spans(self, job: Job, upto: int | None = None) -> list[ImageSpan]:
         """Image spans of the request's prompt (those wholly before `upto`, if given)."""
         return [
@@ -95,8 +105,10 @@ class CacheOps:
     def needs_pixels(self, prompt_ids: Sequence[int], images: Sequence[ImageSpan]) -> list[bool]:
         """Per image: is it neither covered by a prefix-cache hit nor in the vision cache, so
         the tower must run on it? Thread-safe (the caches lock); advisory: if an entry is
-        evicted before admission, the engine preprocesses the image itself."""
-        covered = self.prefix.peek(prompt_ids, images, self._align) if self._prefix_on else 0
+        evicted before admission, the engine preprocesses the image itself. (The scope is
+        that of the images' scoped hashes: every image of a request carries it.)"""
+        scope = scope_of_hash(images[0].content_hash) if images else ""
+        covered = self.prefix.peek(prompt_ids, images, self._align, scope) if self._prefix_on else 0
         return [
             span.end > covered and not self._vision_held(self.vision_key(span.content_hash))
             for span in images
@@ -146,11 +158,17 @@ class CacheOps:
         blocks: tuple = ()
         if self._disk_for(self.prefix):
             blocks = block_wants(
-                self.prefix, request.prompt_ids, spans, lambda cut: delta_before(layouts, cut)
+                self.prefix,
+                request.prompt_ids,
+                spans,
+                lambda cut: delta_before(layouts, cut),
+                self._scope(job),
             )
             if blocks and not disk.store.probe("prefix", blocks[0].key):
                 blocks = ()
-        covered = self.prefix.peek(request.prompt_ids, spans, self._align) if self._prefix_on else 0
+        covered = 0
+        if self._prefix_on:
+            covered = self.prefix.peek(request.prompt_ids, spans, self._align, self._scope(job))
         images = []
         for image in request.images if self._disk_for(self.vision) else ():
             key = self.vision_key(image.content_hash)
@@ -185,7 +203,9 @@ class CacheOps:
         hit = None
         try:
             if request.use_caches and self._prefix_on:
-                hit = self.prefix.lookup(request.prompt_ids, self.spans(job), self._align)
+                hit = self.prefix.lookup(
+                    request.prompt_ids, self.spans(job), self._align, self._scope(job)
+                )
             if request.use_caches and self._disk_for(self.prefix):
                 touch_blocks(self.disk, hit)  # type: ignore[arg-type]
                 hit = self._disk_extend(job, hit, found)
@@ -267,6 +287,7 @@ class CacheOps:
             self._align,
             hit,
             found,
+            self._scope(job),
         )
         job.disk_cached_tokens = gained
         return extended
@@ -314,13 +335,13 @@ class CacheOps:
                 return made[-1][1]
 
             spans = self.spans(job)
-            self.prefix.store(list(tokens), spans, make, length)
+            self.prefix.store(list(tokens), spans, make, length, self._scope(job))
             mx.eval(new)
         except Exception:
             log.exception("prefix cache store failed for %s; continuing", job.request_id)
             return
         if made and self._disk_for(self.prefix):
-            queue_blocks(self.disk, list(tokens), spans, block, made)  # type: ignore[arg-type]
+            queue_blocks(self.disk, list(tokens), spans, block, made, self._scope(job))  # type: ignore[arg-type]
 
     def open_disk(self, config: CacheConfig, active: bool) -> None:
         """Open the disk tier `config` asks for (none if off or unusable), for this engine's
@@ -347,9 +368,19 @@ def delta_before(layouts: Sequence[Any], cut: int) -> int:
     return sum(i.rope_shift for i in layouts if i.end <= cut)
 
 
+def new_caches(config: CacheConfig) -> tuple[VisionCache, PrefixCache]:
+    """Empty vision and prefix caches with `config`'s budgets and per-tenant share."""
+    share = config.tenant_cache_share
+    return (
+        VisionCache(config.vision_capacity_bytes, share),
+        PrefixCache(config.kv_capacity_bytes, tenant_share=share),
+    )
+
+
 def cache_stats(vision: VisionCache, prefix: PrefixCache) -> dict[str, dict[str, object]]:
     """Both caches' counters as JSON-able dicts: the one source for /v1/cache/stats and
-    /metrics. Thread-safe."""
+    /metrics, with `tenants`: per tenant, each cache's lookups, hits, entries and bytes.
+    Thread-safe."""
     out: dict[str, dict[str, object]] = {}
     p = prefix.stats()
     for name, stats in (("vision", vision.stats()), ("prefix", p)):
@@ -359,4 +390,9 @@ def cache_stats(vision: VisionCache, prefix: PrefixCache) -> dict[str, dict[str,
         d["enabled"] = stats.capacity_bytes > 0
         out[name] = d
     out["prefix"]["token_hit_rate"] = p.tokens_hit / p.tokens_queried if p.tokens_queried else 0.0
+    tenants: dict[str, dict[str, object]] = {}
+    for name, per in (("vision", vision.tenant_stats()), ("prefix", prefix.tenant_stats())):
+        for tenant, row in per.items():
+            tenants.setdefault(tenant, {})[name] = row
+    out["tenants"] = tenants
     return out

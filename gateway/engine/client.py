@@ -120,10 +120,12 @@ class EngineClient(Protocol):
         loaded grammar and disk). Sizes in bytes."""
         ...
 
-    def cache_entries(self, limit: int = 10, kind: str | None = None) -> dict[str, Any]:
+    def cache_entries(
+        self, limit: int = 10, kind: str | None = None, tenant: str | None = None
+    ) -> dict[str, Any]:
         """`caches.entries.entries_report`: the `limit` largest and most-hit entries of the
-        `kind` cache ("vision" or "prefix"; None: both). Validate the arguments first with
-        `caches.entries.check_query`."""
+        `kind` cache ("vision" or "prefix"; None: both), of `tenant`'s scope only unless it is
+        None. Validate the arguments first with `caches.entries.check_query`."""
         ...
 
     def clear_caches(self) -> None:

@@ -30,10 +30,9 @@ from typing import Any
 import mlx.core as mx
 
 from caches.entries import entries_report
-from caches.prefix import ImageSpan, PrefixCache
-from caches.vision import VisionCache
+from caches.prefix import ImageSpan
 from gateway.config import EngineConfig
-from gateway.engine.cache_ops import cache_stats
+from gateway.engine.cache_ops import cache_stats, new_caches
 from gateway.engine.families import ModelFamily, load_model
 from gateway.engine.model.cudnn import disable_cudnn_attention
 from gateway.engine.request import EngineRequest
@@ -65,8 +64,7 @@ class Engine:
         self.metrics = metrics
         self._loader = loader or (lambda: load_model(config.model))
         # Replaced (not cleared) by `reset_caches`; any thread reads them.
-        self.vision_cache = VisionCache(config.cache.vision_capacity_bytes)
-        self.prefix_cache = PrefixCache(config.cache.kv_capacity_bytes)
+        self.vision_cache, self.prefix_cache = new_caches(config.cache)
         metrics.add_collector(CacheCollector(self.cache_stats))
         # Called where a step's events should leave now (sinks may buffer until then).
         self.on_events: Callable[[], None] | None = None
@@ -168,10 +166,12 @@ class Engine:
             return [True] * len(images)
         return loaded.cache_ops.needs_pixels(prompt_ids, images)
 
-    def cache_entries(self, limit: int = 10, kind: str | None = None) -> dict[str, Any]:
+    def cache_entries(
+        self, limit: int = 10, kind: str | None = None, tenant: str | None = None
+    ) -> dict[str, Any]:
         """`caches.entries.entries_report` over this engine's caches (any thread: they are
         thread-safe to read)."""
-        return entries_report(self.vision_cache, self.prefix_cache, limit, kind)
+        return entries_report(self.vision_cache, self.prefix_cache, limit, kind, tenant)
 
     def clear_caches(self) -> None:
         """Empty the vision and prefix caches and this model's disk tier (a cleared server
@@ -243,8 +243,7 @@ class Engine:
         self._stopped.set()
 
     def _new_caches(self) -> None:
-        self.vision_cache = VisionCache(self.config.cache.vision_capacity_bytes)
-        self.prefix_cache = PrefixCache(self.config.cache.kv_capacity_bytes)
+        self.vision_cache, self.prefix_cache = new_caches(self.config.cache)
         self._serving.loaded.use_caches(self.vision_cache, self.prefix_cache)
 
     def _drain_inbox(self, block: bool) -> bool:

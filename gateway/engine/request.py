@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from caches.scope import scope_of_hash
 from gateway.engine.model.positions import ImageLayout
 
 
@@ -68,6 +69,17 @@ class EngineRequest:
     # Which replica should serve it when several do (`gateway.cluster`): the first image's
     # hash or the conversation opening's; "" for none. The engine itself ignores it.
     affinity_key: str = ""
+    # The cache scope tag (caches/scope.py: tenant and cache_salt; "" shared): part of every
+    # cache key. Each image's content_hash must carry it (`scoped_hash`), checked here.
+    cache_scope: str = ""
+
+    def __post_init__(self) -> None:
+        for image in self.images:
+            if scope_of_hash(image.content_hash) != self.cache_scope:
+                raise ValueError(
+                    f"image {image.content_hash[:12]} is not in the request's cache scope "
+                    f"{self.cache_scope!r}: build its hash with caches.scope.scoped_hash"
+                )
 
 
 @dataclass(frozen=True)

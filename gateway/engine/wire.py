@@ -72,6 +72,7 @@ class CacheEntries:
 
     limit: int = 10
     kind: str | None = None
+    tenant: str | None = None  # only this tenant's entries (None: all)
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,8 @@ def answer(engine: EngineClient, call: Call) -> Any:
             return engine.needs_pixels(prompt_ids, images)
         case CacheStats():
             return engine.cache_stats()
-        case CacheEntries(limit, kind):
-            return engine.cache_entries(limit, kind)
+        case CacheEntries(limit, kind, tenant):
+            return engine.cache_entries(limit, kind, tenant)
         case ClearCaches():
             return engine.clear_caches()
         case ResetCaches():

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from gateway.engine.request import AdmittedEvent, Event
 from gateway.frontend.chat import ChatRequest
 from gateway.frontend.streams import EventStream
+from gateway.tools.formats import ToolFormat
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,9 @@ class Admission:
     event: AdmittedEvent
     stream: EventStream[Event]
     timings: Timings
+    # The call syntax to split the answer by (gateway.tools.calls), when it was decoded
+    # under a tool grammar; None: the answer is plain text.
+    tool_format: ToolFormat | None = None
 
     def headers(self) -> dict[str, str]:
         """x-request-id, x-cache (hits and cached tokens) and Server-Timing, the same for

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.tools.spec import ToolCall, ToolSet
+
 
 @dataclass(frozen=True)
 class TextPart:
@@ -37,8 +39,15 @@ Part = TextPart | ImagePart | VideoPart
 
 @dataclass(frozen=True)
 class ChatMessage:
-    role: str  # system | user | assistant
+    """One message. An assistant message may carry `tool_calls` (its parts then hold any text
+    it wrote before them); a `tool` message is one call's result (`tool_call_id`, the called
+    function's `name`), its parts text and images, as a user message's."""
+
+    role: str  # system | user | assistant | tool
     parts: tuple[Part, ...]
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,14 @@ class ChatRequest:
     # Text the answer continues (Anthropic's final assistant message): appended after the
     # template's opening of the assistant turn; the response holds only what follows it.
     prefill: str = ""
+    # vLLM's `cache_salt`, as the wire format sent it ("" none): scopes cache reuse further.
+    cache_salt: str = ""
+    # The request's cache scope tag (caches/scope.py), set by the intake from the caller's
+    # tenant and `cache_salt`; the prompt builder puts it into every cache key.
+    cache_scope: str = ""
+    # The tools offered (None: none); with a choice other than `none` the answer is decoded
+    # under the model's tool grammar and split into text and calls (gateway.tools).
+    tools: ToolSet | None = None
 
     @classmethod
     def greedy(

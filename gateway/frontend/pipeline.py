@@ -190,7 +190,9 @@ class ChatPipeline:
         assert isinstance(first, AdmittedEvent)
         timings = Timings(arrival, read, t_media, t_prompt, time.perf_counter())
         self._live[request_id] = stream
-        return Admission(request_id, chat, first, stream, timings)
+        calls = chat.tools is not None and chat.tools.constrained
+        fmt = prompts.tool_format if calls else None
+        return Admission(request_id, chat, first, stream, timings, fmt)
 
 
 async def _both(first: Awaitable[_A], second: Awaitable[_B]) -> tuple[_A, _B]:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from caches.prefix import ImageSpan
+from caches.scope import scoped_hash
 from gateway.engine.families.family import ModelFamily
 from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.video_layout import VideoLayout
@@ -19,6 +20,8 @@ from gateway.engine.request import EngineRequest, ImageInput, SamplingParams
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatRequest, ImagePart, TextPart, VideoPart
 from gateway.media import DecodedImage, DecodedVideo
+from gateway.tools.formats import ToolFormat, resolve
+from gateway.tools.grammar import tool_grammar
 
 Media = DecodedImage | DecodedVideo
 Grid = tuple[int, int, int] | VideoLayout
@@ -35,22 +38,34 @@ class UnsupportedImage(ValueError):
 
 
 def template_messages(chat: ChatRequest) -> list[dict[str, Any]]:
-    """OpenAI messages -> the chat template's format (`{"type": "image"}` placeholders)."""
+    """OpenAI messages -> the chat template's format (`{"type": "image"}` placeholders).
+
+    Text-only content is one string (templates such as Qwen3's call string methods on it);
+    an assistant message's calls go in `tool_calls` (transformers' shape, arguments as a
+    mapping), a tool result carries `tool_call_id` and `name`, and its images stay parts in
+    place, as a user message's (a template that renders tool content as a string only
+    refuses them: a 400)."""
     out: list[dict[str, Any]] = []
     for message in chat.messages:
+        entry: dict[str, Any] = {"role": message.role}
         if all(isinstance(p, TextPart) for p in message.parts):
-            text = "".join(p.text for p in message.parts)  # type: ignore[union-attr]
-            out.append({"role": message.role, "content": text})
-            continue
-        content: list[dict[str, Any]] = []
-        for part in message.parts:
-            if isinstance(part, ImagePart):
-                content.append({"type": "image"})
-            elif isinstance(part, VideoPart):
-                content.append({"type": "video"})
-            else:
-                content.append({"type": "text", "text": part.text})
-        out.append({"role": message.role, "content": content})
+            entry["content"] = "".join(p.text for p in message.parts)  # type: ignore[union-attr]
+        else:
+            content: list[dict[str, Any]] = []
+            for part in message.parts:
+                if isinstance(part, ImagePart):
+                    content.append({"type": "image"})
+                elif isinstance(part, VideoPart):
+                    content.append({"type": "video"})
+                else:
+                    content.append({"type": "text", "text": part.text})
+            entry["content"] = content
+        if message.tool_calls:
+            entry["tool_calls"] = [call.template_dict() for call in message.tool_calls]
+        if message.role == "tool":
+            entry["tool_call_id"] = message.tool_call_id
+            entry["name"] = message.name
+        out.append(entry)
     return out
 
 
@@ -62,6 +77,10 @@ class PromptBuilder:
     vision tower on it (not covered by a prefix-cache hit, not in the vision cache). Other
     images skip pixel preprocessing; the engine preprocesses itself on the rare eviction in
     between.
+
+    Every image's content hash is scoped with the request's `cache_scope` (caches/scope.py:
+    tenant and cache_salt), which the `EngineRequest` carries too: that is how a scope enters
+    every cache key.
     """
 
     def __init__(
@@ -70,11 +89,15 @@ class PromptBuilder:
         needs_pixels: Callable[[list[int], list[ImageSpan]], list[bool]],
         max_context_tokens: int,
         default_max_tokens: int,
+        tool_parser: str = "auto",
     ) -> None:
         self.model = model
         self._needs_pixels = needs_pixels
         self._max_context = max_context_tokens
         self._default_max_tokens = default_max_tokens
+        # The tool-call syntax of this checkpoint (None: requests with tools get a 400).
+        self.tool_format: ToolFormat | None = resolve(tool_parser, model.chat_template)
+        self._added = frozenset(model.tokenizer.get_added_vocab())
 
     def count(self, chat: ChatRequest, media: Sequence[Media]) -> int:
         """The prompt's length in tokens, image and video tokens included (no pixel work)."""
@@ -84,8 +107,12 @@ class PromptBuilder:
         self, chat: ChatRequest, media: Sequence[Media]
     ) -> tuple[list[int], list[ImageLayout], list[Grid]]:
         self._check_media_kinds(chat)
+        tools = None
+        if chat.tools is not None:
+            self._check_tools(chat)
+            tools = [tool.template_dict() for tool in chat.tools.tools]
         # An assistant prefill continues the assistant turn the template just opened.
-        text = self.model.render(template_messages(chat)) + chat.prefill
+        text = self.model.render(template_messages(chat), tools) + chat.prefill
         ids = self.model.tokenize(text)
         grids = [self._grid(index, item) for index, item in enumerate(media)]
         prompt, layouts = self.model.layout_prompt(ids, grids)
@@ -105,6 +132,31 @@ class PromptBuilder:
                     f"does not take {kind} input; send text only, or serve a model that reads "
                     f"{kind}s",
                 )
+
+    def _check_tools(self, chat: ChatRequest) -> None:
+        """Tools need a model whose template teaches a call syntax we can constrain; tools
+        and `response_format` together are refused (one grammar per answer)."""
+        if self.tool_format is None:
+            model = self.model
+            raise invalid(
+                f"this model ({model.model_type}, family {model.family}) has no tool-call "
+                "format this server knows in its chat template (hermes <tool_call>, Llama 3 "
+                "JSON); send the request without `tools`, or start the server with "
+                "--tool-call-parser",
+                "tools",
+            )
+        if chat.grammar is not None and chat.tools is not None and chat.tools.constrained:
+            raise invalid(
+                "`response_format` cannot be combined with tools unless `tool_choice` is 'none'",
+                "response_format",
+            )
+
+    def tool_grammar(self, chat: ChatRequest) -> str | None:
+        """The grammar this request decodes under: its tools' (when constrained), else its
+        `response_format`'s, else None."""
+        if chat.tools is None or not chat.tools.constrained or self.tool_format is None:
+            return chat.grammar
+        return tool_grammar(self.tool_format, chat.tools, self._added.__contains__)
 
     def _grid(self, index: int, item: Media) -> Grid:
         what = "video frames" if isinstance(item, DecodedVideo) else "image"
@@ -134,7 +186,7 @@ class PromptBuilder:
                 owners.extend((index, b) for b in range(grid.blocks))
             else:
                 owners.append((index, None))
-        hashes = [_block_hash(media[i], b) for i, b in owners]
+        hashes = [scoped_hash(_block_hash(media[i], b), chat.cache_scope) for i, b in owners]
         spans = [
             ImageSpan(layout.start, layout.end, h)
             for layout, h in zip(layouts, hashes, strict=True)
@@ -173,6 +225,7 @@ class PromptBuilder:
             images=tuple(inputs),
             sampling=self._sampling(chat, len(prompt)),
             arrival_time=arrival,
+            cache_scope=chat.cache_scope,
         )
 
     def _preprocess(self, item: Media, grid: Grid) -> Any:
@@ -215,7 +268,7 @@ class PromptBuilder:
             logprobs=chat.logprobs,
             top_logprobs=chat.top_logprobs,
             ignore_eos=chat.ignore_eos,
-            grammar=chat.grammar,
+            grammar=self.tool_grammar(chat),
         )
 
 

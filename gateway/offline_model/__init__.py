@@ -166,7 +166,8 @@ def _build_tmp(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        tmp.chmod(0o755)  # mkdtemp makes it 0700; the result is a shareable model dir
+        # (mkdtemp makes it 0700 and it stays so: the server builds its embedded model with
+        # umask 077, like everything else it writes; docs/security.md)
         _write_checkpoint(tmp, arch, size, seed, dtype, progress or (lambda _msg: None), quant)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -54,13 +54,19 @@ _N_TRAINED = VOCAB_SIZE - len(SPECIAL_TOKENS)  # BPE tokens; also the id of the 
 #   text, an image part as <|vision_start|><|image_pad|><|vision_end|> in place (so an
 #   image's tokens never depend on the text after it), a video part likewise;
 # - add_generation_prompt appends "<|im_start|>assistant\n".
-# One line with explicit string literals, so Jinja whitespace handling cannot add newlines.
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
-    "{%- if message['content'] is string -%}{{- message['content'] -}}"
-    "{%- elif message['content'] is not none -%}"
-    "{%- for part in message['content'] -%}"
+# Tools as Qwen2.5-VL's and Qwen3-VL's templates render them (hermes style): a `tools` list
+# opens a system turn with the "# Tools" section (a first string system message's text
+# first), an assistant's `tool_calls` follow its text as
+# `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>` lines, and consecutive
+# `tool` messages share one user turn, each as `<tool_response>\n...\n</tool_response>`,
+# their content parts (images included, as Qwen3-VL's template allows) in place. Without
+# tools or tool messages the prompt is byte for byte the one before tools were added.
+# One line per piece with explicit string literals, so Jinja whitespace handling cannot add
+# newlines.
+_CONTENT = (
+    "{%- if content is string -%}{{- content -}}"
+    "{%- elif content is not none -%}"
+    "{%- for part in content -%}"
     "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
     "{%- elif part['type'] in ('image', 'image_url') -%}"
     "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
@@ -69,7 +75,50 @@ CHAT_TEMPLATE = (
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- endif -%}"
+)
+_TOOLS = (
+    "{%- if tools -%}"
+    "{{- '<|im_start|>system\\n' -}}"
+    "{%- if messages[0]['role'] == 'system' and messages[0]['content'] is string -%}"
+    "{{- messages[0]['content'] + '\\n\\n' -}}{%- endif -%}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query."
+    "\\n\\nYou are provided with function signatures within <tools></tools> XML tags:"
+    "\\n<tools>' -}}"
+    "{%- for tool in tools -%}{{- '\\n' -}}{{- tool | tojson -}}{%- endfor -%}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function "
+    "name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+    '{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n'
+    "</tool_call><|im_end|>\\n' -}}"
+    "{%- endif -%}"
+)
+_CALLS = (
+    "{%- for call in message['tool_calls'] -%}"
+    "{%- if not loop.first or message['content'] -%}{{- '\\n' -}}{%- endif -%}"
+    "{%- set f = call['function'] if call['function'] is defined else call -%}"
+    "{{- '<tool_call>\\n{\"name\": \"' + f['name'] + '\", \"arguments\": ' -}}"
+    "{%- if f['arguments'] is string -%}{{- f['arguments'] -}}"
+    "{%- else -%}{{- f['arguments'] | tojson -}}{%- endif -%}"
+    "{{- '}\\n</tool_call>' -}}"
+    "{%- endfor -%}"
+)
+CHAT_TEMPLATE = (
+    _TOOLS + "{%- for message in messages -%}"
+    "{%- set content = message['content'] -%}"
+    "{%- if tools and loop.first and message['role'] == 'system' and content is string -%}"
+    "{%- elif message['role'] == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}"
+    "{{- '<|im_start|>user' -}}{%- endif -%}"
+    "{{- '\\n<tool_response>\\n' -}}" + _CONTENT + "{{- '\\n</tool_response>' -}}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}"
+    "{{- '<|im_end|>\\n' -}}{%- endif -%}"
+    "{%- else -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    + _CONTENT
+    + "{%- if message['tool_calls'] -%}"
+    + _CALLS
+    + "{%- endif -%}"
     "{{- '<|im_end|>\\n' -}}"
+    "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )

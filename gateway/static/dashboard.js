@@ -120,8 +120,16 @@
         $("status").classList.add("down");
         return;
       }
-      if (!live.ok) throw new Error(await VG.errorMessage(live));
       if (!entries.ok) throw new Error(await VG.errorMessage(entries));
+      if (live.status === 403) {
+        // a tenant's key: its own cache entries; the charts (every tenant's traffic) are the
+        // admin key's (docs/security.md)
+        showEntries(await entries.json());
+        $("status").textContent = "your own cache entries only: the charts need the admin key";
+        $("status").classList.remove("down");
+        return;
+      }
+      if (!live.ok) throw new Error(await VG.errorMessage(live));
       const data = await live.json();
       $("model-name").textContent = data.model;
       const family = data.caches.family; // the model family, once the engine has loaded

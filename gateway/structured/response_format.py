@@ -73,6 +73,15 @@ def response_format_grammar(raw: Any) -> str | None:
 
 
 def _grammar(schema: dict[str, Any], strict: bool, where: str) -> str:
+    return LLMatcher.grammar_from_json_schema(  # type: ignore[arg-type]
+        checked_schema(schema, strict, where), overrides=JSON_OPTIONS
+    )
+
+
+def checked_schema(schema: dict[str, Any], strict: bool, where: str) -> dict[str, Any]:
+    """`schema` validated as one this server can enforce (closed objects when `strict`),
+    ready for llguidance with `JSON_OPTIONS`. Raises APIError (400) naming the path of the
+    offending part (`where` is the schema's own path), or `schema_too_large`."""
     check_depth(schema, where)
     size = len(json.dumps(schema, separators=(",", ":"), ensure_ascii=False).encode())
     if size > MAX_SCHEMA_BYTES:
@@ -101,4 +110,4 @@ def _grammar(schema: dict[str, Any], strict: bool, where: str) -> str:
             path,
             "unsupported_schema",
         )
-    return grammar
+    return schema

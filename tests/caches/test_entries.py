@@ -147,14 +147,16 @@ def test_report_ranks_by_size_and_hits_with_a_limit() -> None:
 
 
 def test_report_exposes_hash_prefixes_and_numbers_only() -> None:
-    """Invariant: each reported entry has exactly kind, hash prefixes, counts, bytes, hits and
-    age: hashes are cut to HASH_PREFIX_CHARS and nothing else of the entry leaves."""
+    """Invariant: each reported entry has exactly kind, hash prefixes, counts, bytes, hits,
+    age and tenant: hashes are cut to HASH_PREFIX_CHARS and nothing else of the entry leaves."""
     full = "0123456789abcdef" * 2
     vision = VisionCache(1000)
     vision.store(_vkey(full), VisionEntry("SECRET-FEATURES", 4, (1, 4, 4), 100))
     report = entries_report(vision, PrefixCache(1000))
     (entry,) = report["largest"]
-    assert set(entry) == {"kind", "hash", "hashes", "images", "tokens", "bytes", "hits", "age_s"}
+    assert set(entry) == {
+        "kind", "hash", "hashes", "images", "tokens", "bytes", "hits", "age_s", "tenant"
+    }  # fmt: skip
     assert entry["hash"] == full[:HASH_PREFIX_CHARS] and entry["images"] == 1
     body = json.dumps(report)
     assert full not in body and "SECRET" not in body

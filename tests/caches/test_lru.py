@@ -149,3 +149,43 @@ def test_thread_safety_smoke() -> None:
     s = lru.stats()
     assert s.bytes <= 1000
     assert s.hits + s.misses + s.insertions == n_threads * n_ops
+
+
+def test_a_group_holds_at_most_its_share_and_evicts_its_own_first() -> None:
+    """Invariant: storing into a group at its share evicts that group's least recently used
+    entries, never another group's; the ungrouped ("") entries are not limited."""
+    lru: ByteLRU[str, int] = ByteLRU(100, group=lambda k: k.split(":")[0], group_share=0.5)
+    for i in range(3):
+        assert lru.put(f"b:{i}", i, 10)
+    for i in range(8):
+        assert lru.put(f"a:{i}", i, 10)
+    assert lru.groups()["a"] == (5, 50)  # a holds its share, no more
+    assert [k for k in lru.keys() if k.startswith("b:")] == ["b:0", "b:1", "b:2"]
+    assert lru.keys()[-5:] == [f"a:{i}" for i in range(3, 8)]  # a's oldest went
+    assert not lru.put("a:big", 0, 60)  # larger than a's share: refused
+    for i in range(6):
+        assert lru.put(f":{i}", i, 10)  # the shared group fills the rest, evicting by LRU
+    assert lru.stats().bytes <= 100
+
+
+def test_group_accounting_matches_entries_after_random_operations() -> None:
+    """Invariant: per-group (entries, bytes) always equal what the entries sum to, through
+    puts, replacements, pops, evictions and clears."""
+    rng = random.Random(3)
+    lru: ByteLRU[str, int] = ByteLRU(200, group=lambda k: k[0].strip("_"), group_share=0.6)
+    for step in range(2000):
+        key = f"{rng.choice('ab_')}{rng.randrange(12)}"
+        op = rng.random()
+        if op < 0.75:
+            lru.put(key, step, rng.randrange(1, 50))
+        elif op < 0.98:
+            lru.pop(key)
+        else:
+            lru.clear()
+        want: dict[str, tuple[int, int]] = {}
+        for e in lru.entries():
+            n, b = want.get(e.key[0], (0, 0))
+            want[e.key[0]] = (n + 1, b + e.nbytes)
+        got = {g: v for g, v in lru.groups().items() if g}
+        assert got == {g: v for g, v in want.items() if g != "_"}
+        assert all(b <= 120 for g, (_, b) in got.items())

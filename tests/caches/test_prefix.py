@@ -294,3 +294,52 @@ def test_find_counts_nothing_and_stored_blocks_counts_whole_blocks() -> None:
     s = cache.stats()
     assert (s.hits, s.misses, s.tokens_queried) == (0, 0, 0)
     assert PrefixCache(0, block_tokens=B).stored_blocks(*longer) == 0
+
+
+def _scoped(tenant: str, p: Prompt, salt: str = "") -> tuple[Prompt, str]:
+    """The prompt as a request of `tenant` (with `salt`) sends it: images' hashes scoped."""
+    from caches.scope import scope_tag, scoped_hash
+
+    tag = scope_tag(tenant, salt)
+    spans = [ImageSpan(s.start, s.end, scoped_hash(s.content_hash, tag)) for s in p[1]]
+    return (p[0], spans), tag
+
+
+@pytest.mark.parametrize("align", [1, B])
+def test_two_scopes_never_share_a_block_and_one_scope_keeps_its_hits(align: int) -> None:
+    """Invariant: a prompt stored in one scope (tenant, or tenant + salt) is a miss in every
+    other scope, text and images alike, and a hit in its own, as in the shared scope."""
+    base = P(1, 2, 3, ("img", 4), 5, 6, 7, 8, 9, 10, 11)
+    text = P(*range(1, 14))
+    for prompt in (base, text):
+        cache = PrefixCache(10_000, B)
+        (ids, spans), alice = _scoped("alice", prompt)
+        assert cache.store(ids, spans, Maker("a"), scope=alice)
+        for tenant, salt in (("bob", ""), ("alice", "salt"), ("", "")):
+            (o_ids, o_spans), tag = _scoped(tenant, prompt, salt)
+            assert cache.lookup(o_ids, o_spans, align, scope=tag) is None
+            assert cache.stored_blocks(o_ids, o_spans, scope=tag) == 0
+        hit = cache.lookup(ids, spans, align, scope=alice)
+        assert hit is not None and hit.tokens == (len(ids) - 1) // B * B
+    stats = cache.tenant_stats()
+    assert stats["alice"]["hits"] == 1 and stats["bob"]["hits"] == 0
+    assert stats["alice"]["entries"] == 1 and stats["alice"]["bytes"] == 30
+
+
+def test_a_tenant_at_its_share_evicts_its_own_blocks_not_others() -> None:
+    """Invariant: with tenant_share 0.5, a tenant storing past half the budget loses its own
+    least recently used entries; another tenant's and the shared scope's blocks stay."""
+    cache = PrefixCache(200, B, tenant_share=0.5)
+    (b_ids, b_spans), bob = _scoped("bob", P(*range(100, 109)))
+    cache.store(b_ids, b_spans, Maker("b"), scope=bob)  # 2 blocks, 20 bytes
+    shared = P(*range(200, 209))
+    put(cache, shared)
+    for i in range(10):  # alice stores 10 different 2-block prompts (200 bytes in all)
+        (ids, spans), alice = _scoped("alice", P(*range(i * 10, i * 10 + 9)))
+        cache.store(ids, spans, Maker(f"a{i}"), scope=alice)
+    stats = cache.tenant_stats()
+    assert stats["alice"]["bytes"] <= 100 and stats["alice"]["entries"] == 5
+    assert cache.stored_blocks(b_ids, b_spans, scope=bob) == 2
+    assert cache.stored_blocks(*shared) == 2
+    (ids, spans), alice = _scoped("alice", P(*range(90, 99)))
+    assert cache.stored_blocks(ids, spans, scope=alice) == 2  # the newest stayed

@@ -122,3 +122,28 @@ def test_clear_keeps_counters() -> None:
     s = cache.stats()
     assert (s.entries, s.bytes, s.hits) == (0, 0, 1)
     assert len(cache) == 0
+
+
+def test_scoped_keys_are_apart_and_a_tenant_keeps_to_its_share() -> None:
+    """Invariant: the same pixels in two scopes are two entries (a lookup in one scope never
+    finds the other's), and a tenant at its share evicts its own oldest entry only."""
+    from caches.scope import scope_tag, scoped_hash
+    from caches.vision import VisionCache, VisionEntry, VisionKey
+
+    def key(tenant: str, pixels: str) -> VisionKey:
+        return VisionKey("m", "p", "float32", scoped_hash(pixels, scope_tag(tenant, "")))
+
+    cache = VisionCache(400, tenant_share=0.5)
+    entry = VisionEntry("features", 4, (1, 4, 4), 100)
+    assert cache.store(key("alice", "a" * 32), entry)
+    assert cache.lookup(key("bob", "a" * 32), 4) is None
+    assert cache.lookup(key("", "a" * 32), 4) is None
+    assert cache.lookup(key("alice", "a" * 32), 4) is entry
+    cache.store(key("bob", "b" * 32), entry)
+    cache.store(key("alice", "c" * 32), entry)
+    cache.store(key("alice", "d" * 32), entry)  # alice at 200 of 400: her oldest goes
+    assert key("alice", "a" * 32) not in cache and key("bob", "b" * 32) in cache
+    tenants = cache.tenant_stats()
+    assert tenants["alice"] == {"queries": 1, "hits": 1, "entries": 2, "bytes": 200}
+    assert tenants["bob"]["queries"] == 1 and tenants["bob"]["hits"] == 0
+    assert {e.tenant for e in cache.entries()} == {"alice", "bob"}

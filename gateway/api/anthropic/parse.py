@@ -4,8 +4,10 @@ events in `gateway.api.anthropic.render`.
 
 What is accepted: `system` (a string or text blocks), `messages` with text and image blocks
 (`base64` with `media_type`, or `url`), a final assistant message as a prefill, `max_tokens`
-(required), `stop_sequences`, `temperature`, `top_p`, `top_k`, `metadata`, `stream`.
-Features this server cannot honour (tools, documents, extended thinking, ...) are refused with
+(required), `stop_sequences`, `temperature`, `top_p`, `top_k`, `metadata`, `stream`, and
+vLLM's `cache_salt` (scopes cache reuse). `tools` and `tool_choice` with `tool_use` and
+`tool_result` blocks (text and images) are accepted (gateway.api.anthropic.tools).
+Features this server cannot honour (documents, extended thinking, ...) are refused with
 a 400 that names the field, never ignored; so are unknown fields, as the API itself does.
 Parsing is pure; errors are rendered as Anthropic error objects.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.api import fields
+from gateway.api.anthropic.tools import parse_tools, tool_result, tool_use
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, Part, TextPart
 
@@ -22,11 +25,10 @@ MAX_STOP_SEQUENCES = 16
 IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 _ACCEPTED = frozenset(
     {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
-     "top_p", "top_k", "metadata", "service_tier"}
+     "top_p", "top_k", "metadata", "service_tier", "tools", "tool_choice",
+     "cache_salt"}  # vLLM's extension: scopes cache reuse (docs/security.md)
 )  # fmt: skip
 _REFUSED = {
-    "tools": "tool use",
-    "tool_choice": "tool use",
     "thinking": "extended thinking",
     "mcp_servers": "MCP servers",
     "container": "code execution containers",
@@ -35,8 +37,6 @@ _REFUSED = {
 _BLOCK_FEATURES = {
     "document": "documents",
     "search_result": "search results",
-    "tool_use": "tool use",
-    "tool_result": "tool use",
     "server_tool_use": "tool use",
     "thinking": "extended thinking",
     "redacted_thinking": "extended thinking",
@@ -80,6 +80,8 @@ def parse_messages_request(body: Any, count_only: bool = False) -> ChatRequest:
         stream=fields.opt_bool(body, "stream", False),
         include_usage=True,
         prefill=prefill,
+        cache_salt=fields.cache_salt(body),
+        tools=parse_tools(body),
     )
 
 
@@ -112,7 +114,8 @@ def _messages(raw: Any) -> tuple[tuple[ChatMessage, ...], str]:
     """The messages, and the text of a final assistant message (the prefill) split off."""
     if not isinstance(raw, list) or not raw:
         raise invalid("`messages` must be a non-empty array", "messages")
-    out = []
+    out: list[ChatMessage] = []
+    made: dict[str, str] = {}  # ids of the calls made so far -> the tools' names
     for i, msg in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
@@ -120,9 +123,11 @@ def _messages(raw: Any) -> tuple[tuple[ChatMessage, ...], str]:
         role = msg.get("role")
         if role not in ("user", "assistant"):
             raise invalid(f"`{where}.role` must be 'user' or 'assistant'", f"{where}.role")
-        out.append(ChatMessage(role, _content(msg.get("content"), f"{where}.content", role)))
+        messages = _message(msg.get("content"), f"{where}.content", role, made)
+        out.extend(messages)
+        made.update((c.id, c.name) for m in messages for c in m.tool_calls)
     prefill = ""
-    if out[-1].role == "assistant":
+    if out[-1].role == "assistant" and not out[-1].tool_calls:
         last = out.pop()
         prefill = "".join(p.text for p in last.parts if isinstance(p, TextPart))
         if not out:
@@ -130,20 +135,55 @@ def _messages(raw: Any) -> tuple[tuple[ChatMessage, ...], str]:
     return tuple(out), prefill
 
 
+def _message(raw: Any, where: str, role: str, made: dict[str, str]) -> list[ChatMessage]:
+    """One Messages message as chat messages: an assistant's text with its `tool_use`
+    calls; a user's `tool_result` blocks as `tool` messages (in order), then the rest of its
+    content as a user message (if any)."""
+    if not isinstance(raw, list):
+        return [ChatMessage(role, _content(raw, where, role))]
+    results: list[ChatMessage] = []
+    calls = []
+    rest: list[Any] = []
+    for j, block in enumerate(raw):
+        at = f"{where}[{j}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "tool_use" and role == "assistant":
+            calls.append(tool_use(block, at))
+        elif kind == "tool_result" and role == "user":
+            content = block.get("content", "")
+            parts = _content(content, f"{at}.content", "tool") if content != [] else ()
+            results.append(tool_result(block, at, made, parts))
+        elif kind in ("tool_use", "tool_result"):
+            raise invalid(f"`{at}`: {kind} blocks belong in {role!r} messages", f"{at}.type")
+        else:
+            rest.append((j, block))
+    out = results
+    if rest or not results:
+        parts = _content_blocks(rest, where, role)
+        out.append(ChatMessage(role, parts, tuple(calls)))
+    return out
+
+
 def _content(raw: Any, where: str, role: str) -> tuple[Part, ...]:
     if isinstance(raw, str):
         return (TextPart(fields.text(raw, where)),)
     if not isinstance(raw, list):
         raise invalid(f"`{where}` must be a string or an array of content blocks", where)
+    return _content_blocks(list(enumerate(raw)), where, role)
+
+
+def _content_blocks(raw: list[tuple[int, Any]], where: str, role: str) -> tuple[Part, ...]:
+    """Text and image blocks (with their indices in the message); images in user messages
+    and tool results only."""
     parts: list[Part] = []
-    for j, block in enumerate(raw):
+    for j, block in raw:
         at = f"{where}[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
         kind = kind if isinstance(kind, str) else None  # e.g. a list: unhashable, and wrong
         if kind == "text":
             parts.append(TextPart(_block_text(block, at)))
         elif kind == "image":
-            if role != "user":
+            if role not in ("user", "tool"):
                 raise invalid(f"`{at}`: images are only accepted in user messages", at)
             parts.append(_image(block.get("source"), f"{at}.source"))
         elif kind in _BLOCK_FEATURES:

@@ -14,12 +14,14 @@ from typing import Any
 
 from starlette.responses import Response
 
+from gateway.api.anthropic.tool_render import BlockStream, content_blocks, tool_stop
 from gateway.api.http import json_response
 from gateway.api.sse import sse_data
 from gateway.engine.request import ErrorEvent, FinishEvent, TokenEvent
 from gateway.errors import APIError
 from gateway.frontend.admission import Admission
 from gateway.frontend.errors import Overloaded, engine_error
+from gateway.tools.calls import CallSplitter
 
 # The Messages API's error types by status; other statuses keep the closest type.
 _ERROR_TYPES = {
@@ -104,7 +106,14 @@ async def collect(admission: Admission) -> dict[str, Any]:
         elif isinstance(event, FinishEvent):
             pieces.append(event.text)
             output = event.usage.completion_tokens
-            return message_body(admission, "".join(pieces), stop_reason(event), output)
+            body = message_body(admission, "".join(pieces), stop_reason(event), output)
+            if admission.tool_format is not None:
+                splitter = CallSplitter(admission.tool_format, "toolu_")
+                splitter.feed("".join(pieces))
+                splitter.finish()
+                body["content"] = content_blocks(splitter.text, splitter.calls)
+                body["stop_reason"] = tool_stop(event, splitter.calls, body["stop_reason"])
+            return body
         elif isinstance(event, ErrorEvent):
             raise engine_error(event)
 
@@ -130,21 +139,23 @@ async def sse_stream(admission: Admission, on_abandon: Callable[[], None]) -> As
         "index": 0,
         "content_block": {"type": "text", "text": ""},
     }
+    blocks = None
+    if admission.tool_format is not None:  # blocks open as text and calls come
+        blocks = BlockStream(CallSplitter(admission.tool_format, "toolu_"))
     try:
-        yield (
-            sse_data(start, "message_start")
-            + sse_data(block, "content_block_start")
-            + sse_data({"type": "ping"}, "ping")
-        )
+        opening = "" if blocks is not None else sse_data(block, "content_block_start")
+        yield (sse_data(start, "message_start") + opening + sse_data({"type": "ping"}, "ping"))
         while not done:
             out: list[str] = []
             for event in await admission.stream.get_ready():
                 if isinstance(event, TokenEvent):
-                    if event.text:  # empty: held back (a possible stop string, a partial char)
+                    if event.text and blocks is not None:
+                        out.append(blocks.feed(event.text))
+                    elif event.text:  # empty: held back (a possible stop string, a partial char)
                         out.append(_delta(event.text))
                 elif isinstance(event, FinishEvent):
                     done = True
-                    out.append(_final(event))
+                    out.append(_final(event, blocks))
                     break
                 elif isinstance(event, ErrorEvent):
                     done = True
@@ -157,16 +168,22 @@ async def sse_stream(admission: Admission, on_abandon: Callable[[], None]) -> As
             on_abandon()
 
 
-def _final(event: FinishEvent) -> str:
+def _final(event: FinishEvent, blocks: BlockStream | None = None) -> str:
     reason, sequence = stop_reason(event)
+    if blocks is not None:
+        closing = blocks.feed(event.text, end=True)
+        reason = tool_stop(event, blocks.splitter.calls, reason)
+    else:
+        closing = (_delta(event.text) if event.text else "") + sse_data(
+            {"type": "content_block_stop", "index": 0}, "content_block_stop"
+        )
     delta = {
         "type": "message_delta",
         "delta": {"stop_reason": reason, "stop_sequence": sequence},
         "usage": {"output_tokens": event.usage.completion_tokens},
     }
     return (
-        (_delta(event.text) if event.text else "")
-        + sse_data({"type": "content_block_stop", "index": 0}, "content_block_stop")
+        closing
         + sse_data(delta, "message_delta")
         + sse_data({"type": "message_stop"}, "message_stop")
     )

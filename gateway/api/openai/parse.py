@@ -11,11 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.api import fields
+from gateway.api.openai.tools import check_call_ids, parse_tools, tool_calls
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, Part, TextPart, VideoPart
 from gateway.structured.response_format import response_format_grammar
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
 
@@ -69,6 +70,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
         include_usage=include_usage,
         ignore_eos=ignore_eos,
         grammar=response_format_grammar(body.get("response_format")),
+        cache_salt=fields.cache_salt(body),
+        tools=parse_tools(body),
     )
 
 
@@ -84,8 +87,22 @@ def _messages(raw: Any) -> tuple[ChatMessage, ...]:
         if role not in ROLES:
             raise invalid(f"`{where}.role` must be one of {', '.join(ROLES)}", f"{where}.role")
         role = "system" if role == "developer" else role
-        parts = _content(msg.get("content"), f"{where}.content", allow_images=role == "user")
-        out.append(ChatMessage(role, parts))
+        calls = ()
+        if role == "assistant":
+            calls = tool_calls(msg.get("tool_calls"), f"{where}.tool_calls")
+        content = msg.get("content")
+        if calls and content is None:
+            content = ""  # an assistant message that only calls tools
+        # Images in tool results: the screenshot an agent's tool returns.
+        parts = _content(content, f"{where}.content", allow_images=role in ("user", "tool"))
+        if role != "tool":
+            out.append(ChatMessage(role, parts, calls))
+            continue
+        call_id = msg.get("tool_call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise invalid(f"`{where}.tool_call_id` must be a string", f"{where}.tool_call_id")
+        out.append(ChatMessage(role, parts, tool_call_id=call_id))
+    check_call_ids(tuple(out))
     return tuple(out)
 
 
@@ -136,5 +153,3 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         value = body.get(name)
         if value not in (None, 0, 0.0):
             raise invalid(f"`{name}` is not supported by this server; omit it or send 0", name)
-    if body.get("tools") or body.get("functions"):
-        raise invalid("tool calling is not supported by this server", "tools")

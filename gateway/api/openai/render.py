@@ -12,6 +12,7 @@ from typing import Any
 from starlette.responses import Response
 
 from gateway.api.http import json_response
+from gateway.api.openai.tool_render import call_dicts, finish_reason, piece_delta
 from gateway.api.sse import DONE, sse_data
 from gateway.engine.request import (
     ErrorEvent,
@@ -24,6 +25,8 @@ from gateway.engine.request import (
 from gateway.errors import APIError
 from gateway.frontend.errors import engine_error
 from gateway.frontend.streams import EventStream
+from gateway.tools.calls import CallSplitter
+from gateway.tools.formats import ToolFormat
 
 
 def error_body(error: APIError) -> dict[str, Any]:
@@ -50,25 +53,45 @@ async def sse_stream(
     model: str,
     usage: bool,
     on_abandon: Callable[[], None],
+    tool_format: ToolFormat | None = None,
 ) -> AsyncIterator[str]:
     """OpenAI chat.completion.chunk events until [DONE]. `on_abandon` runs if the client goes
-    away before the end (the generator is closed early), to free the request's row.
+    away before the end (the generator is closed early), to free the request's row. With a
+    `tool_format` the answer is split into `content` and `tool_calls` deltas.
 
     Events that are already waiting are written together (one chunk per token still, but
     one transport write), so a busy loop does not fall further behind the engine."""
     done = False
+    splitter = CallSplitter(tool_format) if tool_format is not None else None
+
+    def split_chunks(text: str, logprobs: list[TokenLogprob], end: bool = False) -> str:
+        assert splitter is not None
+        pieces = splitter.feed(text) + (splitter.finish() if end else [])
+        deltas = [d for d in map(piece_delta, pieces) if d is not None]
+        if logprobs and not deltas:
+            deltas = [{"content": ""}]
+        return "".join(
+            sse_data(chunk_body(request_id, created, model, d, None, logprobs if i == 0 else None))
+            for i, d in enumerate(deltas)
+        )
 
     def token_chunk(event: TokenEvent) -> str:
         if not (event.text or event.logprobs):
             return ""  # held back (a possible stop string, a partial character)
+        if splitter is not None:
+            return split_chunks(event.text, list(event.logprobs))
         delta = {"content": event.text}
         return sse_data(chunk_body(request_id, created, model, delta, None, list(event.logprobs)))
 
     def final_chunks(event: FinishEvent) -> str:
         out = []
-        if event.text:
+        reason: str = event.finish_reason
+        if splitter is not None:
+            out.append(split_chunks(event.text, [], end=True))
+            reason = finish_reason(event, splitter.calls)
+        elif event.text:
             out.append(sse_data(chunk_body(request_id, created, model, {"content": event.text})))
-        out.append(sse_data(chunk_body(request_id, created, model, {}, event.finish_reason)))
+        out.append(sse_data(chunk_body(request_id, created, model, {}, reason)))
         if usage:
             out.append(sse_data(usage_chunk_body(request_id, created, model, event.usage)))
         return "".join(out) + DONE
@@ -97,7 +120,12 @@ async def sse_stream(
 
 
 async def collect(
-    stream: EventStream[Event], request_id: str, created: int, model: str, want_logprobs: bool
+    stream: EventStream[Event],
+    request_id: str,
+    created: int,
+    model: str,
+    want_logprobs: bool,
+    tool_format: ToolFormat | None = None,
 ) -> dict[str, Any]:
     pieces: list[str] = []
     logprobs: list[Any] = []
@@ -110,9 +138,20 @@ async def collect(
             pieces.append(event.text)
             text = "".join(pieces)
             lps = logprobs if want_logprobs else None
-            return completion_body(
+            body = completion_body(
                 request_id, created, model, text, event.finish_reason, event.usage, lps
             )
+            if tool_format is not None:
+                splitter = CallSplitter(tool_format)
+                splitter.feed(text)
+                splitter.finish()
+                choice = body["choices"][0]
+                if splitter.calls:
+                    content = splitter.text
+                    choice["message"]["content"] = content if content.strip() else None
+                    choice["message"]["tool_calls"] = call_dicts(splitter.calls)
+                choice["finish_reason"] = finish_reason(event, splitter.calls)
+            return body
         elif isinstance(event, ErrorEvent):
             raise engine_error(event)
 

@@ -39,10 +39,19 @@ def routes(intake: Intake) -> list[Route]:
                 chat.model,
                 chat.include_usage,
                 lambda: pipeline.cancel(request_id),
+                admission.tool_format,
             )
             return StreamingResponse(body, media_type="text/event-stream", headers=headers)
         result = await unless_disconnected(
-            request, collect(admission.stream, request_id, created, chat.model, chat.logprobs)
+            request,
+            collect(
+                admission.stream,
+                request_id,
+                created,
+                chat.model,
+                chat.logprobs,
+                admission.tool_format,
+            ),
         )
         if result is None:
             pipeline.cancel(request_id)

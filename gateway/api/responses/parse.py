@@ -45,6 +45,7 @@ class ResponsesRequest:
     text_format: dict[str, Any]
     metadata: dict[str, str]
     truncation: str
+    cache_salt: str = ""
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
@@ -97,6 +98,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         text_format=text_format,
         metadata=_metadata(body.get("metadata")),
         truncation=truncation,
+        cache_salt=fields.cache_salt(body),
     )
 
 

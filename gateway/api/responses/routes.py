@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from gateway.api.http import authorize, unless_disconnected, with_errors
+from gateway.api.http import unless_disconnected, with_errors
 from gateway.api.intake import Intake
 from gateway.api.openai.render import render_error
 from gateway.api.responses.render import (
@@ -33,7 +33,7 @@ from gateway.api.responses.render import (
     response_body,
 )
 from gateway.api.responses.store import ResponseStore, StoredResponse
-from gateway.api.responses.turn import Turn, not_found, owner_of
+from gateway.api.responses.turn import Turn, not_found
 from gateway.config import ServerConfig
 from gateway.engine.request import ErrorEvent, Event, FinishEvent, TokenEvent, TokenLogprob, Usage
 from gateway.errors import APIError
@@ -92,7 +92,7 @@ class ResponsesAPI:
     def __init__(self, intake: Intake, server: ServerConfig) -> None:
         self.intake = intake
         self.pipeline = intake.pipeline
-        self.api_key = server.api_key
+        self.keys = intake.keys
         self.store = ResponseStore(server.responses)
         self.running: dict[str, Running] = {}
 
@@ -106,7 +106,8 @@ class ResponsesAPI:
         ]
 
     async def create(self, request: Request) -> Response:
-        turn = Turn(self.pipeline, self.store, self.running, owner_of(request, self.api_key))
+        owner = self.keys.authorize(request, "chat").owner
+        turn = Turn(self.pipeline, self.store, self.running, owner)
         try:
             admission = await self.intake.admit(request, turn.parse, "resp_", turn.resolve)
         except ClientGone:
@@ -179,8 +180,7 @@ class ResponsesAPI:
         return body
 
     def _owner(self, request: Request) -> str:
-        authorize(request, self.api_key)
-        return owner_of(request, self.api_key)
+        return self.keys.authorize(request, "chat").owner
 
     async def retrieve(self, request: Request) -> Response:
         owner, response_id = self._owner(request), request.path_params["response_id"]

@@ -2,7 +2,8 @@
 stored when it ends.
 
 `Turn.parse` runs inside the intake (after the API key check): it parses the body, looks
-up `previous_response_id` in the store (scoped to the caller's key) and builds the whole
+up `previous_response_id` in the store (scoped to the caller's key: `Caller.owner`,
+gateway/api/keys.py) and builds the whole
 conversation as one `ChatRequest`: this turn's instructions, every stored message (images by
 content hash), then the new input, exactly as Chat Completions would render the same
 conversation sent in full. `Turn.resolve` hands the pipeline the stored decoded images and
@@ -12,12 +13,9 @@ Event loop only.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Container
 from dataclasses import replace
 from typing import Any
-
-from starlette.requests import Request
 
 from gateway.api.responses.parse import ResponsesRequest, parse_responses_request
 from gateway.api.responses.store import HeldImage, ResponseStore
@@ -27,18 +25,6 @@ from gateway.frontend.pipeline import ChatPipeline
 from gateway.media import DecodedImage
 
 CONTINUABLE = ("completed", "incomplete")
-
-
-def owner_of(request: Request, api_key: str | None) -> str:
-    """The scope of stored responses: a digest of the key the caller presented ('' when the
-    server has no key). Called after `authorize`, so the presented key is a valid one."""
-    if api_key is None:
-        return ""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    given = token.strip() if scheme.lower() == "bearer" else ""
-    given = given or request.headers.get("x-api-key", "").strip()
-    return hashlib.sha256(given.encode("utf-8", "replace")).hexdigest()[:32]
 
 
 def not_found(response_id: str, param: str | None = None) -> APIError:
@@ -87,6 +73,7 @@ class Turn:
             stream=r.stream,
             include_usage=True,
             grammar=r.grammar,
+            cache_salt=r.cache_salt,
         )
 
     def _continued(self, response_id: str) -> tuple[ChatMessage, ...]:

@@ -51,12 +51,13 @@ def touch_blocks(disk: DiskTier, hit: PrefixHit | None) -> None:
 
 def queue_blocks(
     disk: DiskTier, tokens: list[int], spans: list[ImageSpan], block: int,
-    made: Sequence[tuple[int, Block]],
+    made: Sequence[tuple[int, Block]], scope: str = "",
 ) -> None:  # fmt: skip
     """Queue freshly computed blocks (index k, Block of evaluated (keys, values) per layer)
-    of the prompt `tokens` for writing. Never raises (a failure is logged)."""
+    of the prompt `tokens` (in cache scope `scope`) for writing. Never raises (a failure is
+    logged)."""
     try:
-        items = key_items(tokens, spans)
+        items = key_items(tokens, spans, scope)
         keys = block_keys(items, block, max(k for k, _ in made) + 1)
         for k, b in made:
             tensors: dict[str, RawTensor] = {}
@@ -80,7 +81,7 @@ def queue_blocks(
 
 def block_wants(
     prefix: PrefixCache, prompt: Sequence[int], spans: Sequence[ImageSpan],
-    delta_at: Callable[[int], int],
+    delta_at: Callable[[int], int], scope: str = "",
 ) -> tuple[BlockWant, ...]:  # fmt: skip
     """The blocks a request could read from disk: those past the ones the memory tree holds
     now, up to the last one a hit may use (it leaves at least one token to feed), each with
@@ -88,10 +89,10 @@ def block_wants(
     after token `cut`). Cheap: key items are built in C, one hash per block."""
     block = prefix.block_tokens
     usable = (len(prompt) - 1) // block
-    stored = prefix.stored_blocks(prompt, spans)
+    stored = prefix.stored_blocks(prompt, spans, scope)
     if stored >= usable:
         return ()
-    items = key_items(prompt, spans)
+    items = key_items(prompt, spans, scope)
     keys = block_keys(items, block, usable)
     return tuple(
         BlockWant(k, keys[k], tuple(items[k * block : (k + 1) * block]), delta_at((k + 1) * block))
@@ -107,12 +108,13 @@ def extend_hit(
     align: int,
     hit: PrefixHit | None,
     found: Prefetched,
+    scope: str = "",
 ) -> tuple[PrefixHit | None, int]:
     """`hit` (the memory lookup's, already counted) extended with the blocks the reader found
     (`found`) past those in memory now, and the prompt tokens gained (0: `hit` unchanged).
     Blocks memory gained since the read was planned are served from memory; a read that
     starts past what memory holds now (evicted meanwhile) is not used."""
-    stored = prefix.stored_blocks(prompt, spans)
+    stored = prefix.stored_blocks(prompt, spans, scope)
     ready = found.blocks_from(stored)
     if not ready:
         return hit, 0
@@ -120,8 +122,9 @@ def extend_hit(
     loaded = [to_block(read) for read in ready]
     mx.eval([b.value for b in loaded])
     block = prefix.block_tokens
-    prefix.store(prompt, spans, lambda k: loaded[k - stored], (stored + len(loaded)) * block)
-    extended = prefix.find(prompt, spans, align)
+    cut = (stored + len(loaded)) * block
+    prefix.store(prompt, spans, lambda k: loaded[k - stored], cut, scope)
+    extended = prefix.find(prompt, spans, align, scope)
     disk.prefix_hits += 1
     disk.prefix_tokens += len(loaded) * block
     disk.load_seconds["prefix"] += time.perf_counter() - started

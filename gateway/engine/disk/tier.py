@@ -40,6 +40,7 @@ import numpy as np
 from caches.disk import DiskStore
 from caches.disk_format import RawTensor
 from caches.hashing import fingerprint
+from caches.private_dir import FolderModes
 from caches.vision import VisionEntry, VisionKey
 from gateway.config import CacheConfig
 from gateway.engine.disk.plan import ImageWant, ReadFeatures
@@ -86,7 +87,8 @@ def open_disk_tier(
     kv_dtype = str(model.embed_dtype)  # the KV is computed from the embeddings' dtype
     space = namespace(model, kv_dtype, block_tokens, exact)
     try:
-        store = DiskStore(Path(config.cache_dir), space, config.disk_capacity_bytes)
+        modes = FolderModes.group_shared() if config.cache_dir_group else FolderModes.private()
+        store = DiskStore(Path(config.cache_dir), space, config.disk_capacity_bytes, modes=modes)
     except (OSError, ValueError) as exc:
         log.error(
             "disk cache at %s is unusable (%s): serving from memory only", config.cache_dir, exc

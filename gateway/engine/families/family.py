@@ -58,6 +58,7 @@ from typing import Any, ClassVar
 
 import mlx.core as mx
 import numpy as np
+from jinja2 import TemplateError
 
 from caches.hashing import fingerprint
 from gateway.engine.model.kv import RowKVCache
@@ -153,13 +154,30 @@ class ModelFamily(ABC):
 
     # ----- prompt side, shared (any thread) ---------------------------------------------------
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
+    @property
+    def chat_template(self) -> str | None:
+        """The chat template's text (which tool-call syntax it teaches is read from it)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        return template if isinstance(template, str) else None
+
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         """The checkpoint's own chat template over `messages` with the generation prompt
-        opened. Media parts are `{"type": "image"}` / `{"type": "video"}` and stay in place."""
+        opened. Media parts are `{"type": "image"}` / `{"type": "video"}` and stay in place;
+        `tools` (OpenAI-shaped function definitions) go to the template's tool section.
+
+        Raises ValueError when the template refuses the conversation (its `raise_exception`,
+        e.g. roles out of order or a role it does not know): the client's mistake, a 400."""
         with self._tokenizer_lock:
-            return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
+            try:
+                return self.tokenizer.apply_chat_template(
+                    messages, tools=tools, tokenize=False, add_generation_prompt=True
+                )
+            except TemplateError as exc:
+                raise ValueError(
+                    f"the model's chat template refused the conversation: {exc}"
+                ) from exc
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of rendered text, no special tokens added (the template has its own)."""
@@ -268,7 +286,9 @@ class ModelFamily(ABC):
     ) -> mx.array:
         """Feed plan rows [lo, hi) into `cache` in one forward padded to `rows` query rows
         (pad rows after the real ones, their KV trimmed again); returns the states
-        (1, max(rows, hi - lo), d), lazily, that `logits` maps to logits. Evaluates `cache`."""
+        (1, max(rows, hi - lo), d), lazily, that `logits` maps to logits. Evaluates `cache`.
+        The engine reads only the prompt's last row, so a family may compute that row alone
+        (the others then hold zeros; e.g. Gemma 4's KV-sharing layers, as mlx-vlm)."""
 
     @abstractmethod
     def prefill_group(self, parts: Sequence[GroupPart], rows: int) -> mx.array:

@@ -35,7 +35,12 @@ import numpy as np
 
 from caches.hashing import fingerprint
 from gateway.engine.families.family import Grid, ModelFamily, eos_ids, model_fingerprint
-from gateway.engine.families.gemma3_forward import Gemma3Core, Gemma3Forward, encode_steps
+from gateway.engine.families.gemma3_forward import (
+    Gemma3Core,
+    Gemma3Forward,
+    encode_steps,
+    prefill_each,
+)
 from gateway.engine.model.kv import RowKVCache
 from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
@@ -205,16 +210,7 @@ class Gemma3(ModelFamily):
     def prefill_group(self, parts: Sequence[GroupPart], rows: int) -> mx.array:
         """Each part fed alone (`prefill`): every part's last token is a one-row step at its
         own position, so one batched forward would not be each part's own computation."""
-        out = []
-        for part in parts:
-            states = self.prefill(part.plan, part.cache, part.lo, part.hi, rows)
-            pad = rows - states.shape[1]
-            if pad > 0:
-                states = mx.concatenate(
-                    [states, mx.zeros((1, pad, states.shape[2]), states.dtype)], axis=1
-                )
-            out.append(states[:, :rows])
-        return mx.concatenate(out, axis=0)
+        return prefill_each(self.prefill, parts, rows)
 
     def logits(self, states: mx.array) -> mx.array:
         return self.model.language_model.lm_head(states)

@@ -113,10 +113,18 @@ class Gemma3Core(nn.Module):
     tokens (a text chunk fed without the exact-reuse rule) feeds its last token apart, so a
     prompt's last token is always a one-row step (module doc)."""
 
-    def __init__(self, language_model: nn.Module, new_cache: Callable[[], list[Any]]) -> None:
+    def __init__(
+        self,
+        language_model: nn.Module,
+        new_cache: Callable[[], list[Any]],
+        head: Callable[[mx.array], mx.array] | None = None,
+    ) -> None:
+        """`head`: final hidden states -> logits (default: the language model's `lm_head`;
+        Gemma 4 ties them to the embeddings and soft-caps them)."""
         super().__init__()
         self.lm = language_model
         self._new_cache = new_cache
+        self._head = head if head is not None else language_model.lm_head
 
     @property
     def layers(self) -> list[nn.Module]:
@@ -135,7 +143,28 @@ class Gemma3Core(nn.Module):
             hidden = self.lm.model(inputs, cache=cache)
         if batch:
             share_row_state(cache)  # type: ignore[arg-type]
-        return self.lm.lm_head(hidden)
+        return self._head(hidden)
+
+
+def prefill_each(
+    prefill: Callable[[PrefillPlan, list[RowKVCache], int, int, int], mx.array],
+    parts: Sequence[Any],
+    rows: int,
+) -> mx.array:
+    """`ModelFamily.prefill_group` for families whose prompt's last token is a one-row step of
+    its own (`last_token_apart`): each part (a `GroupPart`) fed alone through `prefill`, its
+    states padded or cut to `rows`; one batched forward would not be each part's own
+    computation. Returns (len(parts), rows, d)."""
+    out = []
+    for part in parts:
+        states = prefill(part.plan, part.cache, part.lo, part.hi, rows)
+        pad = rows - states.shape[1]
+        if pad > 0:
+            states = mx.concatenate(
+                [states, mx.zeros((1, pad, states.shape[2]), states.dtype)], axis=1
+            )
+        out.append(states[:, :rows])
+    return mx.concatenate(out, axis=0)
 
 
 def encode_steps(

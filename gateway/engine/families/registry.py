@@ -16,6 +16,10 @@ from typing import Any
 from gateway.engine.families.family import ModelFamily
 from gateway.engine.families.gemma3 import MODEL_TYPES as GEMMA3_TYPES
 from gateway.engine.families.gemma3 import Gemma3
+from gateway.engine.families.gemma4 import MODEL_TYPES as GEMMA4_TYPES
+from gateway.engine.families.gemma4 import Gemma4
+from gateway.engine.families.mistral3 import MODEL_TYPES as MISTRAL3_TYPES
+from gateway.engine.families.mistral3 import Mistral3
 from gateway.engine.families.qwen_vl import MODEL_TYPES as QWEN_VL_TYPES
 from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.families.smolvlm import MODEL_TYPES as SMOLVLM_TYPES
@@ -24,8 +28,10 @@ from gateway.engine.families.text import TextModel
 
 # Vision-language families by model_type (text models are found through mlx-lm below).
 FAMILIES: dict[str, type[ModelFamily]] = {t: QwenVL for t in QWEN_VL_TYPES}
+FAMILIES.update({t: Mistral3 for t in MISTRAL3_TYPES})
 FAMILIES.update({t: SmolVLM for t in SMOLVLM_TYPES})
 FAMILIES.update({t: Gemma3 for t in GEMMA3_TYPES})
+FAMILIES.update({t: Gemma4 for t in GEMMA4_TYPES})
 TEXT_EXAMPLES = ("qwen3", "llama")  # what docs and errors name; any mlx-lm text model loads
 _VISION_KEYS = ("vision_config", "vision_tower", "image_token_id", "image_token_index")
 

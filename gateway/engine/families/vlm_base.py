@@ -196,20 +196,26 @@ class VlmFamily(ModelFamily):
 
     def _check_layers(self) -> None:
         """Refuse a language model whose layers keep anything but plain KVCache (rotating
-        windows, recurrent states): a family with those overrides `new_cache` and this."""
+        windows, recurrent states): a family with those overrides `new_cache` and this.
+        mlx-vlm's models make either mlx-lm's `KVCache` or mlx-vlm's own (mistral3's)."""
+        from mlx_vlm.models.cache import KVCache as VlmKVCache
+
         make_cache = getattr(self.language_model, "make_cache", None)
         if make_cache is None:
             return  # mlx-vlm's default prompt cache: one KVCache per layer
-        kinds = sorted({type(c).__name__ for c in make_cache() if type(c) is not KVCache})
+        plain = (KVCache, VlmKVCache)
+        kinds = sorted({type(c).__name__ for c in make_cache() if type(c) not in plain})
         if kinds:
             raise ValueError(f"{self.model_type} keeps {', '.join(kinds)} layers")
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         if self.TEXT_AS_PARTS:
             messages = [_as_parts(m) for m in messages]
-        return super().render(messages)
+        return super().render(messages, tools)
 
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]

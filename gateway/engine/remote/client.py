@@ -185,10 +185,12 @@ class RemoteEngine:
     def cache_stats(self) -> dict[str, Any]:
         return self._call(CacheStats())
 
-    def cache_entries(self, limit: int = 10, kind: str | None = None) -> dict[str, Any]:
+    def cache_entries(
+        self, limit: int = 10, kind: str | None = None, tenant: str | None = None
+    ) -> dict[str, Any]:
         """`caches.entries.entries_report`, computed in the engine process (check the
         arguments first with `caches.entries.check_query`: a failure there is a RuntimeError)."""
-        return self._call(CacheEntries(limit, kind))
+        return self._call(CacheEntries(limit, kind, tenant))
 
     def clear_caches(self) -> None:
         self._call(ClearCaches())

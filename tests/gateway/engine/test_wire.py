@@ -48,7 +48,7 @@ SPAN = ImageSpan(1, 5, "h")
 CALLS: dict[type, tuple[Any, str, tuple[Any, ...]]] = {
     NeedsPixels: (NeedsPixels((1, 2), (SPAN,)), "needs_pixels", ((1, 2), (SPAN,))),
     CacheStats: (CacheStats(), "cache_stats", ()),
-    CacheEntries: (CacheEntries(3, "vision"), "cache_entries", (3, "vision")),
+    CacheEntries: (CacheEntries(3, "vision"), "cache_entries", (3, "vision", None)),
     ClearCaches: (ClearCaches(), "clear_caches", ()),
     ResetCaches: (ResetCaches(), "reset_caches", ()),
     MetricsText: (MetricsText(), "metrics_text", ()),

@@ -246,9 +246,13 @@ ACCESS_CASES: list[Any] = [
         Case(None, 401, "invalid_api_key", headers={}, method="GET", path="/metrics"),
         id="metrics-without-key",
     ),
-    pytest.param(
-        Case(None, 401, "invalid_api_key", method="GET", path="/metrics"),
+    pytest.param(  # --metrics-api-key is the admin key: a tenant's key is known, not allowed
+        Case(None, 403, "admin_key_required", method="GET", path="/metrics"),
         id="metrics-with-api-key-instead-of-metrics-key",
+    ),
+    pytest.param(
+        Case(None, 403, "admin_key_required", path="/v1/cache/clear"),
+        id="cache-clear-with-api-key-instead-of-admin-key",
     ),
     pytest.param(Case(None, 405, method="GET"), id="get-on-chat-completions"),
     pytest.param(Case(chat(), 404, path="/v1/completions"), id="unknown-route"),

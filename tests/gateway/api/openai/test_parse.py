@@ -93,7 +93,8 @@ def test_max_completion_tokens_wins_and_developer_is_system() -> None:
         (_with(stream=1), "stream"),
         (_with(stream_options=[]), "stream_options"),
         (_with(presence_penalty=0.5), "presence_penalty"),
-        (_with(tools=[{"type": "function"}]), "tools"),
+        (_with(tools=[{"type": "function"}]), "tools[0].function"),
+        (_with(tool_choice="auto"), "tool_choice"),
         (_with(response_format={"type": "xml"}), "response_format.type"),
     ],
 )

@@ -8,9 +8,10 @@ import pytest
 from starlette.requests import Request
 from support import decoded, noise_image
 
+from gateway.api.keys import Keyring
 from gateway.api.responses.store import HeldImage, ResponseStore, StoredResponse
-from gateway.api.responses.turn import Turn, owner_of
-from gateway.config import ResponsesConfig
+from gateway.api.responses.turn import Turn
+from gateway.config import ResponsesConfig, ServerConfig
 from gateway.errors import APIError
 from gateway.frontend.chat import ImagePart, TextPart
 
@@ -32,12 +33,18 @@ class FakePipeline:
 
 
 def test_owner_is_a_digest_of_the_presented_key() -> None:
-    """Invariant: no server key -> one shared scope; with a key, the scope follows the key
-    presented (Bearer or x-api-key alike) and never contains it."""
-    assert owner_of(_request({"authorization": "Bearer k1"}), None) == ""
-    bearer = owner_of(_request({"authorization": "Bearer k1"}), "k1")
-    assert bearer == owner_of(_request({"x-api-key": "k1"}), "k1") and "k1" not in bearer
-    assert bearer != owner_of(_request({"authorization": "Bearer k2"}), "k1")
+    """Invariant: no server key -> one shared scope; with keys, the scope of stored responses
+    (`Caller.owner`) follows the key presented (Bearer or x-api-key alike) and never contains
+    it."""
+
+    def owner(headers: dict[str, str], *keys: str) -> str:
+        server = ServerConfig(api_key=keys[0] if keys else None)
+        return Keyring(server).authorize(_request(headers), "chat").owner
+
+    assert owner({"authorization": "Bearer k1"}) == ""
+    bearer = owner({"authorization": "Bearer k1"}, "k1")
+    assert bearer == owner({"x-api-key": "k1"}, "k1") and "k1" not in bearer
+    assert bearer != owner({"authorization": "Bearer k2"}, "k2")
 
 
 def test_conversation_holds_images_by_hash_and_continues_without_loading() -> None:

@@ -1,0 +1,85 @@
+"""Tool use in Messages answers: `tool_use` content blocks, `stop_reason: "tool_use"`, and
+the streamed block sequence (a text block while text comes, then per call
+`content_block_start` with the `tool_use` block, `input_json_delta`s carrying the arguments
+in pieces, `content_block_stop`). Pure formatting over `gateway.tools.calls` pieces.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from gateway.api.sse import sse_data
+from gateway.engine.request import FinishEvent
+from gateway.tools.calls import CallArgs, CallEnd, CallSplitter, CallStart, Piece, TextPiece
+from gateway.tools.spec import ToolCall
+
+
+def _input(call: ToolCall) -> Any:
+    try:
+        return json.loads(call.arguments)
+    except json.JSONDecodeError:  # cut by max_tokens inside the arguments: no input yet
+        return {}
+
+
+def content_blocks(text: str, calls: Sequence[ToolCall]) -> list[dict[str, Any]]:
+    """The message's `content`: its text (if any), then one `tool_use` block per call."""
+    blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text.strip() else []
+    for call in calls:
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": _input(call)})
+    return blocks
+
+
+def tool_stop(event: FinishEvent, calls: Sequence[ToolCall], reason: str) -> str:
+    """ "tool_use" when the answer ended normally after calls; else `reason`."""
+    return "tool_use" if calls and event.finish_reason == "stop" else reason
+
+
+class BlockStream:
+    """The streamed content blocks of one answer split by `splitter`: text opens a text
+    block (when none is open), a call closes it and opens a `tool_use` block."""
+
+    def __init__(self, splitter: CallSplitter) -> None:
+        self.splitter = splitter
+        self._index = -1
+        self._open: str | None = None  # "text" | "tool_use" | None
+
+    def feed(self, text: str, end: bool = False) -> str:
+        pieces = self.splitter.feed(text) + (self.splitter.finish() if end else [])
+        out = "".join(self._piece(p) for p in pieces)
+        return out + (self._close() if end else "")
+
+    def _piece(self, piece: Piece) -> str:
+        if isinstance(piece, TextPiece):
+            out = ""
+            if self._open != "text":
+                out += self._close() + self._start({"type": "text", "text": ""}, "text")
+            delta = {"type": "text_delta", "text": piece.text}
+            return out + _block_delta(self._index, delta)
+        if isinstance(piece, CallStart):
+            block = {"type": "tool_use", "id": piece.id, "name": piece.name, "input": {}}
+            return self._close() + self._start(block, "tool_use")
+        if isinstance(piece, CallArgs):
+            delta = {"type": "input_json_delta", "partial_json": piece.text}
+            return _block_delta(self._index, delta)
+        assert isinstance(piece, CallEnd)
+        return self._close()
+
+    def _start(self, block: dict[str, Any], kind: str) -> str:
+        self._index += 1
+        self._open = kind
+        body = {"type": "content_block_start", "index": self._index, "content_block": block}
+        return sse_data(body, "content_block_start")
+
+    def _close(self) -> str:
+        if self._open is None:
+            return ""
+        self._open = None
+        body = {"type": "content_block_stop", "index": self._index}
+        return sse_data(body, "content_block_stop")
+
+
+def _block_delta(index: int, delta: dict[str, Any]) -> str:
+    body = {"type": "content_block_delta", "index": index, "delta": delta}
+    return sse_data(body, "content_block_delta")

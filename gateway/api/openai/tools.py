@@ -1,0 +1,103 @@
+"""The tool fields of a Chat Completions body: `tools`, `tool_choice`,
+`parallel_tool_calls`, an assistant message's `tool_calls` and a `tool` message's
+`tool_call_id`. Pure validation; every mistake is a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.api import fields
+from gateway.errors import invalid
+from gateway.frontend.chat import ChatMessage
+from gateway.tools.spec import ToolCall, ToolChoice, ToolSet, check_named, check_tool, check_tools
+
+_CHOICES = '\'none\', \'auto\', \'required\' or {"type": "function", "function": {"name": ...}}'
+
+
+def parse_tools(body: dict[str, Any]) -> ToolSet | None:
+    """The request's tools (None: it offers none). `functions` (the deprecated form) is
+    refused, naming `tools` as what to send instead."""
+    if body.get("functions") is not None:
+        raise invalid("`functions` is deprecated; send `tools` instead", "functions")
+    raw, choice = body.get("tools"), body.get("tool_choice")
+    if raw is None or raw == []:
+        if choice not in (None, "none"):
+            raise invalid("`tool_choice` is only allowed when `tools` are given", "tool_choice")
+        return None
+    if not isinstance(raw, list):
+        raise invalid("`tools` must be an array of function tools", "tools")
+    tools = []
+    for i, entry in enumerate(raw):
+        where = f"tools[{i}]"
+        if not isinstance(entry, dict) or entry.get("type") != "function":
+            raise invalid(f'`{where}.type` must be "function"', f"{where}.type")
+        function = entry.get("function")
+        at = f"{where}.function"
+        if not isinstance(function, dict):
+            raise invalid(f"`{at}` must be an object with `name` and `parameters`", at)
+        tools.append(
+            check_tool(
+                function.get("name"),
+                function.get("description"),
+                function.get("parameters"),
+                function.get("strict"),
+                at,
+                "parameters",
+            )
+        )
+    checked = check_tools(tools, "tools")
+    mode = _choice(choice)
+    check_named(mode, checked, "tool_choice.function.name")
+    return ToolSet(checked, mode, fields.opt_bool(body, "parallel_tool_calls", True))
+
+
+def _choice(raw: Any) -> ToolChoice:
+    if raw is None:
+        return ToolChoice("auto")
+    if raw in ("none", "auto", "required"):
+        return ToolChoice(raw)
+    if isinstance(raw, dict) and raw.get("type") == "function":
+        function = raw.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise invalid("`tool_choice.function.name` must be a string", "tool_choice.function")
+        return ToolChoice("named", name)
+    raise invalid(f"`tool_choice` must be {_CHOICES}", "tool_choice")
+
+
+def tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
+    """An assistant message's `tool_calls` (absent: none)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise invalid(f"`{where}` must be an array of tool calls", where)
+    calls = []
+    for i, call in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(call, dict):
+            raise invalid(f"`{at}` must be an object with `id` and `function`", at)
+        call_id, function = call.get("id"), call.get("function")
+        if not isinstance(call_id, str) or not call_id:
+            raise invalid(f"`{at}.id` must be a non-empty string", f"{at}.id")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise invalid(f"`{at}.function.name` must be a string", f"{at}.function.name")
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str):
+            raise invalid(f"`{at}.function.arguments` must be a JSON string", f"{at}.function")
+        calls.append(ToolCall(call_id, function["name"], fields.text(arguments, at)))
+    return tuple(calls)
+
+
+def check_call_ids(messages: tuple[ChatMessage, ...]) -> None:
+    """Every tool message answers a call an earlier assistant message made (400 naming
+    `messages[i].tool_call_id` otherwise)."""
+    made: dict[str, str] = {}
+    for i, message in enumerate(messages):
+        made.update((call.id, call.name) for call in message.tool_calls)
+        if message.role == "tool" and message.tool_call_id not in made:
+            raise invalid(
+                f"`messages[{i}].tool_call_id` {message.tool_call_id!r} matches no tool call "
+                "of an earlier assistant message",
+                f"messages[{i}].tool_call_id",
+            )

@@ -1,0 +1,221 @@
+"""Gemma 4 (`model_type` "gemma4") over mlx-vlm: the only module that knows its image layout,
+token budget and cache layout. The prompt forward is in `gemma4_forward.py`.
+
+What differs from the other families (checked against mlx-vlm 0.7.10):
+- prompt: the template writes `<|image|>` where an image part is; the processor replaces it
+  by `<|image>` + one `<|image|>` soft token per pooled patch + `<image|>` (special tokens
+  split the text, so expanding ids here gives the processor's ids: `VlmFamily`);
+- token budget: each image is resized, aspect ratio kept, to the largest multiple of
+  `pooling_kernel_size * patch_size` px per side within `max_soft_tokens * k^2` patches, so
+  the count varies with the image's shape (<= `max_soft_tokens`); the budget and every
+  resize / rescale setting are in `processor_fingerprint`;
+- vision: patch embedding with 2D positions (the tower's 2D RoPE over the patch grid), the
+  encoder layers, a k x k average pool, then `embed_vision` (norm + projection); each image
+  goes through the tower alone, as mlx-vlm runs images of different sizes; the features are
+  merged unscaled, text rows are `embed_tokens * sqrt(hidden)`;
+- per-layer inputs: every layer also takes a slice of a per-layer embedding of the ids (media
+  tokens as id 0) plus a projection of the merged embeddings;
+- attention: inside one image the soft tokens attend to each other both ways, on sliding and
+  full layers (`use_bidirectional_attention: "vision"`), so a prompt with images is prefilled
+  as the reference does it, every image run whole (`gemma4_forward.py`); the cost is a
+  read-ahead of at most one image run per block;
+- KV: sliding layers (`WindowKVCache`: all positions kept, the window read in mlx-vlm's ring
+  order) and full layers (`RowKVCache`); the last `num_kv_shared_layers` layers reuse the KV
+  of the last earlier layer of their type, so there are fewer caches than layers (6 for 10
+  in the tiny E2B-like checkpoint) and the sharing layers store nothing.
+
+Prompt side any thread, engine side engine thread only (see `ModelFamily`, `VlmFamily`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from gateway.engine.families.family import Grid
+from gateway.engine.families.gemma3_forward import Gemma3Core, prefill_each
+from gateway.engine.families.gemma4_forward import Gemma4Forward, Gemma4Plan, soft_token_runs
+from gateway.engine.families.vlm_base import VlmFamily
+from gateway.engine.model.kv import RowKVCache
+from gateway.engine.model.positions import ImageLayout
+from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
+from gateway.engine.model.video_processor import VideoFrames
+from gateway.engine.model.vision import EncodedImage
+from gateway.engine.model.window_kv import WindowKVCache
+
+MODEL_TYPES = ("gemma4",)
+_SETTINGS = (
+    "do_resize",
+    "size",
+    "resample",
+    "do_rescale",
+    "rescale_factor",
+    "do_normalize",
+    "image_mean",
+    "image_std",
+    "do_convert_rgb",
+    "patch_size",
+    "max_soft_tokens",
+    "pooling_kernel_size",
+)
+
+
+class Gemma4(VlmFamily):
+    """A loaded Gemma 4 checkpoint. Construct on the thread that will own MLX."""
+
+    family = "gemma4"
+    MODEL_TYPES = MODEL_TYPES
+    EOS_MARKERS = ("<turn|>", "<eos>")
+    # A text-only prompt's last token is a one-row step (as mlx-vlm feeds it); an image
+    # prompt's is not, but the prefix cache never stores it either way.
+    last_token_apart = True
+
+    def __init__(self, path: str, lazy: bool = False) -> None:
+        super().__init__(path, lazy=lazy)
+        config = self.model.config
+        text = config.text_config
+        ip = self.image_processor
+        self.patch = int(ip.patch_size)
+        self.pool = int(ip.pooling_kernel_size)
+        self.budget = int(ip.max_soft_tokens)
+        if self.patch != int(config.vision_config.patch_size):
+            raise ValueError(f"processor patch {self.patch} != tower patch")
+        if self.pool != int(config.vision_config.pooling_kernel_size):
+            raise ValueError(f"processor pooling {self.pool} != tower pooling")
+        tokenizer = self.tokenizer
+        self._image_id = int(config.image_token_id)
+        self.boi_id = int(tokenizer.convert_tokens_to_ids(self.processor.boi_token))
+        self.eoi_id = int(tokenizer.convert_tokens_to_ids(self.processor.eoi_token))
+        media = (config.image_token_id, config.audio_token_id, config.video_token_id)
+        self._media_ids = np.asarray([int(t) for t in media if t is not None], dtype=np.int64)
+        self.window = int(text.sliding_window)
+        self.sliding = tuple(
+            t == "sliding_attention"
+            for t in text.layer_types[: self.language_model.model.first_kv_shared_layer_idx]
+        )
+        self.bidirectional = getattr(text, "use_bidirectional_attention", None) == "vision"
+        self.forward = Gemma4Forward(self.language_model, self.window)
+        self.text_core = Gemma3Core(
+            self.language_model, self.new_cache, self.language_model.logits_from_hidden
+        )
+
+    # ----- per family (VlmFamily) -------------------------------------------------------------
+
+    @property
+    def image_token_id(self) -> int:
+        return self._image_id
+
+    @property
+    def placeholder_id(self) -> int:
+        return self._image_id  # the template writes one `<|image|>` per image
+
+    def span_ids(self, grid: Grid) -> list[int]:
+        _, h, w = grid
+        return [self.boi_id, *[self._image_id] * (h * w // self.pool**2), self.eoi_id]
+
+    def processor_settings(self) -> dict[str, Any]:
+        return {k: getattr(self.image_processor, k, None) for k in _SETTINGS}
+
+    def tower_units(self) -> list[nn.Module]:
+        tower = self.model.vision_tower
+        return [tower.patch_embedder, *tower.encoder.layers]
+
+    def tower_features(self, images: Sequence[tuple[np.ndarray, Grid]]) -> list[mx.array]:
+        """Each image through the tower and `embed_vision` alone (its own size), as mlx-vlm
+        runs a list of images: (soft tokens, text hidden) each."""
+        out = []
+        for pixels, _ in images:
+            features = self.model.embed_vision(self.model.vision_tower(mx.array(pixels)))
+            out.append(features[0])
+        return out
+
+    def embed_ids(self, ids: mx.array) -> mx.array:
+        """Text embeddings as mlx-vlm's merge makes them: scaled by sqrt(hidden)."""
+        lm = self.language_model.model
+        return lm.embed_tokens(ids) * lm.embed_scale
+
+    def _check_layers(self) -> None:
+        """Sliding (`RotatingKVCache`) and full (`KVCache`) layers only: both kept here as
+        trimmable caches (`new_cache`)."""
+        kinds = {type(c).__name__ for c in self.language_model.make_cache()}
+        if not kinds <= {"KVCache", "RotatingKVCache"}:
+            raise ValueError(f"{self.model_type} keeps {', '.join(sorted(kinds))} layers")
+
+    # ----- prompt side (any thread) -----------------------------------------------------------
+
+    def image_grid(self, width: int, height: int) -> Grid:
+        """(1, rows, cols) patches of the resized image (the processor's own arithmetic)."""
+        from mlx_vlm.models.gemma4.processing_gemma4 import get_aspect_ratio_preserving_size
+
+        if width < 1 or height < 1:
+            raise ValueError(f"an image of {width}x{height} pixels")
+        if self.image_processor.do_resize:
+            max_patches = self.budget * self.pool**2
+            height, width = get_aspect_ratio_preserving_size(
+                height, width, self.patch, max_patches, self.pool
+            )
+        rows, cols = height // self.patch, width // self.patch
+        if rows % self.pool or cols % self.pool or not rows:
+            raise ValueError(f"{width}x{height} px is not whole {self.pool}x{self.pool} pools")
+        return (1, rows, cols)
+
+    def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
+        """PIL RGB image -> ((1, 3, H, W) float32 pixels, grid): the checkpoint's own image
+        processor (aspect-preserving resize within the budget, rescale)."""
+        if isinstance(image, VideoFrames):
+            raise self._no_video()
+        data, _ = self.image_processor.preprocess([image])
+        pixels = np.asarray(data["pixel_values"])
+        grid = (1, pixels.shape[2] // self.patch, pixels.shape[3] // self.patch)
+        return np.ascontiguousarray(pixels, dtype=np.float32), grid
+
+    # ----- engine side (engine thread only) ---------------------------------------------------
+
+    def new_cache(self, rope_delta: int = 0) -> list[RowKVCache]:
+        """One cache per KV-owning layer: `WindowKVCache` for sliding, `RowKVCache` for full."""
+        return [
+            WindowKVCache(self.window, rope_delta) if sliding else RowKVCache(rope_delta)
+            for sliding in self.sliding
+        ]
+
+    def prefill_plan(
+        self,
+        prompt_ids: Sequence[int],
+        layouts: Sequence[ImageLayout],
+        encoded: Sequence[EncodedImage | None],
+        start: int,
+        end: int,
+    ) -> PrefillPlan:
+        """The base's embeddings and positions, plus Gemma 4's (`Gemma4Plan`)."""
+        plan = super().prefill_plan(prompt_ids, layouts, encoded, start, end)
+        ids = np.asarray(prompt_ids, dtype=np.int64)
+        runs = soft_token_runs(ids, self._image_id)
+        layer_ids = np.where(np.isin(ids[start:end], self._media_ids), 0, ids[start:end])
+        base = {f.name: getattr(plan, f.name) for f in fields(PrefillPlan)}
+        return Gemma4Plan(
+            **base,
+            start=start,
+            layer_ids=mx.array(layer_ids.astype(np.int32))[None],
+            runs=runs,
+            whole=self.bidirectional and bool(runs),
+            final=end == len(prompt_ids),
+        )
+
+    def prefill(
+        self, plan: PrefillPlan, cache: list[RowKVCache], lo: int, hi: int, rows: int = 0
+    ) -> mx.array:
+        assert isinstance(plan, Gemma4Plan)
+        return self.forward.prefill(plan, cache, lo, hi, rows)
+
+    def prefill_group(self, parts: Sequence[GroupPart], rows: int) -> mx.array:
+        """Each part fed alone (`prefill`): a prompt's last row is its own computation."""
+        return prefill_each(self.prefill, parts, rows)
+
+    def logits(self, states: mx.array) -> mx.array:
+        """Tied embeddings, soft-capped (the reference's `logits_from_hidden`)."""
+        return self.language_model.logits_from_hidden(states)
