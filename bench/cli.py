@@ -93,6 +93,12 @@ def _client_parsers(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=int, nargs="+", default=[448])
     p.add_argument("--prefill-chunk", type=int, nargs="+", default=[512])
     p.add_argument("--max-tokens", type=int, default=160, help="per text stream")
+    p.add_argument(
+        "--images",
+        type=int,
+        default=1,
+        help="cold image requests sent together (2: issue 30's two images into running streams)",
+    )
     p.add_argument("--markdown", type=Path, help="write the markdown table")
     p.set_defaults(run=_stall)
 

@@ -76,7 +76,14 @@ def stall(args: argparse.Namespace) -> None:
             for size in args.image_size:
                 rows.append(
                     bench.run_stall(
-                        target, backend.model, chunk, args.streams, size, args.max_tokens, log=log
+                        target,
+                        backend.model,
+                        chunk,
+                        args.streams,
+                        size,
+                        args.max_tokens,
+                        log=log,
+                        images=args.images,
                     )
                 )
     table = "\n".join([bench.HEADER, *(r.row() for r in rows)])

@@ -148,6 +148,12 @@ class EngineConfig:
     prefill_chunk_tokens: int = flag(  # image prefill chunk between two decode steps
         "--prefill-chunk", "tokens per prefill chunk between decodes", 512
     )
+    admission_budget: float = flag(  # gateway.engine.scheduler.budget
+        "--admission-budget",
+        "while rows decode, image work per engine step (vision-tower units + prefill) as a "
+        "multiple of the measured decode step; 0: one tower unit and one prefill chunk per step",
+        2.0,
+    )
     default_max_tokens: int = flag("--default-max-tokens", "when a request sets none", 512)
     max_context_tokens: int = flag("--max-context", "prompt + completion tokens", 32768)
     tool_call_parser: str = flag(  # the tool-call syntax; auto: read from the chat template
@@ -196,6 +202,7 @@ class EngineConfig:
         _require(self.max_batch >= 1, "--max-batch must be >= 1")
         _require(self.max_waiting >= 0, "--max-waiting must be >= 0")
         _require(self.prefill_chunk_tokens >= 16, "--prefill-chunk must be >= 16")
+        _require(0 <= self.admission_budget <= 1000, "--admission-budget must be in 0..1000")
         _require(self.default_max_tokens >= 1, "--default-max-tokens must be >= 1")
         _require(self.max_context_tokens >= 16, "--max-context must be >= 16")
         _require(

@@ -1,11 +1,12 @@
 """The engine: one thread that owns MLX, fed by a queue (`wire.py`: what other threads send).
 
 Every request, text or image, decodes in one shared mlx-lm BatchGenerator. Each loop iteration
-is one scheduling step (`Engine.step`): admit -> ship -> encode -> prefill -> ship -> decode ->
+is one scheduling step (`Engine.step`): admit -> ship -> prefill -> ship -> encode -> decode ->
 ship -> store. The stages and the jobs they move are the `Scheduler`'s
 (gateway.engine.scheduler.scheduler); shipping hands the step's events to the transport
-(`on_events`). A running stream waits at most one vision unit plus one prefill budget
-between two tokens.
+(`on_events`). While rows decode, a step's image work (tower units and prefill) is sized to
+`--admission-budget` x the measured decode step (at least one unit of each), so a running
+stream's gap between two tokens stays near that multiple (gateway.engine.scheduler.budget).
 
 Failure isolation: an exception while starting, encoding or prefilling one request fails that
 request; an exception in the batched decode step fails the rows of that batch (the batch is
@@ -272,7 +273,8 @@ class Engine:
     def step(self) -> None:
         """One scheduling step (engine thread only: the loop calls it). Events leave after
         admission (clients get their headers while we prefill), after the prefill (first
-        tokens before the decode step) and after the decode, then finished KV is stored."""
+        tokens before the tower and the decode step) and after the decode, then finished KV
+        is stored."""
         s = self._serving
         trace = self._trace
         mark = trace.stage if trace is not None else _no_mark
@@ -286,12 +288,16 @@ class Engine:
             mark("admit")
             self._ship()
             mark("ship")
-            s.encode()
-            mark("encode")
+            # Prefill before encode: the requests prefilling finished their encode earlier, so
+            # they are older than the group in the tower and take the step's budget first (an
+            # image's prefill does not crawl at one block per step behind the next image's
+            # encode). A request whose encode ends here is prefilled from the next step on.
             s.prefill()
             mark("prefill")
             self._ship()
             mark("ship")
+            s.encode()
+            mark("encode")
             try:
                 if self.step_hook is not None:
                     self.step_hook()
@@ -303,6 +309,7 @@ class Engine:
             self._ship()
             s.store_finished()
             mark("ship")
+        s.end_step()
         if trace is not None:
             trace.end(**s.step_counts())
         self.metrics.running.set(self._occupancy.active)

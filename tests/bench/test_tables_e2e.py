@@ -106,7 +106,8 @@ def test_repeat_image_and_stall_through_base_url(server, tmp_path) -> None:
         ["stall", *remote, "--streams", "2", "--image-size", "56", "--max-tokens", "48"],
     )
     (row,) = data["rows"]
-    assert row["prefill_chunk"] is None and row["image_ttft_ms"] > 0
+    assert row["prefill_chunk"] is None and len(row["image_ttft_ms"]) == 1
+    assert row["image_ttft_ms"][0] > 0 and row["gap_ratio"] > 0
     assert row["tokens_per_step"] > 0  # our /metrics: available through --base-url too
 
 

@@ -66,7 +66,7 @@ from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.model.video_layout import VideoLayout
 from gateway.engine.model.video_processor import VideoFrames
-from gateway.engine.model.vision import EncodedImage
+from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.engine.tokens.detokenizer import ByteStreamDetokenizer, Detokenizer, byte_table
 from gateway.engine.tokens.output import IncrementalDetokenizer
 
@@ -245,13 +245,15 @@ class ModelFamily(ABC):
     @abstractmethod
     def encode_steps_many(
         self, images: Sequence[tuple[np.ndarray, Grid]], stepwise: Callable[[], bool] = ...
-    ) -> Generator[None, None, list[EncodedImage]]:
-        """Several images through the vision tower in one call, one unit of work per `next()`
-        while `stepwise()` (the engine decodes between units); returns each image's
-        features (`EncodedImage.features`: (num_tokens, hidden) in `embed_dtype`, one row per
-        placeholder token of its span)."""
+    ) -> Generator[Unit, None, list[EncodedImage]]:
+        """Several images through the vision tower in one call, a unit of work at a time while
+        `stepwise()` (the engine decodes between units): each `next()` yields the `Unit` the
+        following `next()` will evaluate (its cost key for the step budget) and evaluates the
+        one yielded before (`gateway.engine.model.vision.VisionEncoder.steps_many`); returns
+        each image's features (`EncodedImage.features`: (num_tokens, hidden) in
+        `embed_dtype`, one row per placeholder token of its span)."""
 
-    def encode_steps(self, pixel_values: np.ndarray, grid: Grid) -> Generator[None, None, Any]:
+    def encode_steps(self, pixel_values: np.ndarray, grid: Grid) -> Generator[Unit, None, Any]:
         """One image through the tower, one unit per `next()`; returns its `EncodedImage`."""
         [encoded] = yield from self.encode_steps_many([(pixel_values, grid)])
         return encoded

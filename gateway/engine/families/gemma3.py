@@ -46,7 +46,7 @@ from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.model.video_layout import VideoLayout
 from gateway.engine.model.video_processor import VideoFrames
-from gateway.engine.model.vision import EncodedImage
+from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.engine.model.window_kv import WindowKVCache
 
 MODEL_TYPES = ("gemma3",)
@@ -187,7 +187,7 @@ class Gemma3(ModelFamily):
         self,
         images: Sequence[tuple[np.ndarray, Grid]],
         stepwise: Callable[[], bool] = lambda: True,
-    ) -> Generator[None, None, list[EncodedImage]]:
+    ) -> Generator[Unit, None, list[EncodedImage]]:
         """The tower one unit (embedding, then each encoder layer) per `next()`; features
         as merged into the embeddings (`gemma3_forward.encode_steps`)."""
         return encode_steps(self.model, self.embed_dtype, images, stepwise)

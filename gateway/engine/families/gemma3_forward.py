@@ -21,7 +21,7 @@ import numpy as np
 from gateway.engine.model.kv import RowBatchKVCache, RowKVCache, share_row_state
 from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import PrefillPlan
-from gateway.engine.model.vision import EncodedImage
+from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.engine.model.window_kv import WindowKVCache, ring_phase
 
 
@@ -172,7 +172,7 @@ def encode_steps(
     embed_dtype: mx.Dtype,
     images: Sequence[tuple[np.ndarray, Any]],
     stepwise: Callable[[], bool] = lambda: True,
-) -> Generator[None, None, list[EncodedImage]]:
+) -> Generator[Unit, None, list[EncodedImage]]:
     """Several images through mlx-vlm's SigLIP tower in one batch, one unit (the patch
     embedding, then each encoder layer) evaluated per `next()` while `stepwise()`; then
     the projector. Returns each image's features divided by `sqrt(config.hidden_size)`, in
@@ -182,14 +182,15 @@ def encode_steps(
     tower = model.vision_tower.vision_model
     x = mx.concatenate([mx.array(p) for p, _ in images]).astype(embed_dtype)
     x = tower.embeddings(x.transpose(0, 2, 3, 1))
+    rows = int(x.shape[0] * x.shape[1])
     if stepwise():
+        yield Unit("embed", rows, tuple(x.shape))  # announced before it runs (step budget)
         mx.eval(x)
-        yield
     for layer in tower.encoder.layers:
         x = layer(x, mask=None)
         if stepwise():
+            yield Unit("block", rows, tuple(x.shape))
             mx.eval(x)
-            yield
     features = model.multi_modal_projector(tower.post_layernorm(x))
     scaled = features / (model.config.hidden_size**0.5)
     encoded = [EncodedImage(scaled[k].astype(embed_dtype), None) for k in range(len(images))]

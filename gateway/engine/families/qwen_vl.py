@@ -43,7 +43,7 @@ from gateway.engine.model.video_processor import (
     video_grid,
     video_patches,
 )
-from gateway.engine.model.vision import EncodedImage, VisionEncoder
+from gateway.engine.model.vision import EncodedImage, Unit, VisionEncoder
 
 MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 _PROCESSOR_KEYS = (
@@ -238,9 +238,9 @@ class QwenVL(ModelFamily):
         self,
         images: Sequence[tuple[np.ndarray, tuple[int, int, int]]],
         stepwise: Callable[[], bool] = lambda: True,
-    ) -> Generator[None, None, list[EncodedImage]]:
-        """Several images through the tower in one call, one unit per `next()` while
-        `stepwise()` (see `VisionEncoder.steps_many`); returns each image's features."""
+    ) -> Generator[Unit, None, list[EncodedImage]]:
+        """Several images through the tower in one call, a unit at a time while `stepwise()`
+        (see `VisionEncoder.steps_many`); returns each image's features."""
         return self.vision.steps_many(images, stepwise)
 
     def prefill_plan(

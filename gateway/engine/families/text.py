@@ -31,7 +31,7 @@ from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan, join_caches, split_caches
 from gateway.engine.model.video_layout import VideoLayout
 from gateway.engine.model.video_processor import VideoFrames
-from gateway.engine.model.vision import EncodedImage
+from gateway.engine.model.vision import EncodedImage, Unit
 
 
 class UnsupportedLayers(ValueError):
@@ -127,7 +127,7 @@ class TextModel(ModelFamily):
         self,
         images: Sequence[tuple[np.ndarray, Grid]],
         stepwise: Callable[[], bool] = lambda: True,
-    ) -> Generator[None, None, list[EncodedImage]]:
+    ) -> Generator[Unit, None, list[EncodedImage]]:
         raise RuntimeError(f"{self.model_type} has no vision tower")
 
     def prefill_plan(

@@ -50,7 +50,7 @@ from gateway.engine.model.prompt_forward import (
 )
 from gateway.engine.model.video_layout import VideoLayout
 from gateway.engine.model.video_processor import VideoFrames
-from gateway.engine.model.vision import EncodedImage
+from gateway.engine.model.vision import EncodedImage, Unit
 
 
 class VlmTextCore(nn.Module):
@@ -95,6 +95,11 @@ class UnitRecorder:
                 return out
 
             unit.__class__ = type(f"Recorded{base.__name__}", (base,), {"__call__": call})
+
+
+def _rows(array: Any) -> int:
+    """Rows of a unit's output (all but the last axis): its share of the tower's work."""
+    return int(array.size // array.shape[-1]) if array.ndim else 1
 
 
 def _first_array(value: Any) -> Any:
@@ -263,7 +268,7 @@ class VlmFamily(ModelFamily):
         self,
         images: Sequence[tuple[np.ndarray, Grid]],
         stepwise: Callable[[], bool] = lambda: True,
-    ) -> Generator[None, None, list[EncodedImage]]:
+    ) -> Generator[Unit, None, list[EncodedImage]]:
         """The group's tower graph is built once; each recorded unit output is evaluated in
         its own step while `stepwise()` (else the rest runs as one graph at the end). Returns,
         per image, the embeddings of its whole span (module doc), in `embed_dtype`."""
@@ -273,10 +278,12 @@ class VlmFamily(ModelFamily):
             features = self.tower_features(images)
         finally:
             units, self._recorder.outputs = self._recorder.outputs, None
-        for hidden in units:
+        for k, hidden in enumerate(units):
             if stepwise():
-                mx.eval(_first_array(hidden))
-                yield
+                out = _first_array(hidden)
+                # Announced before it runs, so the step budget knows what the next() costs.
+                yield Unit("embed" if k == 0 else "block", _rows(out), tuple(out.shape))
+                mx.eval(out)
         encoded = [self._span_embeddings(f, grid) for f, (_, grid) in zip(features, images)]
         mx.eval([e.features for e in encoded])
         return encoded

@@ -1,11 +1,24 @@
 """The vision tower, run one unit at a time.
 
 MLX is lazy: calling mlx-vlm's tower only builds the graph. `VisionEncoder` records each unit's
-(lazy) output while the graph is built (the patch embedding, then every block) and evaluates
-them in order, so the engine can decode between two blocks instead of stalling every running
-stream for a whole encode. The only re-implemented model code is the vision attention's
+(lazy) output while the graph is built (the patch embedding, the pieces of every block's
+attention, every block, the merger) and evaluates them in order, so the engine can decode
+between two units instead of stalling every running stream for a whole encode; the scheduler
+decides how many units fit in one engine step (gateway.engine.scheduler.budget). Evaluating
+parts of one graph in a different order does not change its values: the units cut the
+evaluation, never the graph. The only re-implemented model code is the vision attention's
 split-per-window loop, replaced by one kernel call per window length (`window_attention`,
 same numerics up to float rounding, tested against mlx-vlm's tower); the rest is mlx-vlm's.
+
+On CPU a block's attention over one 448 px image (1024 patches) alone took 110-240 ms on the
+2-core test machine, 20-40 decode steps of the tiny model, so there the attention is also cut
+into pieces of query rows (`AttentionPieces`, ATTENTION_PIECE_WORK): that changes the graph, but
+identically for every schedule (stepwise or one graph, alone or grouped), and each query row is
+computed by the same kernel from the same keys (bitwise equal to the uncut call on CPU:
+tests/gateway/engine/model/test_vision_units.py). The patch embedding (a conv applied to each
+patch row alone) is cut into pieces of rows the same way. On a GPU the attention stays one
+call per segment length and the embedding whole (there a block is a few ms and per-piece
+launches would cost the idle path).
 
 Engine thread only.
 """
@@ -20,7 +33,24 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from gateway.engine.model.window_attention import batch_segment_attention
+from gateway.engine.model.window_attention import AttentionPieces, batch_segment_attention
+
+# On CPU: query x key x head x head_dim products per attention piece (per segment): 64 query
+# rows of a 1024-patch image on the tiny tower (4 heads of 8), ~7 ms there.
+ATTENTION_PIECE_WORK = 2**21
+# On CPU: rows x weights per patch-embedding piece: 222 rows of the tiny tower (~6 ms).
+EMBED_PIECE_WORK = 2**23
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One evaluation of the tower graph, named for cost estimates: `kind` ("embed", "attn",
+    "block", "merge"), the patches of the whole tower call and the unit's output shape (so
+    one key is one cost: attention pieces of different lengths are different keys)."""
+
+    kind: str
+    patches: int
+    shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -50,14 +80,21 @@ class VisionEncoder:
         if arch == "qwen2_5_vl":
             drop_empty_attention_windows(tower)
         # Per-window attention calls make the tower launch-bound on GPUs; see window_attention.
-        self.batched_attention = batch_segment_attention(tower)
-        self._outputs: list[mx.array] | None = None
+        # On CPU the attention is also cut into pieces (module doc), by device only.
+        on_cpu = mx.default_device().type == mx.DeviceType.cpu
+        self.pieces = AttentionPieces(ATTENTION_PIECE_WORK if on_cpu else None, self._record_piece)
+        # The patch embedding is row-wise (a conv whose kernel is the patch): on CPU it is cut
+        # into pieces of rows too (~30 ms for 1024 patches on the tiny tower, uncut).
+        proj = tower.patch_embed.proj.weight
+        self.embed_rows = max(EMBED_PIECE_WORK // proj.size, 64) if on_cpu else None
+        self.batched_attention = batch_segment_attention(tower, self.pieces)
+        self._outputs: list[tuple[str, mx.array]] | None = None
         self._record_unit_outputs()
 
     def encode(self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]) -> EncodedImage:
         """Run the whole tower on one image."""
         steps = self.steps(pixel_values, grid_thw)
-        while True:
+        while True:  # evaluated unit by unit, as the engine would while rows decode
             try:
                 next(steps)
             except StopIteration as done:
@@ -65,8 +102,8 @@ class VisionEncoder:
 
     def steps(
         self, pixel_values: np.ndarray, grid_thw: tuple[int, int, int]
-    ) -> Generator[None, None, EncodedImage]:
-        """One unit (patch embedding, then each block) per `next()`; returns the features."""
+    ) -> Generator[Unit, None, EncodedImage]:
+        """The tower on one image a unit at a time (`steps_many`); returns the features."""
         [encoded] = yield from self.steps_many([(pixel_values, grid_thw)])
         return encoded
 
@@ -74,25 +111,31 @@ class VisionEncoder:
         self,
         images: Sequence[tuple[np.ndarray, tuple[int, int, int]]],
         stepwise: Callable[[], bool] = lambda: True,
-    ) -> Generator[None, None, list[EncodedImage]]:
+    ) -> Generator[Unit, None, list[EncodedImage]]:
         """Several images in one tower call (they stay separate: each is its own attention
-        segment), one unit per `next()`; returns each image's features, in order.
+        segment), a unit at a time; returns each image's features, in order.
+
+        The first `next()` builds the graph and yields the first `Unit` (not evaluated yet);
+        each later `next()` evaluates the unit it yielded last and yields the next one, so the
+        caller knows what a `next()` will cost before making it. The last `next()` evaluates
+        the last unit and the features (StopIteration carries them).
 
         `stepwise()` is asked before each unit: when it says no (nothing else is waiting for
-        the GPU), the remaining units are not evaluated one by one but as one graph at the
+        the device), the remaining units are not evaluated one by one but as one graph at the
         end, which saves a synchronisation per block (1024 px on an H200: 97.5 ms stepwise,
         59.8 ms as one graph)."""
         pixels = mx.concatenate([mx.array(p) for p, _ in images]).astype(self.dtype)
         grid = mx.array([g for _, g in images], dtype=mx.int32)
+        patches = int(pixels.shape[0])
         self._outputs = []
         try:
             out = self.tower(pixels, grid, output_hidden_states=False)
         finally:
             unit_outputs, self._outputs = self._outputs, None
-        for hidden in unit_outputs:
+        for kind, hidden in unit_outputs:
             if stepwise():
+                yield Unit(kind, patches, tuple(hidden.shape))
                 mx.eval(hidden)
-                yield
         stack: list[mx.array] = []
         if isinstance(out, tuple):  # Qwen3-VL: (features, [per-layer deepstack features])
             out, stack = out
@@ -115,18 +158,41 @@ class VisionEncoder:
         mx.eval([e.features for e in encoded], [list(e.deepstack or ()) for e in encoded])
         return encoded
 
+    def _embed_pieces(self, module: nn.Module, base: type, x: mx.array, rows: int) -> mx.array:
+        """The patch embedding over `x` in pieces of `rows` patches (each its own unit)."""
+        parts = []
+        for lo in range(0, x.shape[0], rows):
+            part = base.__call__(module, x[lo : lo + rows])
+            if self._outputs is not None:
+                self._outputs.append(("embed", part))
+            parts.append(part)
+        return mx.concatenate(parts, axis=0)
+
+    def _record_piece(self, out: mx.array) -> None:
+        if self._outputs is not None:
+            self._outputs.append(("attn", out))
+
     def _record_unit_outputs(self) -> None:
-        """Give the patch embedding and every block a subclass whose __call__ also reports
-        its output while `steps` builds the graph. Parameters, names and numerics are
+        """Give the patch embedding, every block and the merger a subclass whose __call__ also
+        reports its output while `steps` builds the graph. Parameters, names and numerics are
         untouched."""
         encoder = self
-        for unit in [self.tower.patch_embed, *self.tower.blocks]:
+        units = [("embed", self.tower.patch_embed), *(("block", b) for b in self.tower.blocks)]
+        merger = getattr(self.tower, "merger", None)
+        if isinstance(merger, nn.Module):
+            units.append(("merge", merger))
+        for kind, unit in units:
             base = type(unit)
 
-            def call(module: nn.Module, *args: Any, _base: type = base, **kwargs: Any) -> Any:
+            def call(
+                module: nn.Module, *args: Any, _base: type = base, _kind: str = kind, **kwargs: Any
+            ) -> Any:
+                rows = encoder.embed_rows
+                if _kind == "embed" and rows is not None and args[0].shape[0] > rows:
+                    return encoder._embed_pieces(module, _base, args[0], rows)
                 out = _base.__call__(module, *args, **kwargs)
-                if encoder._outputs is not None:
-                    encoder._outputs.append(out)
+                if encoder._outputs is not None and isinstance(out, mx.array):
+                    encoder._outputs.append((_kind, out))
                 return out
 
             unit.__class__ = type(f"Recorded{base.__name__}", (base,), {"__call__": call})

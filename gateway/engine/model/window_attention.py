@@ -109,28 +109,76 @@ class _PlanCache:
         return hit[1]
 
 
+@dataclass
+class AttentionPieces:
+    """How finely the vision attention's graph is cut, and who hears of each piece.
+
+    `work`: at most this many query x key x head x head_dim products per piece *per
+    segment*: a segment's queries are split into pieces of equal rows (the last shorter),
+    each attending all of the segment's keys. None: one kernel call per segment length (no
+    cut). Softmax is per query row, so a piece's rows are the rows of the uncut call; the cut
+    depends only on the segment's length and the head shape, never on which other images
+    share the call, so an image gets the same graph alone or in a group. `record(out)` is
+    called with each piece's lazy output while the graph is built (`VisionEncoder` evaluates
+    them one at a time between decode steps). Engine thread only (set before a tower call).
+    """
+
+    work: int | None = None
+    record: Callable[[mx.array], None] | None = None
+
+    def rows(self, length: int, heads: int, head_dim: int) -> int:
+        """Query rows per piece for segments of `length` rows (all of them: no cut)."""
+        if self.work is None:
+            return length
+        rows = max(self.work // (length * heads * head_dim), MIN_PIECE_ROWS)
+        return min(rows, length)
+
+
+# Fewer query rows per piece than this is all launch overhead.
+MIN_PIECE_ROWS = 32
+
+
 def attend_segments(
-    q: mx.array, k: mx.array, v: mx.array, plan: SegmentPlan, sdpa: Callable[..., mx.array]
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    plan: SegmentPlan,
+    sdpa: Callable[..., mx.array],
+    pieces: AttentionPieces | None = None,
 ) -> mx.array:
     """Attention within each segment of `plan`. q, k, v: (rows, heads, head_dim); returns
     (rows, heads * head_dim) in the original row order. `sdpa(q, k, v)` is the kernel (scale
-    bound), called once per group with (count, heads, length, head_dim) inputs."""
+    bound), called per group with (count, heads, length, head_dim) inputs, or with `pieces`
+    once per piece of query rows (count, heads, piece, head_dim) against all keys."""
     rows, heads, head_dim = q.shape
     if plan.order is not None:
         q, k, v = q[plan.order], k[plan.order], v[plan.order]
+    pieces = pieces or AttentionPieces()
     outputs = []
     for first, count, length in plan.groups:
         # (count * length, heads, head_dim) rows -> (count, heads, length, head_dim) batch
         batch = [
-            t[first : first + count * length].reshape(count, length, heads, -1) for t in (q, k, v)
+            t[first : first + count * length]
+            .reshape(count, length, heads, -1)
+            .transpose(0, 2, 1, 3)
+            for t in (q, k, v)
         ]
-        out = sdpa(*(t.transpose(0, 2, 1, 3) for t in batch))
+        step = pieces.rows(length, heads, head_dim)
+        parts = []
+        for lo in range(0, length, step):
+            part = sdpa(batch[0][:, :, lo : lo + step] if step < length else batch[0], *batch[1:])
+            if pieces.record is not None and step < length:
+                pieces.record(part)
+            parts.append(part)
+        out = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2)
         outputs.append(out.transpose(0, 2, 1, 3).reshape(count * length, heads * head_dim))
     out = outputs[0] if len(outputs) == 1 else mx.concatenate(outputs, axis=0)
     return out if plan.inverse is None else out[plan.inverse]
 
 
-def _batched_call(base: type, plans: _PlanCache) -> Callable[..., mx.array]:
+def _batched_call(
+    base: type, plans: _PlanCache, pieces: AttentionPieces
+) -> Callable[..., mx.array]:
     """A drop-in `Attention.__call__` for `base` (an mlx-vlm vision Attention class)."""
     arch = sys.modules[base.__module__]
     rope = arch.apply_rotary_pos_emb_vision
@@ -152,17 +200,18 @@ def _batched_call(base: type, plans: _PlanCache) -> Callable[..., mx.array]:
                 return fused(qb, kb, vb, self.scale)
             return mx.fast.scaled_dot_product_attention(qb, kb, vb, scale=self.scale, mask=None)
 
-        out = attend_segments(q, k, v[0], plans.plan(cu_seqlens), sdpa)
+        out = attend_segments(q, k, v[0], plans.plan(cu_seqlens), sdpa, pieces)
         return self.proj(out)
 
     return call
 
 
-def batch_segment_attention(tower: nn.Module) -> bool:
-    """Make every vision block's attention one kernel call per segment length.
+def batch_segment_attention(tower: nn.Module, pieces: AttentionPieces | None = None) -> bool:
+    """Make every vision block's attention one kernel call per segment length (or per piece
+    of one, with `pieces`: see `AttentionPieces`).
 
     Returns False (and changes nothing) when the blocks' attention is not a known mlx-vlm
-    per-segment class. Idempotent."""
+    per-segment class. Idempotent (the first installation's `pieces` stay)."""
     attentions = [blk.attn for blk in tower.blocks]
     base = type(attentions[0])
     if getattr(base, "_per_segment_base", None) is not None:
@@ -175,7 +224,10 @@ def batch_segment_attention(tower: nn.Module) -> bool:
     batched = type(
         f"Batched{base.__name__}",
         (base,),
-        {"__call__": _batched_call(base, plans), "_per_segment_base": base},
+        {
+            "__call__": _batched_call(base, plans, pieces or AttentionPieces()),
+            "_per_segment_base": base,
+        },
     )
     for attn in attentions:
         attn.__class__ = batched

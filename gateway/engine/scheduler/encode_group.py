@@ -3,22 +3,30 @@
 One tower call per image would leave a GPU mostly idle on small images and make a burst of
 image requests wait in line (16 requests with distinct 448 px images: the last one started
 after 15 whole encodes). Qwen-VL towers take several images in one call (the images stay
-separate through their attention segments), so the engine encodes the oldest requests'
-pending images as one group, up to a patch budget, one tower unit per engine step.
+separate through their attention segments), so an idle engine encodes the oldest requests'
+pending images as one group, up to a patch budget, as one graph. While rows decode, the
+scheduler forms a group from the oldest request's images only (no head-of-line blocking: a
+request's first token never waits for a younger request's encode, issue 30) and `step_group`
+runs as many tower units per engine step as the step's time budget allows
+(gateway.engine.scheduler.budget).
 
+An image's features do not depend on the group it is encoded in: its own attention segment,
+and row-wise ops elsewhere (pinned bitwise on CPU: tests/gateway/engine/model/test_vision_units.py).
 The same pixels twice (in one prompt, or in two requests waiting together) are encoded once.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 
 from caches.vision import VisionEntry
 from gateway.engine.cache_ops import CacheOps
-from gateway.engine.model.vision import EncodedImage
+from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.engine.request import ImageInput
+from gateway.engine.scheduler.budget import StepBudget
 from gateway.engine.scheduler.job import Job, Stage
 
 log = logging.getLogger(__name__)
@@ -34,7 +42,8 @@ class EncodeGroup:
 
     images: list[ImageInput]
     members: list[tuple[Job, int]]
-    steps: Generator[None, None, list[EncodedImage]]
+    steps: Generator[Unit, None, list[EncodedImage]]
+    pending: Unit | None = None  # the unit the next `next(steps)` evaluates (None: not built)
 
     @property
     def jobs(self) -> list[Job]:
@@ -101,14 +110,29 @@ def _group(
     return group, list(failed.values())
 
 
-def step_group(ops: CacheOps, group: EncodeGroup) -> bool:
-    """Run one tower unit. When the tower is done, hand each job its features, store them in
-    the vision cache and return True."""
-    try:
-        next(group.steps)
-        return False
-    except StopIteration as done:
-        encoded: list[EncodedImage] = done.value
+def step_group(ops: CacheOps, group: EncodeGroup, budget: StepBudget) -> bool:
+    """Run as many tower units as `budget` allows (at least one), measuring each into its
+    cost model. When the tower is done, hand each job its features, store them in the vision
+    cache and return True."""
+    costs = budget.costs
+    ran = 0
+    while True:
+        unit = group.pending
+        if unit is not None and not budget.allows(costs.unit(unit), first=ran == 0):
+            return False
+        started = time.perf_counter()
+        try:
+            group.pending = next(group.steps)
+        except StopIteration as done:
+            encoded: list[EncodedImage] = done.value
+            break
+        finally:
+            seconds = time.perf_counter() - started
+            budget.spend(seconds)
+            if unit is not None:  # else the call only built the graph
+                ran += 1
+                if budget.limit is not None:  # else it ran the rest as one graph
+                    costs.add_unit(unit, seconds)
     by_hash = {}
     for image, features in zip(group.images, encoded, strict=True):
         if features.features.shape[0] != image.layout.num_tokens:

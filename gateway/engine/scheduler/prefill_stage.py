@@ -4,9 +4,11 @@ joins the decode batch (or ends there).
 
 The feeding itself (chunks, exact-reuse blocks, shared final blocks) is the `Prefiller`'s
 (gateway.engine.scheduler.prefill); this stage decides who is fed how much in a step, hands a
-burst of short text prompts to the batch, and routes each first token. The scheduler owns the
-queue of requests being prefilled and the decode batch and passes them in; each request is
-failed alone when its part raises.
+burst of short text prompts to the batch, and routes each first token. How much: while rows
+decode, the rows that fit the step's time budget (`budget_rows`, from the measured cost per
+row), in whole exact-reuse blocks; idle or in a wave, `prefill_budget`'s large budget. The
+scheduler owns the queue of requests being prefilled and the decode batch and passes them
+in; each request is failed alone when its part raises.
 
 Engine thread only.
 """
@@ -18,10 +20,11 @@ from collections import deque
 
 from gateway.config import EngineConfig
 from gateway.engine.request import FinishReason
+from gateway.engine.scheduler.budget import StepBudget
 from gateway.engine.scheduler.decode_batch import DecodeBatch
 from gateway.engine.scheduler.endings import Endings
 from gateway.engine.scheduler.job import Job, Stage
-from gateway.engine.scheduler.prefill import FirstToken, Prefiller
+from gateway.engine.scheduler.prefill import MIN_FINAL_ROWS, FirstToken, Prefiller
 from gateway.engine.scheduler.step_trace import StepTrace
 from gateway.metrics import Metrics
 
@@ -43,6 +46,22 @@ def prefill_budget(chunk: int, rows: int, waiting: int) -> int:
     return chunk
 
 
+def budget_rows(cap: int, unit: int, budget: StepBudget) -> int:
+    """Query rows this step's prefill may feed: `cap` (`prefill_budget`) when nothing decodes,
+    under the old fixed rule (ratio 0), or in a wave (`StepBudget.wave`: the old burst budget
+    keeps a 16-image burst as fast as it was); else the rows whose estimated cost fits the
+    time left in the step, in whole `unit`s (the exact-reuse block: the budget only decides
+    how many blocks, never where one starts), at least one unit, at most `cap`."""
+    if budget.fixed or budget.limit is None or budget.wave:
+        return cap
+    per_row = budget.costs.prefill_row.value
+    left = budget.left() or 0.0
+    if per_row is None or per_row <= 0:
+        return min(unit, cap)  # the first forward measures it
+    fit = int(left / per_row) // unit * unit
+    return min(max(fit, unit), cap)
+
+
 class PrefillStage:
     """One step's prefill (`run`); see the module docstring."""
 
@@ -60,14 +79,18 @@ class PrefillStage:
         self._endings = endings
         self._trace = trace
 
-    def run(self, prefilling: deque[Job], batch: DecodeBatch) -> None:
-        """Feed up to one prefill budget of prompt tokens of `prefilling`, oldest first;
-        requests whose prompt completes leave the queue.
+    def run(self, prefilling: deque[Job], batch: DecodeBatch, step: StepBudget) -> int:
+        """Feed up to this step's prefill budget (`budget_rows`) of prompt tokens of
+        `prefilling`, oldest first; requests whose prompt completes leave the queue. Returns
+        the query rows fed (padding rows included: what the forwards cost).
 
         A burst (several requests whose remaining prompt is short text) is handed to the
         batch instead, which prefills them together in one forward per group; one request
         alone is prefilled here, so its first token comes from its own prefill logits."""
-        budget = prefill_budget(self._chunk, len(batch.rows), len(prefilling))
+        rows, waiting = len(batch.rows), len(prefilling)
+        cap = prefill_budget(self._chunk, rows, waiting)
+        unit = self._prefiller.block or MIN_FINAL_ROWS
+        budget = start = budget_rows(cap, min(unit, cap), step)
         burst = [
             job
             for job in prefilling
@@ -86,7 +109,7 @@ class PrefillStage:
         shared = {id(j): g for g in groups for j in g}
         for job in list(prefilling):
             if budget <= 0:
-                return
+                break
             if job.stage is not Stage.PREFILL or job not in prefilling:
                 continue  # fed with its group, or failed
             if id(job) in shared:
@@ -102,6 +125,7 @@ class PrefillStage:
             except Exception as exc:
                 log.exception("prefill of %s failed", job.request_id)
                 self._endings.fail_internal(job, f"internal error in the prefill: {exc}")
+        return start - budget
 
     def _feed_group(
         self, group: list[Job], budget: int, prefilling: deque[Job], batch: DecodeBatch

@@ -5,10 +5,18 @@ prefilling), the group of images in the vision tower, the decode batch and the q
 counts, and moves jobs through them:
 
     admit    queued requests into free rows: prefix-cache lookup, vision-cache lookups
-    encode   one vision-tower unit (a block) for a group of pending images (several requests'
-             images go through the tower together; gateway.engine.scheduler.encode_group)
-    prefill  up to one budget of prompt tokens, oldest first (PrefillStage)
+    prefill  prompt tokens, oldest first, up to the step's time budget while rows decode
+             (PrefillStage); before encode: these requests are older than the tower's group
+    encode   vision-tower units for a group of pending images: idle, the oldest requests'
+             images together as one graph; while rows decode, the oldest request's images
+             only (a wave: all, see StepBudget), as many units as the step's time budget
+             allows (gateway.engine.scheduler.encode_group)
     decode   one batched step of every running row; emit tokens; finish rows
+
+The time budget (`--admission-budget` x the decode step, gateway.engine.scheduler.budget) is
+shared by the prefill and encode stages of a step; each stage with work pending does at
+least one unit, so admission never stops. `begin_step` / `end_step` bracket a step and feed
+the decode-step estimate.
 
 `gateway.engine.core.Engine` runs them in order, one step per loop; how jobs end is the
 `Endings`'; the queues' one exit is `release`. Failure isolation: an exception while
@@ -30,6 +38,7 @@ import mlx.core as mx
 
 from gateway.config import EngineConfig
 from gateway.engine.request import AdmittedEvent, EngineRequest, ErrorKind, FinishReason
+from gateway.engine.scheduler.budget import CostModel, StepBudget
 from gateway.engine.scheduler.decode_batch import DecodeBatch
 from gateway.engine.scheduler.encode_group import EncodeGroup, start_group, step_group
 from gateway.engine.scheduler.endings import Endings
@@ -73,6 +82,9 @@ class Scheduler:
         self._prefill = PrefillStage(config, metrics, loaded.prefiller, self.endings, trace)
         self._inserted = 0  # the batch's insert count when the step began (for the trace)
         self._decoded = 0  # tokens emitted by this step's decode (for the trace)
+        self.costs = CostModel()  # running cost estimates (this engine: one model, one device)
+        self.budget = StepBudget(self.costs, config.admission_budget)
+        self._step_started = 0.0  # perf_counter seconds at `begin_step`
 
     @property
     def batch(self) -> DecodeBatch:
@@ -166,11 +178,14 @@ class Scheduler:
         if self.group is None:
             if not self.encoding:
                 return
-            # Block by block only while rows decode (they must not stall); alone, the tower
-            # runs as one graph.
-            self.group, failed = start_group(
-                ops, self.encoding, stepwise=lambda: bool(self.batch.rows)
-            )
+            # Unit by unit only while rows decode (they must not stall); alone, the tower
+            # runs as one graph. While rows decode the group holds the oldest request's
+            # images only: grouping the next request's too would make the first image's first
+            # token wait for the second's encode (issue 30); idle or in a wave (StepBudget), a
+            # burst is encoded together (16 concurrent images: one tower call).
+            alone = self.batch.rows and not self.budget.wave
+            jobs = [self.encoding[0]] if alone else self.encoding
+            self.group, failed = start_group(ops, jobs, stepwise=lambda: bool(self.batch.rows))
             for job, exc in failed:  # e.g. preprocessing an evicted image without pixels
                 log.error("preparing an image of %s failed: %s", job.request_id, exc)
                 self.endings.fail_internal(job, f"internal error preparing the image: {exc}")
@@ -179,7 +194,7 @@ class Scheduler:
         group = self.group
         started = time.perf_counter()
         try:
-            done = step_group(ops, group)
+            done = step_group(ops, group, self.budget)
         except Exception as exc:
             self.group = None
             log.exception("encoding a group of %d images failed", len(group.images))
@@ -197,8 +212,15 @@ class Scheduler:
                 self.prefilling.append(job)
 
     def prefill(self) -> None:
-        """Up to one prefill budget of prompt tokens (gateway.engine.scheduler.prefill_stage)."""
-        self._prefill.run(self.prefilling, self.batch)
+        """Prompt tokens up to the step's budget (gateway.engine.scheduler.prefill_stage);
+        the forwards' cost per row feeds the estimate."""
+        if not self.prefilling:
+            return
+        started = time.perf_counter()
+        rows = self._prefill.run(self.prefilling, self.batch, self.budget)
+        seconds = time.perf_counter() - started
+        self.budget.spend(seconds)
+        self.costs.add_prefill(rows, seconds)
 
     def decode(self) -> None:
         """One batched step of every row: emit each row's token, finish the rows that ended."""
@@ -283,9 +305,20 @@ class Scheduler:
         self._batch = None
 
     def begin_step(self) -> None:
-        """Mark the start of a step for `step_counts`."""
+        """Mark the start of a step (for `step_counts` and the decode-step estimate) and open
+        its admission budget."""
+        self._step_started = time.perf_counter()
         self._inserted = self.batch.inserted
         self._decoded = 0
+        admitting = len(self.waiting) + len(self.encoding) + len(self.prefilling)
+        ratio = self.config.admission_budget
+        self.budget = StepBudget(self.costs, ratio, len(self.batch.rows), admitting)
+
+    def end_step(self) -> None:
+        """A step that decoded rows and did no admission work is a plain decode step: its
+        wall time (what a running stream waits between tokens) feeds the estimate."""
+        if self._decoded and not self.budget.worked:
+            self.costs.decode_step.add(time.perf_counter() - self._step_started)
 
     def step_counts(self) -> dict[str, int]:
         """The step trace's counts after a step (gateway.engine.scheduler.step_trace)."""

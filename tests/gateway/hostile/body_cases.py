@@ -71,7 +71,8 @@ BODY_CASES: list[Any] = [
     pytest.param(Case(msgs("hi"), param="messages[0]"), id="message-not-an-object"),
     pytest.param(Case(msgs({"content": "hi"}), param="messages[0].role"), id="missing-role"),
     pytest.param(
-        Case(msgs({"role": "tool", "content": "hi"}), param="messages[0].role"), id="role-tool"
+        Case(msgs({"role": "tool", "content": "hi"}), param="messages[0].tool_call_id"),
+        id="role-tool-without-call-id",
     ),
     pytest.param(
         Case(msgs({"role": 1, "content": "hi"}), param="messages[0].role"), id="role-not-a-string"
@@ -204,7 +205,9 @@ BODY_CASES: list[Any] = [
         id="stream_options-string",
     ),
     pytest.param(Case(chat(presence_penalty=0.5), param="presence_penalty"), id="presence_penalty"),
-    pytest.param(Case(chat(tools=[{"type": "function"}]), param="tools"), id="tools"),
+    pytest.param(
+        Case(chat(tools=[{"type": "function"}]), param="tools[0].function"), id="tool-no-function"
+    ),
     pytest.param(
         Case(chat(response_format={"type": "xml"}), param="response_format.type"),
         id="response_format-unknown-type",

@@ -184,9 +184,10 @@ def test_errors_are_anthropic_error_objects(server: ServerProcess) -> None:
         "error": {"type": "not_found_error", "message": missing.value.body["error"]["message"]},  # type: ignore[index]
     }
     tool = {"name": "f", "input_schema": {"type": "object"}}
-    with pytest.raises(anthropic.BadRequestError) as tools:
-        _ask(_client(server), "hi", tools=[tool])
-    assert "tool use is not supported" in tools.value.body["error"]["message"]  # type: ignore[index]
+    with pytest.raises(anthropic.BadRequestError) as tools:  # a named choice not among tools
+        _ask(_client(server), "hi", tools=[tool], tool_choice={"type": "tool", "name": "g"})
+    assert "tool_choice" in tools.value.body["error"]["message"]  # type: ignore[index]
+    assert tools.value.body["type"] == "error"  # type: ignore[index]
     with pytest.raises(anthropic.BadRequestError):
         _ask(_client(server), "hi", thinking={"type": "enabled", "budget_tokens": 1024})
 

@@ -1,0 +1,169 @@
+"""The admission time budget (gateway.engine.scheduler.budget) and what it sizes.
+
+Pinned: the budget's arithmetic (at least one unit per stage, never-measured units only first,
+ratio 0 is the old one-unit rule, no limit when nothing decodes); the prefill rows it grants
+are whole exact-reuse blocks (the budget decides how many blocks, never where one starts); in
+the engine, while a row decodes, a tiny budget runs one tower unit per step and a large one
+many, and the answers are the same bit for bit under any budget and equal to the uncached
+answer, with every prefill forward one aligned block.
+"""
+
+from __future__ import annotations
+
+import pytest
+from support import EngineHarness, chat_body, noise_image
+
+from gateway.config import CacheConfig
+from gateway.engine.scheduler import encode_group
+from gateway.engine.scheduler.budget import CostModel, RunningMean, RunningMedian, StepBudget
+from gateway.engine.scheduler.prefill_stage import budget_rows
+
+
+def _budget(
+    ratio: float = 2.0, rows: int = 4, admitting: int = 1, step: float | None = 0.01
+) -> StepBudget:
+    costs = CostModel()
+    if step is not None:
+        costs.decode_step.add(step)
+    return StepBudget(costs, ratio, rows, admitting)
+
+
+def test_running_mean_follows_samples() -> None:
+    mean = RunningMean(weight=0.5)
+    assert mean.value is None
+    mean.add(4.0)
+    assert mean.value == 4.0
+    mean.add(0.0)
+    assert mean.value == 2.0
+
+
+def test_the_decode_step_estimate_ignores_outlier_steps() -> None:
+    """Invariant: a few slow plain steps (a noisy neighbour) do not inflate the decode-step
+    estimate, and so not the budget; a lasting change moves it within the window."""
+    step = RunningMedian(window=5)
+    for sample in (0.003, 0.003, 0.045, 0.003, 0.030):
+        step.add(sample)
+    assert step.value == 0.003
+    for _ in range(3):
+        step.add(0.010)
+    assert step.value == 0.010
+
+
+def test_a_stage_always_gets_its_first_unit_and_then_only_what_fits() -> None:
+    b = _budget()  # 2 x 10 ms
+    assert b.limit == pytest.approx(0.02)
+    assert b.allows(None, first=True) and b.allows(1.0, first=True)
+    assert b.allows(0.015, first=False)
+    assert not b.allows(None, first=False)  # never measured: only as a stage's first
+    b.spend(0.015)
+    assert b.worked and b.left() == pytest.approx(0.005)
+    assert not b.allows(0.006, first=False) and b.allows(0.004, first=False)
+    b.spend(1.0)
+    assert b.left() == 0.0
+
+
+def test_no_limit_when_nothing_decodes_and_one_unit_under_the_old_rule() -> None:
+    idle = _budget(rows=0)
+    assert idle.limit is None and idle.left() is None
+    assert idle.allows(None, first=False) and idle.allows(100.0, first=False)
+    fixed = _budget(ratio=0)
+    assert fixed.fixed and fixed.allows(0.0, first=True)
+    assert not fixed.allows(0.0, first=False)
+    unmeasured = _budget(step=None)  # no decode step measured yet: one unit per stage
+    assert unmeasured.limit == 0.0 and not unmeasured.allows(0.0001, first=False)
+
+
+def test_prefill_rows_are_whole_blocks_within_the_time_left() -> None:
+    b = _budget()  # 20 ms
+    b.costs.add_prefill(32, 0.032)  # 1 ms a row: 20 rows fit, no whole block
+    assert budget_rows(2048, 32, b) == 32  # at least one block
+    b.costs.prefill_row.value = 0.0001  # 200 rows fit: six whole blocks
+    assert budget_rows(2048, 32, b) == 192
+    assert budget_rows(128, 32, b) == 128  # capped
+    assert budget_rows(512, 32, _budget(ratio=0)) == 512
+    assert budget_rows(2048, 32, _budget(rows=0)) == 2048
+    assert budget_rows(2048, 32, _budget()) == 32  # per row unmeasured
+
+
+def test_a_wave_is_admitted_as_a_burst_with_a_scaled_limit() -> None:
+    """Invariant: more requests being admitted than rows decoding is a wave: the prefill
+    takes its large budget and the time limit grows with (admitting / rows) squared."""
+    calm, wave = _budget(rows=4, admitting=4), _budget(rows=3, admitting=13)
+    assert not calm.wave and calm.limit == pytest.approx(0.02)
+    assert wave.wave and wave.limit == pytest.approx(0.02 * (13 / 3) ** 2)
+    assert budget_rows(512, 32, wave) == 512
+    assert not _budget(rows=0, admitting=16).wave  # nothing decodes: no limit at all
+
+
+def _image_while_decoding(h: EngineHarness, seed: int) -> tuple[object, list[int]]:
+    """An image request arriving while a text row decodes; returns its run and the number of
+    tower units each encode stage ran."""
+    scheduler = h.engine.scheduler
+    units: list[int] = []
+    step = encode_group.step_group
+
+    def counting(ops, group, budget):  # noqa: ANN001, ANN202
+        ran = [0]
+        add = budget.costs.add_unit
+
+        def add_unit(key, seconds):  # noqa: ANN001, ANN202
+            ran[0] += 1
+            add(key, seconds)
+
+        budget.costs.add_unit = add_unit  # an instance attribute, removed below
+        try:
+            return step(ops, group, budget)
+        finally:
+            del budget.costs.add_unit
+            units.append(ran[0])
+
+    scheduler_module = "gateway.engine.scheduler.scheduler.step_group"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scheduler_module, counting)
+        with h.arriving_together():
+            scheduler.costs.decode_step.add(0.005)  # the engine is paused: a known estimate
+            image = noise_image(seed, 224, 224)
+            run = h.submit(chat_body("what is this?", images=1, max_tokens=6), [image])
+        run.wait()
+    return run, units
+
+
+@pytest.mark.parametrize("ratio", [1e-6, 2.0, 1000.0])
+def test_budgets_size_the_tower_work_and_never_change_an_answer(ratio: float) -> None:
+    """Invariant: under any budget, an image answered while a row decodes equals the answer
+    of an engine without caches at the old fixed rule, bit for bit; a tiny budget runs one
+    tower unit per step, a huge one the whole tower in one step."""
+    h = EngineHarness("qwen2_vl", max_batch=4, admission_budget=ratio)
+    plain = EngineHarness(
+        "qwen2_vl",
+        max_batch=4,
+        admission_budget=0,
+        cache=CacheConfig(vision_enabled=False, prefix_enabled=False),
+    )
+    model, forwards = h.engine.model, []
+    prefill = model.prefill
+
+    def spy_prefill(plan, cache, lo, hi, rows=0):  # noqa: ANN001, ANN202
+        forwards.append((cache[0].offset, max(rows, hi - lo)))
+        return prefill(plan, cache, lo, hi, rows)
+
+    model.prefill = spy_prefill
+    try:
+        _image_while_decoding(h, 17)  # measures the tower units of a 224 px image
+        run, units = _image_while_decoding(h, 18)  # another one: sized by the estimates
+        reference, _ = _image_while_decoding(plain, 18)
+        repeat, _ = _image_while_decoding(h, 18)  # a cache hit now
+    finally:
+        h.close()
+        plain.close()
+    for other in (reference, repeat):
+        assert run.token_ids == other.token_ids
+        assert run.logprobs == other.logprobs
+    assert repeat.finish.usage.cached_tokens > 0
+    block = h.engine.config.cache.exact_block_tokens(on_gpu=False)
+    assert forwards and all(start % block == 0 and rows == block for start, rows in forwards)
+    done = [n for n in units if n]
+    if ratio < 1:
+        assert len(done) >= 5 and max(done) == 1  # 2 embedding pieces, 2 blocks, the merger
+    elif ratio >= 1000:  # 5 s against ~ms units
+        assert done == [sum(units)]  # all in one step
