@@ -95,8 +95,9 @@ SHAPES: dict[str, Shape] = {
     # mean something: the tower sees 896 px as upstream (64 x 64 patches, pooled 4 x 4 to 256
     # soft tokens), the window is upstream's 1024. At 4096 patches per image the tower's
     # attention is the cost floor, so the tower is 1 layer of width 16 (one head); the
-    # language model (tiny's, 4x wider MLP) is sized so that the tower costs ~3x the prefill
-    # of the image prompt, as 4B's does in MACs (docs/benchmarks.md).
+    # language model (tiny's, with an MLP 4x its width as upstream's) is sized so that the
+    # tower costs ~3x the prefill of the image prompt, as 4B's does in MACs
+    # (docs/benchmarks.md).
     "small": Shape(
         text=dict(
             hidden_size=64,

@@ -76,7 +76,7 @@ _TEXT = {
     # Mistral Small 3.1's image path at CPU speed, for benchmarks whose cold / warm ratio must
     # mean something: 14 px patches up to upstream's 1540 px edge, so a 448 px image is
     # 32 x 32 patches, 16 x 16 [IMG] + 15 [IMG_BREAK] + [IMG_END]. Upstream's language model
-    # (24 B) costs ~27x its tower for such a prompt with the default system prompt (561
+    # (24 B) costs ~27x its tower for such a prompt with the default system prompt (560
     # tokens, MACs): the prefill dominates a cold request. Here the tower is 1 layer of width
     # 16 (its floor) and the language model 3 layers of width 128 (6x MLP, as upstream's),
     # ~15x.
