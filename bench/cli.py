@@ -260,8 +260,11 @@ def _engine(args: argparse.Namespace) -> None:
         from bench import raw as raw_bench
 
         root = hotpath.model_dir(model)
-        prefix = hotpath.image_prompt_tokens(root, args.image_size)
-        raw = raw_bench.run(root, replace(settings, prefix_tokens=prefix), log=print)
+        raw_settings = settings
+        if raw_bench.is_vision_checkpoint(root):  # the warm-TTFT prefix: the image prompt
+            prefix = hotpath.image_prompt_tokens(root, args.image_size)
+            raw_settings = replace(settings, prefix_tokens=prefix)
+        raw = raw_bench.run(root, raw_settings, log=print)
         gc.collect()
         mx.clear_cache()  # the raw model's buffers, before the engine loads its own copy
     cache = _engine_cache_config(model, args.server_arg)

@@ -118,6 +118,12 @@ class Profiler:
         self.prompts = PromptBuilder(self.engine.model, self.engine.needs_pixels, 65536, 64)
         self._n = 0
 
+    @property
+    def takes_images(self) -> bool:
+        """False for a text model (mlx-lm's own classes): its figures are text and decode."""
+        assert self.engine.model is not None
+        return "image" in self.engine.model.media
+
     def submit(self, body: dict, images: list[DecodedImage]) -> tuple[Probe, float]:
         """Build (timed: the returned seconds) and submit a chat body."""
         self._n += 1
@@ -190,12 +196,14 @@ class Profiler:
         return tokens / seconds, 1000 * seconds * batch / tokens, short
 
     def run(self, image_size: int, settings: RawSettings) -> dict[str, Any]:
-        """Every figure (keys end in their unit); stops the engine."""
+        """Every figure (keys end in their unit); stops the engine. A text model has no
+        image figures (no `ttft_*`, `prepare_*` or `vision_*` keys)."""
         out: dict[str, Any] = {}
         try:
-            self.image_ttfts(image_size, out)
-            seconds, steps = histogram_sum_count(self.metrics.vision_encode_seconds)
-            out["vision_block_step_ms_mean"] = 1000 * seconds / max(1, steps)
+            if self.takes_images:
+                self.image_ttfts(image_size, out)
+                seconds, steps = histogram_sum_count(self.metrics.vision_encode_seconds)
+                out["vision_block_step_ms_mean"] = 1000 * seconds / max(1, steps)
             out["text_first_token_ms"] = self.text_first_token_ms(settings)
             self.log(f"engine: text first token {out['text_first_token_ms']:.1f} ms")
             for batch in settings.batches:
@@ -217,12 +225,15 @@ def compare_rows(results: dict[str, Any], raw: dict[str, Any]) -> list[Row]:
     rows = [
         Row("text_first_token_ms", "text first token", "ms",
             results.get("text_first_token_ms"), raw.get("text_first_token_ms")),
-        Row("ttft_warm_ms", "image warm TTFT (same image, new question)", "ms",
-            results.get("ttft_warm_ms"), raw.get("warm_ttft_ms"),
-            note=f"raw: {prefix}-token prefix + 20 new"),
-        Row("ttft_cold_ms", "image cold TTFT", "ms", results.get("ttft_cold_ms"),
-            raw.get("prefill_ms"), note=f"raw: LM prefill of {prefix} tokens only"),
     ]  # fmt: skip
+    if "ttft_warm_ms" in results:  # an image model (a text model has no image figures)
+        rows += [
+            Row("ttft_warm_ms", "image warm TTFT (same image, new question)", "ms",
+                results.get("ttft_warm_ms"), raw.get("warm_ttft_ms"),
+                note=f"raw: {prefix}-token prefix + 20 new"),
+            Row("ttft_cold_ms", "image cold TTFT", "ms", results.get("ttft_cold_ms"),
+                raw.get("prefill_ms"), note=f"raw: LM prefill of {prefix} tokens only"),
+        ]  # fmt: skip
     for key in sorted(k for k in results if k.startswith("decode_tok_s_b")):
         batch = key.removeprefix("decode_tok_s_b")
         short = results.get(f"decode_short_rows_b{batch}")

@@ -1,10 +1,13 @@
 """The raw MLX ceiling: the checkpoint's own language model in mlx-lm, no gateway at all.
 
-The language-model weights of a Qwen-VL checkpoint (as the gateway loads them) go into mlx-lm's
-own text model (`qwen2` for Qwen2/2.5-VL, `qwen3` for Qwen3-VL) built from the config's text
-part. For text tokens the three mRoPE position components are equal, which makes multimodal
-rope exactly plain rope, so this model computes the same logits as the gateway's `TextCore`
-(pinned by a test): its speed is the ceiling the gateway's figures are divided by.
+A text checkpoint (qwen3, llama, any mlx-lm model the gateway serves as a text model) is
+mlx-lm's own model, loaded by mlx-lm's loader: the very module the gateway's text family
+runs. The language-model weights of a Qwen-VL checkpoint (as the gateway loads them) go into
+mlx-lm's own text model (`qwen2` for Qwen2/2.5-VL, `qwen3` for Qwen3-VL) built from the
+config's text part. For text tokens the three mRoPE position components are equal, which
+makes multimodal rope exactly plain rope, so this model computes the same logits as the
+gateway's `TextCore` (pinned by a test): its speed is the ceiling the gateway's figures are
+divided by.
 
 `python -m bench.raw --model DIR` prints progress on stderr and one JSON object on
 stdout (the hotpath bench runs it as a subprocess, so its memory is gone before the server
@@ -88,12 +91,28 @@ def language_weights(model_dir: Path) -> dict[str, mx.array]:
     return weights
 
 
+def is_vision_checkpoint(model_dir: str | Path) -> bool:
+    """True for a vision-language checkpoint (its config.json has a `vision_config`)."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    return bool(config.get("vision_config"))
+
+
 def load_text_model(model_dir: str | Path) -> nn.Module:
     """mlx-lm's text model for the checkpoint at `model_dir`, with its weights (quantized
-    checkpoints: mlx's affine quantization as described by config.json's `quantization`)."""
+    checkpoints: mlx's affine quantization as described by config.json's `quantization`).
+
+    A text checkpoint (no `vision_config`: what the gateway serves through mlx-lm's own
+    model classes) is loaded by mlx-lm's own loader, exactly as `mlx_lm.load` does; a Qwen-VL
+    checkpoint's language model goes into mlx-lm's qwen2 / qwen3 (see the module doc)."""
     from mlx_lm.models import qwen2, qwen3
 
     root = Path(model_dir)
+    if not is_vision_checkpoint(root):
+        from mlx_lm.utils import load_model
+
+        model, _ = load_model(root)
+        model.eval()
+        return model
     config = json.loads((root / "config.json").read_text())
     text = text_config(config)
     module = qwen2 if text["model_type"] == "qwen2" else qwen3

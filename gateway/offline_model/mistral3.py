@@ -18,6 +18,9 @@ Structure kept from Mistral-Small-3.1-24B-Instruct-2503 at tiny sizes:
   silently uses 1024 px and makes more `[IMG]` tokens than the tower's size allows);
   config.json records transformers 5 so transformers does not report Tekken's old split
   regex for this (already fixed) tokenizer.
+
+Sizes: `tiny` as above; `small` keeps Mistral Small 3.1's image path (14 px patches up to a
+1540 px edge) at CPU-benchmark cost (see its comment).
 """
 
 from __future__ import annotations
@@ -55,7 +58,9 @@ SPECIAL_TOKENS: tuple[str, ...] = (
 VOCAB_SIZE = 2048  # the tokenizer's own size, as upstream's 131072 is
 PATCH = 14
 MERGE = 2
-LONGEST_EDGE = 224  # at most 8 x 8 merged cells
+# The longest edge an image is scaled down to (never up), and the tower's image size (its 2D
+# RoPE table): tiny at most 8 x 8 merged cells, small Mistral Small 3.1's.
+LONGEST_EDGE = {"tiny": 224, "small": 1540}
 _CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 _CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
@@ -67,7 +72,22 @@ _TEXT = {
         num_key_value_heads=2,
         head_dim=32,
         intermediate_size=128,
-    )
+    ),
+    # Mistral Small 3.1's image path at CPU speed, for benchmarks whose cold / warm ratio must
+    # mean something: 14 px patches up to upstream's 1540 px edge, so a 448 px image is
+    # 32 x 32 patches, 16 x 16 [IMG] + 15 [IMG_BREAK] + [IMG_END]. Upstream's language model
+    # (24 B) costs ~27x its tower for such a prompt with the default system prompt (560
+    # tokens, MACs): the prefill dominates a cold request. Here the tower is 1 layer of width
+    # 16 (its floor) and the language model 3 layers of width 128 (6x MLP, as upstream's),
+    # ~15x.
+    "small": dict(
+        hidden_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=768,
+    ),
 }
 _VISION = {
     "tiny": dict(
@@ -76,7 +96,14 @@ _VISION = {
         num_attention_heads=2,
         head_dim=16,
         num_hidden_layers=2,
-    )
+    ),
+    "small": dict(
+        hidden_size=16,
+        intermediate_size=64,
+        num_attention_heads=1,
+        head_dim=16,
+        num_hidden_layers=1,
+    ),
 }
 
 
@@ -128,7 +155,7 @@ def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
     vision = {
         "model_type": "pixtral",
         **_VISION[size],
-        "image_size": LONGEST_EDGE,
+        "image_size": LONGEST_EDGE[size],
         "patch_size": PATCH,
         "num_channels": 3,
         "hidden_act": "silu",
@@ -172,7 +199,7 @@ def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
             "processor_class": "PixtralProcessor",
             "resample": 3,
             "rescale_factor": 1 / 255,
-            "size": {"longest_edge": LONGEST_EDGE},
+            "size": {"longest_edge": LONGEST_EDGE[size]},
         },
     )
     dump_json(

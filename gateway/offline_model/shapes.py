@@ -21,7 +21,7 @@ from .tokenizer import VOCAB_SIZE, TokenIds
 ARCHS: tuple[str, ...] = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 SIZES: tuple[str, ...] = ("tiny", "7b")
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
-DEFAULT_DTYPE = {"tiny": "float32", "7b": "bfloat16"}
+DEFAULT_DTYPE = {"tiny": "float32", "small": "float32", "7b": "bfloat16", "4b": "bfloat16"}
 
 _ARCHITECTURES = {
     "qwen2_vl": "Qwen2VLForConditionalGeneration",

@@ -18,10 +18,14 @@ Structure kept from SmolVLM-256M-Instruct at tiny sizes:
   template only, `<end_of_utterance>` ends a turn;
 - files: processor_config.json carries `image_seq_len` (the processor's default, 169, would
   not match the tower), preprocessor_config.json the tiling sizes.
+
+Sizes (`SHAPES`): `tiny` as above; `small` keeps upstream's 512 px tiles, 16 px patches and
+64 tokens per tile at CPU-benchmark cost (see its comment).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,22 +52,73 @@ IMAGE_TOKENS = {
     "image_token": "<image>",
 }
 VOCAB_SIZE = 2048  # the tokenizer's own size: no filler words
-TILE = 64  # the vision tower's image size: every tile and the global image
-MAX_EDGE = 3 * TILE  # the longest edge an image is resized to: up to 3 x 3 tiles
-PATCH = 8
-SCALE_FACTOR = 2
-TOKENS_PER_TILE = (TILE // PATCH) ** 2 // SCALE_FACTOR**2  # 16
+TILE_TINY = 64
 
-_TEXT = {
-    "tiny": dict(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-    )
+
+@dataclass(frozen=True)
+class Shape:
+    """One size's shapes: the text and vision towers (config.json fields, the tower's layer
+    count included), the tile side in px (the tower's image size: every tile and the global
+    image), the longest edge an image is resized to (tiles per side = max_edge / tile), the
+    patch side in px and the pixel-shuffle factor."""
+
+    text: dict[str, Any]
+    vision: dict[str, Any]
+    tile: int
+    max_edge: int
+    patch: int
+    scale_factor: int
+
+    @property
+    def tokens_per_tile(self) -> int:
+        """`image_seq_len`: one tile's patches after the pixel shuffle."""
+        return (self.tile // self.patch) ** 2 // self.scale_factor**2
+
+
+SHAPES: dict[str, Shape] = {
+    # Structure at CPU-test sizes: 64 px tiles of 8 px patches, up to 3 x 3 tiles.
+    "tiny": Shape(
+        text=dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=128,
+        ),
+        vision=dict(
+            hidden_size=32, intermediate_size=64, num_attention_heads=2, num_hidden_layers=2
+        ),
+        tile=TILE_TINY,
+        max_edge=3 * TILE_TINY,
+        patch=8,
+        scale_factor=2,
+    ),
+    # SmolVLM-256M's tiling at CPU speed, for benchmarks whose cold / warm ratio must mean
+    # something: upstream's 512 px tiles of 16 px patches, pixel-shuffled by 4 to 64 tokens
+    # each; the longest edge 1024 px (2 x 2 tiles + global: 5 tiles, 320 image tokens) where
+    # upstream's is 2048 (17 tiles), whose tower costs ~2.4 s on the 2-core CI machine even
+    # at one layer. Both towers shrunk so that the tower dominates a cold request as it does
+    # upstream: 256M's tower costs ~12x its prefill of the image prompt in MACs; here the
+    # tower is 1 layer of width 16 (attention over 1024 patches per tile is the floor) and the
+    # language model 2 layers of width 32, ~5x on the CI machine (docs/benchmarks.md).
+    "small": Shape(
+        text=dict(
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=64,
+        ),
+        vision=dict(
+            hidden_size=16, intermediate_size=64, num_attention_heads=1, num_hidden_layers=1
+        ),
+        tile=512,
+        max_edge=1024,
+        patch=16,
+        scale_factor=4,
+    ),
 }
-_VISION = {"tiny": dict(hidden_size=32, intermediate_size=64, num_attention_heads=2)}
+SIZES: tuple[str, ...] = tuple(SHAPES)
 
 
 def spec() -> TokenizerSpec:
@@ -102,11 +157,12 @@ def _write_tokenizer(out: Path) -> dict[str, int]:
 def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
     """Tokenizer files, config.json, generation_config.json, preprocessor_config.json and
     processor_config.json; returns the config."""
+    shape = SHAPES[size]
     ids = _write_tokenizer(out)
     ends = [ids["<|im_end|>"], ids["<end_of_utterance>"]]
     text = {
         "model_type": "llama",
-        **_TEXT[size],
+        **shape.text,
         "vocab_size": VOCAB_SIZE,
         "hidden_act": "silu",
         "rms_norm_eps": 1e-5,
@@ -117,10 +173,9 @@ def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
     }
     vision = {
         "model_type": "smolvlm_vision",
-        **_VISION[size],
-        "num_hidden_layers": 2,
-        "image_size": TILE,
-        "patch_size": PATCH,
+        **shape.vision,
+        "image_size": shape.tile,
+        "patch_size": shape.patch,
         "num_channels": 3,
         "layer_norm_eps": 1e-6,
         "hidden_act": "gelu_pytorch_tanh",
@@ -129,7 +184,7 @@ def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
         "architectures": ["SmolVLMForConditionalGeneration"],
         "model_type": "smolvlm",
         "image_token_id": ids["<image>"],
-        "scale_factor": SCALE_FACTOR,
+        "scale_factor": shape.scale_factor,
         "vocab_size": VOCAB_SIZE,
         "eos_token_id": ends,
         "pad_token_id": ids["<|im_end|>"],
@@ -159,20 +214,18 @@ def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
             "image_mean": [0.5, 0.5, 0.5],
             "image_processor_type": "Idefics3ImageProcessor",
             "image_std": [0.5, 0.5, 0.5],
-            "max_image_size": {"longest_edge": TILE},
+            "max_image_size": {"longest_edge": shape.tile},
             "processor_class": "SmolVLMProcessor",
             "resample": 1,
             "rescale_factor": 1 / 255,
-            "size": {"longest_edge": MAX_EDGE},
+            "size": {"longest_edge": shape.max_edge},
         },
     )
     dump_json(
         out / "processor_config.json",
-        {"image_seq_len": TOKENS_PER_TILE, "processor_class": "SmolVLMProcessor"},
+        {"image_seq_len": shape.tokens_per_tile, "processor_class": "SmolVLMProcessor"},
     )
     return config
 
 
-FAMILY = Family(
-    "smolvlm", "mlx-vlm", tuple(_TEXT), "SmolVLM, Idefics3-style (mlx-vlm)", write_files
-)
+FAMILY = Family("smolvlm", "mlx-vlm", SIZES, "SmolVLM, Idefics3-style (mlx-vlm)", write_files)

@@ -148,3 +148,22 @@ def test_cli_prints_json_on_stdout(capsys) -> None:
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     assert data["decode_tok_s_b1"] > 0 and "raw: decode batch" in captured.err
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"])
+def test_raw_text_model_computes_the_text_familys_logits(arch: str) -> None:
+    """A text checkpoint's raw ceiling is mlx-lm's own model class on the same weights, and
+    its logits over a prompt and decode steps are the gateway's text family's, bit for bit
+    (the text family runs mlx-lm's module itself)."""
+    from gateway.engine.families.text import TextModel
+
+    root = tiny_model(arch)
+    raw = load_text_model(root)
+    gateway = TextModel(str(root))
+    assert type(raw) is type(gateway.model)
+    assert type(raw).__module__ == f"mlx_lm.models.{arch}"
+    prompt = [5, 100, 200, 300, 1500, 7, 8, 9, 10, 11, 12, 1999]
+    ours = _logits_with_decode(gateway.text_core, gateway.new_cache(), prompt, 4)
+    theirs = _logits_with_decode(raw, make_prompt_cache(raw), prompt, 4)
+    for a, b in zip(ours, theirs, strict=True):
+        assert mx.array_equal(a, b).item()
