@@ -39,6 +39,9 @@ MAKE_MODEL_ARCHS = (
     "llama",
 )
 TEXT_ARCHS = ("qwen3", "llama")
+# `--size` choices: every family's sizes (which sizes an arch has is checked by the builder,
+# `offline_model.families.check_arch_size`); tests keep them equal to the builder's.
+MAKE_MODEL_SIZES = ("tiny", "small", "4b", "7b")
 
 
 def _version() -> str:
@@ -76,7 +79,13 @@ def _add_make_model_parser(sub: argparse._SubParsersAction) -> None:
         f"{', '.join(a for a in MAKE_MODEL_ARCHS if a not in TEXT_ARCHS)}; "
         f"text only (mlx-lm) {', '.join(TEXT_ARCHS)}",
     )
-    p.add_argument("--size", default="tiny", choices=["tiny", "7b"], help="shapes")
+    p.add_argument(
+        "--size",
+        default="tiny",
+        choices=MAKE_MODEL_SIZES,
+        help="shapes: tiny (CPU tests), small (CPU benches: the real image path), 7b (Qwen-VL)"
+        " and 4b (gemma3): real shapes for a GPU; not every arch has every size",
+    )
     p.add_argument("--seed", type=int, default=0, help="weights seed")
     p.add_argument(
         "--dtype",

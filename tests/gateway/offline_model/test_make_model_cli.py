@@ -24,6 +24,8 @@ def test_arch_choices_are_the_builders_families() -> None:
     assert cli.MAKE_MODEL_ARCHS == om.ARCHS
     assert set(cli.TEXT_ARCHS) == {a for a, f in om.FAMILIES.items() if f.runtime == "mlx-lm"}
     assert set(NEW_ARCHS) < set(om.ARCHS)
+    sizes = {s for f in om.FAMILIES.values() for s in f.sizes}
+    assert set(cli.MAKE_MODEL_SIZES) == sizes
 
 
 def test_help_lists_every_arch(capsys: pytest.CaptureFixture[str]) -> None:
