@@ -119,8 +119,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _make_model(args: argparse.Namespace) -> None:
-    from gateway.offline_model import build_model
+    from gateway.offline_model import build_model, check_arch_size
 
+    try:
+        check_arch_size(args.arch, args.size, args.dtype)
+    except ValueError as exc:  # e.g. a size this arch has none of: a usage error, no traceback
+        sys.exit(f"vision-gateway make-model: {exc}")
     out = build_model(
         args.out,
         args.arch,

@@ -79,3 +79,12 @@ def test_quantized_build_loads_with_the_familys_runtime(tmp_path: Path, arch: st
         model, _ = mlx_vlm.load(str(out))
         layer = model.language_model.model.layers[0].self_attn.q_proj
     assert isinstance(layer, nn.QuantizedLinear) and layer.bits == 4
+
+
+def test_a_size_the_arch_lacks_is_a_clear_error(tmp_path) -> None:  # noqa: ANN001
+    """Invariant: `--size` lists every family's sizes; one this arch lacks is refused with
+    the arch's own sizes named, before anything is built, not with a traceback."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(["make-model", str(tmp_path / "m"), "--arch", "qwen3", "--size", "small"])
+    assert "unknown size 'small' for qwen3; expected one of tiny" in str(done.value.code)
+    assert not (tmp_path / "m").exists()
