@@ -47,7 +47,7 @@ from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.model.video_layout import VideoLayout
 from gateway.engine.model.video_processor import VideoFrames
 from gateway.engine.model.vision import EncodedImage, Unit
-from gateway.engine.model.window_kv import WindowKVCache
+from gateway.engine.model.window_kv import layer_caches
 
 MODEL_TYPES = ("gemma3",)
 # Image-processor settings that change pixels or the token count (part of cache keys).
@@ -178,10 +178,7 @@ class Gemma3(ModelFamily):
 
     def new_cache(self, rope_delta: int = 0) -> list[RowKVCache]:
         """A `WindowKVCache` per sliding layer, a `RowKVCache` per global one."""
-        return [
-            WindowKVCache(self.window, rope_delta) if sliding else RowKVCache(rope_delta)
-            for sliding in self.sliding
-        ]
+        return layer_caches(self.sliding, self.window, rope_delta)
 
     def encode_steps_many(
         self,

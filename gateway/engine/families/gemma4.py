@@ -46,7 +46,7 @@ from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.model.video_processor import VideoFrames
 from gateway.engine.model.vision import EncodedImage
-from gateway.engine.model.window_kv import WindowKVCache
+from gateway.engine.model.window_kv import layer_caches
 
 MODEL_TYPES = ("gemma4",)
 _SETTINGS = (
@@ -178,10 +178,7 @@ class Gemma4(VlmFamily):
 
     def new_cache(self, rope_delta: int = 0) -> list[RowKVCache]:
         """One cache per KV-owning layer: `WindowKVCache` for sliding, `RowKVCache` for full."""
-        return [
-            WindowKVCache(self.window, rope_delta) if sliding else RowKVCache(rope_delta)
-            for sliding in self.sliding
-        ]
+        return layer_caches(self.sliding, self.window, rope_delta)
 
     def prefill_plan(
         self,

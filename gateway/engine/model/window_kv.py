@@ -159,3 +159,12 @@ class WindowBatchKVCache(RowBatchKVCache):
 
     def bookkeeping(self) -> list[mx.array]:
         return [*super().bookkeeping(), self.phases]
+
+
+def layer_caches(sliding: list[bool], window: int, rope_delta: int = 0) -> list[RowKVCache]:
+    """One empty cache per KV-owning layer of a model with sliding and global layers: a
+    `WindowKVCache` of `window` for each sliding one, a plain `RowKVCache` for each global."""
+    return [
+        WindowKVCache(window, rope_delta) if slides else RowKVCache(rope_delta)
+        for slides in sliding
+    ]
