@@ -178,6 +178,7 @@ def test_describe_says_every_cache_is_on(harness: EngineHarness) -> None:
         "media": ["image"],
         "prefix_cache": "on",
         "vision_cache": "on",
+        "vision_groups": True,  # grouped tower calls keep each image's bits on this CPU
     }
 
 
