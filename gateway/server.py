@@ -31,7 +31,8 @@ from gateway.config import ConfigError, EngineConfig, MediaConfig, ServerConfig
 
 EMBEDDED_NOTICE = (
     "This is the embedded tiny random-weight test model: its answers are noise. "
-    "Start the server with --model <dir or hub id> to serve a real Qwen-VL model."
+    "Start the server with --model <dir or hub id> to serve a real model (Qwen-VL, Gemma 3/4, "
+    "SmolVLM, Mistral 3, or an mlx-lm text model)."
 )
 
 
