@@ -31,6 +31,18 @@ for side in $SIDES; do
   IFS=: read -r name port tree flag <<<"$side"
   SERVE_ARGS=$flag serve "$ROOT/$tree" "$port" || exit 1
 done
+# PROFILE_S=N: py-spy samples every side's engine process for N s while the rounds run
+# (collapsed stacks in $OUT/engine-NAME.txt; read them with docs/bench/stacks.py).
+if [ -n "${PROFILE_S:-}" ]; then
+  for side in $SIDES; do
+    IFS=: read -r name port tree flag <<<"$side"
+    server=$(pgrep -f "gateway serve .*--port $port" | head -1)
+    engine=$(pgrep -P "$server" -f spawn_main | head -1)
+    py-spy record -p "$engine" --threads --idle --nonblocking --rate 500 --duration "$PROFILE_S" \
+      --format raw -o "$OUT/engine-$name.txt" >/dev/null 2>&1 &
+  done
+  sleep 1
+fi
 for round in $(seq "$ROUNDS"); do
   for side in $SIDES; do
     IFS=: read -r name port tree flag <<<"$side"

@@ -14,7 +14,10 @@ about the same at 1 row as at 32, a burst of arrivals paid one extra forward per
 the rows joining in a step are merged once and added to mlx-lm's generation batch with their
 first token as the next input, so it is fed together with every other row's token in the
 batch's next forward. The generator then reports that first token once more (it was already
-emitted from the prefill); `step` drops that report.
+emitted from the prefill); `step` drops that report. A step may hold the rows that joined
+during it until the next step (`step(hold_new=True)`): the join (the new row's KV merged into
+every layer's buffers, a slower first decode) then does not land on top of the admission work
+that produced the row (issue 30), and the next step's budget expects it (`joins_pending`).
 
 Engine thread only. Not reusable after a step raised: the engine replaces the whole object
 (`Scheduler.fail_batch`), so recovery never touches a broken generator.
@@ -68,6 +71,8 @@ class DecodeBatch:
         )
         self.rows: dict[int, Job] = {}
         self._joining: list[_Joiner] = []  # added to the generation batch at the next step
+        self._arrived: list[_Joiner] = []  # joined during this step (held or added at its end)
+        self.last_joined = 0  # rows the last `step` added (a join step costs more: budget.py)
         self._echo: set[int] = set()  # rows whose next report is their first token again
         self.inserted = 0  # rows handed over so far (a counter, for the step trace)
         # mlx-lm's batch of decoding rows lives as long as the generator (semi-private).
@@ -95,7 +100,7 @@ class DecodeBatch:
             raise ValueError("a row must not join at its last token")
         uid = self.generator._uid_count  # the generator's own uid sequence (semi-private)
         self.generator._uid_count += 1
-        self._joining.append(_Joiner(job, uid, job.cache or [], token, logprobs, in_cache))
+        self._arrived.append(_Joiner(job, uid, job.cache or [], token, logprobs, in_cache))
         self._echo.add(uid)
         job.cache = None
         self.inserted += 1
@@ -103,11 +108,17 @@ class DecodeBatch:
         job.stage = Stage.DECODE
         self.rows[uid] = job
 
+    @property
+    def joins_pending(self) -> bool:
+        """Rows held by the last step join at the next one."""
+        return bool(self._joining)
+
     def _add_joiners(self) -> None:
         """Merge the rows joining now into one batch and append it to the generation batch,
         first tokens as the next inputs (module doc). Pinned to mlx-lm 0.32's
         GenerationBatch fields."""
-        joining, self._joining = self._joining, []
+        joining, self._joining = self._joining + self._arrived, []
+        self._arrived = []
         if not joining:
             return
         stops = [
@@ -161,12 +172,19 @@ class DecodeBatch:
         prompt = list(job.request.prompt_ids)
         self.insert(job, prompt[job.fed :], job.request.sampling.max_tokens, prompt[: job.fed])
 
-    def step(self) -> list[tuple[Job, Any, LogprobValues | None]]:
+    def step(self, hold_new: bool = False) -> list[tuple[Job, Any, LogprobValues | None]]:
         """One decode step: (job, mlx-lm response, its log-probability values when the job
         asked for them and the batch's sampler computed them) per row that produced a token.
         Values are None where the sampler did not draw the token (the caller reads them from
-        `response.logprobs` then)."""
+        `response.logprobs` then). `hold_new`: rows that joined during this step join at the
+        next one instead, when other rows decode (else holding would only delay them)."""
+        arrived, self._arrived = self._arrived, []
+        decoding = len(self.rows) > len(self._joining) + len(arrived)
+        held = arrived if hold_new and decoding else []
+        self._joining += [] if held else arrived
+        self.last_joined = len(self._joining)
         self._add_joiners()
+        self._joining = held
         # Rows that joined hold their own sampler: one batched draw from now on. (Rows the
         # generator prefilled itself join inside `next`, and are bound at the next step.)
         self._sampler.bind_all_rows()
@@ -200,16 +218,16 @@ class DecodeBatch:
         """Free the job's row if it holds one (idempotent)."""
         if job.uid is not None and self.rows.pop(job.uid, None) is not None:
             self._echo.discard(job.uid)
-            joining = [j for j in self._joining if j.uid != job.uid]
-            if len(joining) < len(self._joining):
-                self._joining = joining  # not in the generator yet
-            else:
+            pending = len(self._joining) + len(self._arrived)
+            self._joining = [j for j in self._joining if j.uid != job.uid]
+            self._arrived = [j for j in self._arrived if j.uid != job.uid]
+            if len(self._joining) + len(self._arrived) == pending:  # in the generator
                 self.generator.remove([job.uid])
 
     def forget_rows(self) -> list[Job]:
         """Every job holding a row, forgotten here (the generator is left as it is)."""
         jobs, self.rows = list(self.rows.values()), {}
-        self._joining, self._echo = [], set()
+        self._joining, self._arrived, self._echo = [], [], set()
         return jobs
 
     def finished(self, job: Job) -> None:

@@ -175,6 +175,8 @@ class Scheduler:
         """One vision-tower unit for the current group of images (formed from the oldest
         requests' pending images when none is running)."""
         ops = self.loaded.cache_ops
+        if self.budget.join_only:
+            return
         if self.group is None:
             if not self.encoding:
                 return
@@ -219,7 +221,7 @@ class Scheduler:
     def prefill(self) -> None:
         """Prompt tokens up to the step's budget (gateway.engine.scheduler.prefill_stage);
         the forwards' cost per row feeds the estimate."""
-        if not self.prefilling:
+        if not self.prefilling or self.budget.join_only:
             return
         started = time.perf_counter()
         rows = self._prefill.run(self.prefilling, self.batch, self.budget)
@@ -232,7 +234,7 @@ class Scheduler:
         batch = self.batch
         if not batch.rows:
             return
-        responses = batch.step()
+        responses = batch.step(hold_new=self.budget.holds_joins)
         self._decoded = len(responses)
         if responses:
             self.metrics.decode_steps.inc()
@@ -317,13 +319,24 @@ class Scheduler:
         self._decoded = 0
         admitting = len(self.waiting) + len(self.encoding) + len(self.prefilling)
         ratio = self.config.admission_budget
-        self.budget = StepBudget(self.costs, ratio, len(self.batch.rows), admitting)
+        rows, joining = len(self.batch.rows), self.batch.joins_pending
+        self.budget = StepBudget(self.costs, ratio, rows, admitting, joining)
 
     def end_step(self) -> None:
-        """A step that decoded rows and did no admission work is a plain decode step: its
-        wall time (what a running stream waits between tokens) feeds the estimate."""
-        if self._decoded and not self.budget.worked:
-            self.costs.decode_step.add(time.perf_counter() - self._step_started)
+        """A step that decoded rows and did no admission work and no join is a plain decode
+        step: its wall time (what a running stream waits between tokens) feeds the estimate.
+        A step under a time limit that did either feeds the overrun estimates with its wall
+        time beyond the decode step and its measured work (gateway.engine.scheduler.budget)."""
+        if not self._decoded:
+            return
+        wall, budget = time.perf_counter() - self._step_started, self.budget
+        joined = self.batch.last_joined > 0
+        if not budget.worked and not joined:
+            self.costs.decode_step.add(wall)
+            return
+        step = self.costs.decode_step.value
+        if step and budget.limit is not None and not budget.wave and not budget.fixed:
+            self.costs.add_overrun(wall - step - budget.spent, joined)
 
     def step_counts(self) -> dict[str, int]:
         """The step trace's counts after a step (gateway.engine.scheduler.step_trace)."""

@@ -1,7 +1,9 @@
 """The admission time budget (gateway.engine.scheduler.budget) and what it sizes.
 
 Pinned: the budget's arithmetic (at least one unit per stage, never-measured units only first,
-ratio 0 is the old one-unit rule, no limit when nothing decodes); the prefill rows it grants
+ratio 0 is the old one-unit rule, no limit when nothing decodes, the expected overrun of a step
+with admission work or a join comes off the limit, a join that fills it is the step's only
+work); the prefill rows it grants
 are whole exact-reuse blocks (the budget decides how many blocks, never where one starts); in
 the engine, while a row decodes, a tiny budget runs one tower unit per step and a large one
 many, and the answers are the same bit for bit under any budget and equal to the uncached
@@ -93,6 +95,76 @@ def test_a_wave_is_admitted_as_a_burst_with_a_scaled_limit() -> None:
     assert wave.wave and wave.limit == pytest.approx(0.02 * (13 / 3) ** 2)
     assert budget_rows(512, 32, wave) == 512
     assert not _budget(rows=0, admitting=16).wave  # nothing decodes: no limit at all
+
+
+def test_the_expected_overrun_comes_off_the_limit() -> None:
+    """Invariant: the whole step, not only its measured admission work, is what a running
+    stream waits for: a step's expected time beyond decode + work shrinks its limit, a
+    joining step's by the join's own estimate (at least the plain one), never below 0."""
+    costs = CostModel()
+    costs.decode_step.add(0.010)
+    assert StepBudget(costs, 2.0, rows=4).limit == pytest.approx(0.020)
+    costs.add_overrun(0.006, joined=False)
+    costs.add_overrun(-1.0, joined=True)  # a negative sample counts as 0
+    assert costs.join_overrun.value == 0.0
+    assert StepBudget(costs, 2.0, rows=4).limit == pytest.approx(0.014)
+    assert StepBudget(costs, 2.0, rows=4, joining=True).limit == pytest.approx(0.014)
+    costs.join_overrun.value = 0.030
+    joining = StepBudget(costs, 2.0, rows=4, joining=True)
+    assert joining.limit == 0.0 and joining.join_only
+    assert not joining.allows(0.0, first=True)  # the join is the step's progress
+    assert not StepBudget(costs, 2.0, rows=4).join_only
+    assert not StepBudget(costs, 0.0, rows=4, joining=True).join_only  # the fixed rule
+    assert StepBudget(costs, 2.0, rows=0, joining=True).limit is None
+    assert costs.snapshot()["join_overrun_ms"] == 30.0
+
+
+def test_joins_are_held_only_after_admission_work_under_a_time_limit() -> None:
+    """Invariant: rows whose prefill ends in a step join at the next one only when the step
+    worked under a time limit (no wave, not the fixed rule); idle steps never hold them."""
+    b = _budget()
+    assert not b.holds_joins  # no work yet
+    b.spend(0.001)
+    assert b.holds_joins
+    for other in (_budget(rows=0), _budget(ratio=0), _budget(rows=3, admitting=13)):
+        other.spend(0.001)
+        assert not other.holds_joins
+
+
+def test_a_held_join_changes_no_answer_and_happens_at_the_next_step() -> None:
+    """Invariant: an image request whose prefill ends while a text row decodes joins the
+    batch one step later (the step after its admission work), and its answer and the text
+    row's are bit for bit those of an engine that never holds a join."""
+    held: list[tuple[bool, int]] = []
+
+    def run(hold: bool) -> tuple[list, list]:
+        h = EngineHarness("qwen2_vl", max_batch=4, admission_budget=2.0 if hold else 0)
+        batch = h.engine.scheduler.batch
+        step = batch.step
+
+        def spy(hold_new: bool = False):  # noqa: ANN202
+            out = step(hold_new)
+            if hold:
+                held.append((batch.joins_pending, batch.last_joined))
+            return out
+
+        batch.step = spy
+        try:
+            text = h.submit(chat_body("count to ten", max_tokens=24, ignore_eos=True))
+            with h.arriving_together():
+                h.engine.scheduler.costs.decode_step.add(0.005)
+                image = noise_image(31, 224, 224)
+                img = h.submit(chat_body("what is this?", images=1, max_tokens=6), [image])
+            img.wait()
+            text.wait()
+        finally:
+            h.close()
+        return [img.token_ids, img.logprobs], [text.token_ids, text.logprobs]
+
+    with_hold, without = run(True), run(False)
+    assert with_hold == without
+    i = next(i for i, (pending, _) in enumerate(held) if pending)
+    assert held[i + 1][1] >= 1  # the held row joined at the next step
 
 
 def _image_while_decoding(h: EngineHarness, seed: int) -> tuple[object, list[int]]:
