@@ -41,8 +41,8 @@ from gateway.engine.request import (
     ErrorEvent,
     ErrorKind,
     Event,
-    FinishEvent,
     Sink,
+    ends_request,
 )
 from gateway.engine.wire import (
     CacheEntries,
@@ -254,7 +254,7 @@ class RemoteEngine:
                 sink = self._sinks.get(request_id)
                 if isinstance(event, AdmittedEvent):
                     self._admitted.add(request_id)
-                elif isinstance(event, (FinishEvent, ErrorEvent)):
+                elif ends_request(event):
                     self._sinks.pop(request_id, None)
                     self._admitted.discard(request_id)
             if sink is not None:
