@@ -84,7 +84,8 @@ def test_shape_matches_the_reference_for_every_setting() -> None:
             out = shaper(mx.array([[token]]))
             model_logits = np.array(_Model.__call__(SimpleNamespace(calls=step), mx.array([[0]])))
             expected = _reference(model_logits[0, 0], row, fed[: step + 1])
-            np.testing.assert_allclose(np.array(out)[0, 0], expected, rtol=1e-6, err_msg=str(params))
+            got = np.array(out)[0, 0]
+            np.testing.assert_allclose(got, expected, rtol=1e-6, err_msg=str(params))
         assert row.generated == len(fed)
 
 
