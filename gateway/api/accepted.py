@@ -99,9 +99,17 @@ ANTHROPIC_MESSAGES: dict[str, tuple[str, str]] = {
     "cache_salt": (APPLIED, "vLLM: scopes cache reuse"),
     "metadata": (INFORMATIONAL, "user_id; no effect on the answer"),
     "service_tier": (INFORMATIONAL, "one tier; no effect on the answer"),
+    "cache_control": (INFORMATIONAL, "prompt caching is automatic (docs/caching.md)"),
     "mcp_servers": (REFUSED, "MCP servers"),
     "container": (REFUSED, "code execution containers"),
     "context_management": (REFUSED, "context management"),
+    # Refused by the parser's unknown-field rule, with a 400 naming them:
+    "output_config": (REFUSED, "output configuration (structured output, effort)"),
+    "speed": (REFUSED, "speed modes"),
+    "inference_geo": (REFUSED, "inference geography"),
+    "diagnostics": (REFUSED, "diagnostics"),
+    "user_profile_id": (REFUSED, "user profiles"),
+    "workspace_id": (REFUSED, "workspaces"),
     "thinking": (OTHER, "the reasoning fields' parser"),
 }
 
