@@ -94,16 +94,20 @@ class SamplingBench:
         self.engine.submit(EngineRequest(f"s{self._n}", tuple(ids), (), sampling, now), probe.sink)
         return probe
 
-    def ttfts(self, prompt_tokens: int, n: int, reps: int) -> tuple[float, float]:
-        """Median ms to choice 0's first token and to the last choice's first token."""
-        first, last = [], []
+    def ttfts(self, prompt_tokens: int, n: int, reps: int) -> tuple[float, float, float]:
+        """Median ms to the first token of a request for one choice, and of one for `n`
+        choices to choice 0's first token and to the last choice's. The two kinds alternate
+        (a busy host's drift hits both alike)."""
+        single, first, last = [], [], []
         for rep in range(reps + 1):  # one untimed: kernels for these shapes
+            alone = self.submit(prompt_tokens, 2).wait()
             probe = self.submit(prompt_tokens, 2, n=n).wait()
             starts = [row[0] - probe.submitted for row in probe.rows()]
             if rep:
+                single.append(1000 * (alone.rows()[0][0] - alone.submitted))
                 first.append(1000 * starts[0])
                 last.append(1000 * max(starts))
-        return statistics.median(first), statistics.median(last)
+        return statistics.median(single), statistics.median(first), statistics.median(last)
 
     def step_ms(self, requests: list[dict[str, Any]], tokens: int) -> float:
         """ms per decode step over the steady window of `requests` (SamplingParams fields
@@ -127,8 +131,7 @@ def run(
     bench = SamplingBench(model, max(n, *batches))
     out: dict[str, Any] = {"n": n, "prompt_tokens": prompt_tokens, "decode_tokens": tokens}
     try:
-        one, _ = bench.ttfts(prompt_tokens, 1, reps)
-        first, last = bench.ttfts(prompt_tokens, n, reps)
+        one, first, last = bench.ttfts(prompt_tokens, n, 3 * reps)
         out |= {"ttft_n1_ms": one, "ttft_n_first_ms": first, "ttft_n_last_ms": last}
         waves = [
             (
