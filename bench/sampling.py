@@ -33,6 +33,7 @@ from gateway.engine.request import (
 )
 from gateway.metrics import Metrics
 
+QWEN_VOCAB = 151936  # a real vocabulary (Qwen2/2.5/3-VL), for the shaping kernel figure
 DECODE_PROMPT = 32  # prompt tokens of the decode figures' rows
 SHAPED = {
     "presence_penalty": 0.5,
@@ -124,6 +125,32 @@ class SamplingBench:
         self.engine.stop()
 
 
+def kernel_ms(batch: int, vocab: int, steps: int = 30) -> tuple[float, float]:
+    """ms per step of the shaping alone, on (batch, vocab) float32 logits, every row shaped:
+    (the shaper's whole step: count update, settings, `shape`; the unshaped pass-through).
+    Each step is evaluated, so this is its device time plus its dispatch."""
+    import mlx.core as mx
+    import numpy as np
+
+    from gateway.engine.tokens.penalties import BatchShaper, RowShaping
+
+    logits = mx.array(np.random.default_rng(0).normal(size=(batch, 1, vocab)).astype(np.float32))
+    prompt = tuple(range(10, 522))
+    params = SamplingParams(1 << 20, **SHAPED)  # type: ignore[arg-type]
+    figures = []
+    for shaped in (True, False):
+        rows = {i: RowShaping.from_params(params, prompt) if shaped else None for i in range(batch)}
+        holder = type("Batch", (), {"uids": list(range(batch))})()
+        shaper = BatchShaper(lambda inputs, cache=None: logits, holder, rows.get, (2,))
+        fed = mx.array([[5]] * batch)
+        mx.eval(shaper(fed))  # builds the state, compiles
+        started = time.perf_counter()
+        for _ in range(steps):
+            mx.eval(shaper(fed))
+        figures.append(1000 * (time.perf_counter() - started) / steps)
+    return figures[0], figures[1]
+
+
 def run(
     model: str, n: int, batches: list[int], prompt_tokens: int, tokens: int, reps: int
 ) -> dict[str, Any]:
@@ -154,6 +181,8 @@ def run(
             )
             out[f"step_b{batch}_plain_ms"] = plain
             out[f"step_b{batch}_shaped_ms"] = shaped
+            for vocab in (bench.vocab, QWEN_VOCAB):
+                out[f"kernel_b{batch}_v{vocab}_shaped_ms"] = kernel_ms(batch, vocab)[0]
     finally:
         bench.close()
     return out
@@ -176,6 +205,11 @@ def report(out: dict[str, Any]) -> str:
         lines.append(
             f"decode step, batch {batch}: plain {plain:.2f} ms, every row shaped "
             f"{shaped:.2f} ms (+{shaped - plain:.2f} ms)"
+        )
+    for key in sorted(k for k in out if k.startswith("kernel_")):
+        _, batch, vocab, _, _ = key.split("_")
+        lines.append(
+            f"shaping alone, batch {batch[1:]}, vocab {vocab[1:]}: {out[key]:.2f} ms per step"
         )
     return "\n".join(lines)
 

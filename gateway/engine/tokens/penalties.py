@@ -69,29 +69,77 @@ class RowShaping:
         )
 
 
-@mx.compile
-def shape(
+@dataclass(frozen=True)
+class Terms:
+    """Which terms some row of the step uses; a term no row uses is left out of the graph
+    (for a row that does not use a term it is the identity, exactly: x * 1, x - 0, x + 0)."""
+
+    repetition: bool
+    penalties: bool  # presence or frequency
+    bias: bool
+    hold: bool  # some row is still under min_tokens
+
+    @classmethod
+    def of(cls, rows: Sequence[RowShaping]) -> Terms:
+        return cls(
+            any(r.repetition != 1.0 for r in rows),
+            any(r.presence or r.frequency for r in rows),
+            any(r.bias for r in rows),
+            any(r.generated < r.min_tokens for r in rows),
+        )
+
+
+def _shape(
+    terms: Terms,
     logits: mx.array,
     counts: mx.array,
     prompt_seen: mx.array,
     bias: mx.array,
     settings: mx.array,
-    stops: mx.array,
+    stop_ids: mx.array,
 ) -> mx.array:
-    """Shaped (rows, vocab) logits. `counts`: float32 output counts per token; `prompt_seen`:
-    bool, the prompt's tokens; `bias`: float32; `settings`: (rows, 4) float32 columns
-    presence, frequency, repetition, hold (1.0 while `min_tokens` masks); `stops`: (1, vocab)
-    bool, the end-of-sequence tokens. Returns the logits' dtype."""
+    """Shaped (rows, vocab) logits (see `shape`). Arithmetic, not `mx.where`, over the whole
+    vocabulary: where is ~25x slower than a multiply on MLX's CPU backend (100 ms at 32 x
+    152k). The repetition factor is exactly 1 for an unseen token, and the reciprocal of the
+    penalty (positive logit) or the penalty (negative) for a seen one."""
     x = logits.astype(mx.float32)
     presence, frequency = settings[:, 0:1], settings[:, 1:2]
     repetition, hold = settings[:, 2:3], settings[:, 3:4]
-    in_output = counts > 0
-    penalised = mx.where(x > 0, x / repetition, x * repetition)
-    x = mx.where(in_output | prompt_seen, penalised, x)
-    x = x - frequency * counts - presence * in_output.astype(mx.float32)
-    x = x + bias
-    x = mx.where((hold > 0) & stops, -mx.inf, x)
+    if terms.repetition:
+        seen = ((counts > 0) | prompt_seen).astype(mx.float32)
+        positive = (x > 0).astype(mx.float32)
+        factor = positive * (1.0 / repetition) + (1.0 - positive) * repetition
+        x = x * (seen * factor + (1.0 - seen))
+    if terms.penalties:
+        x = x - frequency * counts - presence * (counts > 0).astype(mx.float32)
+    if terms.bias:
+        x = x + bias
+    if terms.hold and stop_ids.size:  # only the end tokens' columns
+        x[:, stop_ids] = mx.where(hold > 0, -mx.inf, x[:, stop_ids])
     return x.astype(logits.dtype)
+
+
+_COMPILED: dict[Terms, Callable[..., mx.array]] = {}
+
+
+def shape(
+    terms: Terms,
+    logits: mx.array,
+    counts: mx.array,
+    prompt_seen: mx.array,
+    bias: mx.array,
+    settings: mx.array,
+    stop_ids: mx.array,
+) -> mx.array:
+    """Shaped (rows, vocab) logits, one compiled graph per set of `terms`. `counts`: float32
+    output counts per token; `prompt_seen`: bool, the prompt's tokens; `bias`: float32;
+    `settings`: (rows, 4) float32 columns presence, frequency, repetition, hold (1.0 while
+    `min_tokens` masks); `stop_ids`: the end-of-sequence token ids. Returns the logits'
+    dtype."""
+    compiled = _COMPILED.get(terms)
+    if compiled is None:
+        compiled = _COMPILED[terms] = mx.compile(lambda *a: _shape(terms, *a))
+    return compiled(logits, counts, prompt_seen, bias, settings, stop_ids)
 
 
 def _row_arrays(row: RowShaping, vocab: int) -> tuple[np.ndarray, np.ndarray]:
@@ -117,11 +165,8 @@ def _settings(rows: Sequence[RowShaping]) -> mx.array:
     )
 
 
-def _stop_mask(stop_ids: Sequence[int], vocab: int) -> mx.array:
-    mask = np.zeros((1, vocab), dtype=np.bool_)
-    ids = [t for t in stop_ids if 0 <= t < vocab]
-    mask[0, ids] = True
-    return mx.array(mask)
+def _stop_ids(stop_ids: Sequence[int], vocab: int) -> mx.array:
+    return mx.array(sorted({t for t in stop_ids if 0 <= t < vocab}), dtype=mx.int32)
 
 
 def shape_first(logits: mx.array, row: RowShaping | None, stop_ids: Sequence[int]) -> mx.array:
@@ -132,12 +177,13 @@ def shape_first(logits: mx.array, row: RowShaping | None, stop_ids: Sequence[int
     seen, bias = _row_arrays(row, vocab)
     counts = mx.zeros((1, vocab), dtype=mx.float32)
     return shape(
+        Terms.of([row]),
         logits,
         counts,
         mx.array(seen[None]),
         mx.array(bias[None]),
         _settings([row]),
-        _stop_mask(stop_ids, vocab),
+        _stop_ids(stop_ids, vocab),
     )
 
 
@@ -188,7 +234,9 @@ class BatchShaper:
         for row in shaped_rows:
             row.generated += 1  # the fed token is one the row generated
         part = last if index is None else last[index]
-        out = shape(part, self._counts, self._seen, self._bias, _settings(shaped_rows), self._stops)
+        terms = Terms.of(shaped_rows)
+        settings = _settings(shaped_rows)
+        out = shape(terms, part, self._counts, self._seen, self._bias, settings, self._stops)
         if index is None:
             return out[:, None, :]
         last[index] = out
@@ -213,6 +261,6 @@ class BatchShaper:
             seen.append(mx.array(row_seen))
             bias.append(mx.array(row_bias))
         self._counts, self._seen, self._bias = mx.stack(counts), mx.stack(seen), mx.stack(bias)
-        if self._stops is None or self._stops.shape[-1] != vocab:
-            self._stops = _stop_mask(self._stop_ids, vocab)
+        if self._stops is None:
+            self._stops = _stop_ids(self._stop_ids, vocab)
         self._order = order

@@ -95,7 +95,7 @@ def test_shaped_rows_batched_equal_each_alone(
     original = penalties.shape
 
     def counted(*args):  # noqa: ANN002, ANN202
-        rows_per_call.append(args[0].shape[0])
+        rows_per_call.append(args[1].shape[0])  # (terms, logits, ...)
         return original(*args)
 
     monkeypatch.setattr(penalties, "shape", counted)
