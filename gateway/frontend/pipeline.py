@@ -129,7 +129,7 @@ class ChatPipeline:
             raise shutting_down()  # never opened: the model did not load
         if chat.model != self.served_model_name:
             raise model_not_found(chat.model, self.served_model_name)
-        rows = self.engine.config.max_batch
+        rows = self.engine.config.max_batch if chat.n > 1 else 1
         if chat.n > rows:  # its n rows decode together: more could never be admitted
             raise invalid(
                 f"`n` ({chat.n}) exceeds this server's {rows} decode rows (--max-batch); "
