@@ -65,12 +65,13 @@ async def sse_stream(
     Events that are already waiting are written together (one chunk per token still, but
     one transport write), so a busy loop does not fall further behind the engine."""
     done = False
-    splitters = [CallSplitter(tool_format) if tool_format is not None else None] * choices
-    if tool_format is not None:
-        splitters = [CallSplitter(tool_format) for _ in range(choices)]
+    # One splitter per choice: each choice's text is split into content and calls alone.
+    splitters = [
+        CallSplitter(tool_format) if tool_format is not None else None for _ in range(choices)
+    ]
     ends: list[FinishEvent] = []
 
-    def chunk(index: int, delta: dict[str, Any], reason: str | None = None, lps=None) -> str:
+    def chunk(index: int, delta: dict[str, Any], reason: str | None = None, lps: Any = None) -> str:
         return sse_data(chunk_body(request_id, created, model, delta, reason, lps, index))
 
     def split_chunks(index: int, text: str, logprobs: list[TokenLogprob], end: bool = False) -> str:
