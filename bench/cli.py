@@ -141,6 +141,17 @@ def _engine_parsers(kinds: argparse._SubParsersAction) -> None:
     p.set_defaults(run=_engine)
 
     p = kinds.add_parser(
+        "sampling", help="engine alone: n > 1 choices (TTFT, decode) and logit shaping cost"
+    )
+    _common(p)
+    p.add_argument("--n", type=int, default=8, help="choices of the n > 1 request")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--prompt-tokens", type=int, default=512)
+    p.add_argument("--decode-tokens", type=int, default=64, help="timed tokens per row")
+    p.add_argument("--reps", type=int, default=3, help="repetitions per figure (median)")
+    p.set_defaults(run=_sampling)
+
+    p = kinds.add_parser(
         "hotpath", help="raw MLX ceiling, then the server through HTTP: every figure a ratio"
     )
     _common(p)
@@ -239,6 +250,16 @@ def _serve_configs(flags: list[str]) -> tuple[ServerConfig, EngineConfig, MediaC
     parser = argparse.ArgumentParser(prog=f"{PROG} (--server-arg)")
     add_serve_flags(parser)
     return configs_from_args(parser.parse_args(flags))
+
+
+def _sampling(args: argparse.Namespace) -> None:
+    from bench import sampling
+
+    model = local_model(args)
+    out = sampling.run(model, args.n, args.batch, args.prompt_tokens, args.decode_tokens, args.reps)
+    print(sampling.report(out))
+    if args.out:
+        args.out.write_text(json.dumps(sampling.quick(out), indent=2))
 
 
 def _engine(args: argparse.Namespace) -> None:

@@ -36,7 +36,7 @@ from PIL import Image
 
 from caches.hashing import pixel_hash
 from gateway.engine.client import EngineClient
-from gateway.engine.request import ErrorEvent, Event, FinishEvent, TokenEvent
+from gateway.engine.request import ErrorEvent, Event, TokenEvent, ends_request
 from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, Part, TextPart
 from gateway.frontend.prompt import PromptBuilder
 from gateway.media import DecodedImage
@@ -66,7 +66,7 @@ class _Done:
             self.error = event.message
         if isinstance(event, TokenEvent):
             self.token.set()
-        if isinstance(event, (FinishEvent, ErrorEvent)):
+        if ends_request(event):
             self.token.set()
             self.event.set()
 

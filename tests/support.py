@@ -147,13 +147,22 @@ class Run:
     progress: threading.Condition = field(default_factory=threading.Condition)
 
     def sink(self, event: object) -> None:
-        from gateway.engine.request import ErrorEvent, FinishEvent
+        from gateway.engine.request import ends_request
 
         with self.progress:
             self.events.append(event)
             self.progress.notify_all()
-        if isinstance(event, (FinishEvent, ErrorEvent)):
+        if ends_request(event):  # type: ignore[arg-type]
             self.done.set()
+
+    def choice(self, index: int) -> tuple[list[int], list[float]]:
+        """Choice `index`'s token ids and logprobs (a request for n > 1 choices)."""
+        from gateway.engine.request import TokenEvent
+
+        events = [e for e in self.events if isinstance(e, TokenEvent) and e.index == index]
+        return [t for e in events for t in e.token_ids], [
+            lp.logprob for e in events for lp in e.logprobs
+        ]
 
     def wait(self, timeout: float = 120.0) -> Run:
         assert self.done.wait(timeout), "request did not finish in time"

@@ -91,3 +91,47 @@ def stop_strings(raw: Any, name: str, limit: int, allow_single: bool) -> tuple[s
     if len(stops) > limit:
         raise invalid(f"`{name}` accepts at most {limit} strings", name)
     return tuple(text(s, name) for s in stops)
+
+
+MAX_LOGIT_BIAS = 300  # OpenAI's limit on `logit_bias` entries
+
+
+def logit_bias(raw: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: an object from token ids (as strings) to a bias in [-100, 100],
+    as sorted (id, bias) pairs. Whether each id is in the model's vocabulary is the prompt
+    builder's check (it knows the tokenizer)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise invalid('`logit_bias` must be an object such as {"1234": -100}', "logit_bias")
+    if len(raw) > MAX_LOGIT_BIAS:
+        raise invalid(f"`logit_bias` accepts at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
+    out = {}
+    for key, value in raw.items():
+        where = f"logit_bias.{key}"
+        if not isinstance(key, str) or not key.isdigit():
+            raise invalid(f"`logit_bias` key {key!r} must be a token id (an integer)", where)
+        out[int(key)] = opt_num({where: value}, where, -100.0, 100.0, default=0.0)
+    return tuple(sorted(out.items()))
+
+
+def shaping(body: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
+    """The logit-shaping fields of a body, as `ChatRequest` keyword arguments: OpenAI's
+    `presence_penalty`, `frequency_penalty` and `logit_bias`, and vLLM's
+    `repetition_penalty` and `min_tokens` (gateway.engine.tokens.penalties says what each
+    does)."""
+    min_tokens = opt_int(body, "min_tokens", 0, 1_000_000) or 0
+    if max_tokens is not None and min_tokens > max_tokens:
+        raise invalid(
+            f"`min_tokens` ({min_tokens}) must not exceed max_tokens ({max_tokens})", "min_tokens"
+        )
+    repetition = opt_num(body, "repetition_penalty", 0.0, 10.0, default=1.0)
+    if repetition == 0.0:
+        raise invalid("`repetition_penalty` must be greater than 0 (1: off)", "repetition_penalty")
+    return {
+        "presence_penalty": opt_num(body, "presence_penalty", -2.0, 2.0, default=0.0),
+        "frequency_penalty": opt_num(body, "frequency_penalty", -2.0, 2.0, default=0.0),
+        "repetition_penalty": repetition,
+        "logit_bias": logit_bias(body.get("logit_bias")),
+        "min_tokens": min_tokens,
+    }

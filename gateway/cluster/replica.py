@@ -34,7 +34,7 @@ from typing import Any
 
 from gateway.config import EngineConfig
 from gateway.engine.client import EngineClient
-from gateway.engine.request import EngineRequest, ErrorEvent, Event, FinishEvent
+from gateway.engine.request import EngineRequest, Event, FinishEvent, ends_request
 from gateway.engine.wire import Call, Events, ReplicaInfo, answer
 from gateway.frontend.prompt import PromptBuilder
 from gateway.frontend.streams import EventStream, LoopDelivery
@@ -102,7 +102,7 @@ class EngineReplica:
             return
 
         def sink(event: Event) -> None:  # the engine's thread
-            if isinstance(event, (FinishEvent, ErrorEvent)):
+            if ends_request(event):
                 with self._live_lock:
                     self._live.discard(request_id)
             outbox.sink((request_id, event))

@@ -44,6 +44,7 @@ from gateway.engine.request import (
     Event,
     FinishEvent,
     Sink,
+    ends_request,
 )
 from gateway.engine.wire import Events, ReplicaInfo
 
@@ -244,8 +245,8 @@ class RoutedEngine(ReplicaQueries):
         flight.events += 1
         if isinstance(event, AdmittedEvent):
             flight.admitted = True
-        if isinstance(event, (FinishEvent, ErrorEvent)):
-            self._finish(flight, event)
+        if ends_request(event):
+            self._finish(flight, event)  # type: ignore[arg-type]
         else:
             flight.sink(event)
 

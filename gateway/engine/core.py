@@ -98,7 +98,9 @@ class Engine:
 
         Raises EngineBusy when every row and queue slot is taken.
         """
-        self._occupancy.reserve()
+        if request.sampling.n > self.config.max_batch:  # the HTTP edge refuses these (400)
+            raise ValueError(f"n={request.sampling.n} exceeds max_batch={self.config.max_batch}")
+        self._occupancy.reserve(request.sampling.n)
         self._inbox.put(Enqueue(request, sink))
 
     def cancel(self, request_id: str) -> None:

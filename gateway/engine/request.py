@@ -32,10 +32,31 @@ class SamplingParams:
     # Structured output: an llguidance grammar (serialized JSON, from gateway.structured) that
     # every generated token must follow; None: free text.
     grammar: str | None = None
+    # Shaping of the logits before the draw (gateway.engine.tokens.penalties); the defaults
+    # leave them untouched. logit_bias: (token id, bias) pairs, ids inside the vocabulary.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0  # end-of-sequence tokens are masked until this many are generated
+    # Choices: the prompt is prefilled once and its KV forked into `n` rows (at most the
+    # engine's max_batch); with a seed, choice i draws as a request seeded `seed + i` would.
+    n: int = 1
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def shaped(self) -> bool:
+        """Does any penalty, bias or `min_tokens` apply (else the logits are the model's)?"""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+            or self.min_tokens
+        )
 
 
 @dataclass(frozen=True)
@@ -99,6 +120,7 @@ class TokenEvent:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
+    index: int = 0  # the choice it belongs to (`SamplingParams.n`)
 
 
 @dataclass(frozen=True)
@@ -132,15 +154,22 @@ class FinishEvent:
     usage: Usage
     text: str = ""  # any text flushed at the end
     stop_sequence: str | None = None  # the stop string that ended it (None: EOS or other)
+    # With n > 1 choices every choice ends with its own FinishEvent (its usage counts the
+    # prompt and its own completion); only the last one to end is `final`.
+    index: int = 0
+    final: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.finish_reason, FinishReason):  # ValueError if it is none
             object.__setattr__(self, "finish_reason", FinishReason(self.finish_reason))
 
     @classmethod
-    def cancelled(cls, prompt_tokens: int, cached_tokens: int = 0) -> FinishEvent:
-        """The end of a request cancelled before it generated anything."""
-        return cls(FinishReason.CANCELLED, Usage(prompt_tokens, 0, cached_tokens))
+    def cancelled(
+        cls, prompt_tokens: int, cached_tokens: int = 0, index: int = 0, final: bool = True
+    ) -> FinishEvent:
+        """The end of a request (or of one choice) cancelled before it generated anything."""
+        usage = Usage(prompt_tokens, 0, cached_tokens)
+        return cls(FinishReason.CANCELLED, usage, index=index, final=final)
 
 
 class ErrorKind(enum.Enum):
@@ -170,6 +199,13 @@ class AdmittedEvent:
 
 Event = AdmittedEvent | TokenEvent | FinishEvent | ErrorEvent
 """Everything a request's sink receives: one AdmittedEvent (unless it fails first), any number
-of TokenEvents, then exactly one FinishEvent or ErrorEvent."""
+of TokenEvents, then exactly one FinishEvent or ErrorEvent; with n > 1 choices, one
+FinishEvent per choice (the last `final`) or one ErrorEvent."""
+
+
+def ends_request(event: Event) -> bool:
+    """Is this the request's last event (an ErrorEvent, or its final FinishEvent)?"""
+    return isinstance(event, ErrorEvent) or (isinstance(event, FinishEvent) and event.final)
+
 
 Sink = Callable[[Event], None]  # delivers one event to the request's consumer; never blocks

@@ -84,6 +84,14 @@ class ChatRequest:
     # The tools offered (None: none); with a choice other than `none` the answer is decoded
     # under the model's tool grammar and split into text and calls (gateway.tools).
     tools: ToolSet | None = None
+    # Logit shaping (gateway.engine.tokens.penalties); the defaults: none. `logit_bias`:
+    # (token id, bias) pairs, ids checked against the vocabulary by the prompt builder.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    n: int = 1  # choices (OpenAI chat only): one prefill, n decode rows
 
     @classmethod
     def greedy(

@@ -22,6 +22,7 @@ from typing import TypeVar
 
 from gateway.engine.client import EngineBusy, EngineClient, EngineUnavailable
 from gateway.engine.request import AdmittedEvent, ErrorEvent, ErrorKind, Event
+from gateway.errors import invalid
 from gateway.frontend.admission import Admission, Timings
 from gateway.frontend.affinity import affinity_key
 from gateway.frontend.chat import ChatRequest, ImagePart, VideoPart
@@ -128,6 +129,13 @@ class ChatPipeline:
             raise shutting_down()  # never opened: the model did not load
         if chat.model != self.served_model_name:
             raise model_not_found(chat.model, self.served_model_name)
+        rows = self.engine.config.max_batch if chat.n > 1 else 1
+        if chat.n > rows:  # its n rows decode together: more could never be admitted
+            raise invalid(
+                f"`n` ({chat.n}) exceeds this server's {rows} decode rows (--max-batch); "
+                f"ask for at most {rows} choices",
+                "n",
+            )
         self.media.check_media_count(len(chat.images), len(chat.videos))
         images, videos = await _both(
             resolve(chat) if resolve else self.load_images(chat.images),

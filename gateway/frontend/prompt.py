@@ -258,8 +258,21 @@ class PromptBuilder:
                 "max_tokens",
                 "context_length_exceeded",
             )
+        grammar = self.tool_grammar(chat)
+        if grammar is not None and chat.min_tokens:
+            # A grammar may allow nothing but the end token; masking it would leave no token.
+            raise invalid(
+                "`min_tokens` cannot be combined with structured output or tools; omit it",
+                "min_tokens",
+            )
+        max_tokens = chat.max_tokens or min(self._default_max_tokens, room)
+        if chat.min_tokens > max_tokens:
+            raise invalid(
+                f"`min_tokens` ({chat.min_tokens}) exceeds max_tokens ({max_tokens})",
+                "min_tokens",
+            )
         return SamplingParams(
-            max_tokens=chat.max_tokens or min(self._default_max_tokens, room),
+            max_tokens=max_tokens,
             temperature=chat.temperature,
             top_p=chat.top_p,
             top_k=chat.top_k,
@@ -268,8 +281,26 @@ class PromptBuilder:
             logprobs=chat.logprobs,
             top_logprobs=chat.top_logprobs,
             ignore_eos=chat.ignore_eos,
-            grammar=self.tool_grammar(chat),
+            grammar=grammar,
+            presence_penalty=chat.presence_penalty,
+            frequency_penalty=chat.frequency_penalty,
+            repetition_penalty=chat.repetition_penalty,
+            logit_bias=self._logit_bias(chat),
+            min_tokens=chat.min_tokens,
+            n=chat.n,
         )
+
+    def _logit_bias(self, chat: ChatRequest) -> tuple[tuple[int, float], ...]:
+        """`logit_bias` with every token id inside the tokenizer's vocabulary (else a 400
+        naming the key)."""
+        vocab = len(self.model.tokenizer)
+        for token, _ in chat.logit_bias:
+            if not 0 <= token < vocab:
+                raise invalid(
+                    f"`logit_bias` key {token} is not a token id of this model (0 to {vocab - 1})",
+                    f"logit_bias.{token}",
+                )
+        return chat.logit_bias
 
 
 def _block_hash(item: Media, block: int | None) -> str:

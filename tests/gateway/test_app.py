@@ -201,7 +201,8 @@ def test_models_and_health(server: ServerProcess) -> None:
             400,
             "temperature",
         ),
-        ({"model": "test", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n"),
+        # n choices take n decode rows: more than --max-batch (16) could never be admitted.
+        ({"model": "test", "messages": [{"role": "user", "content": "hi"}], "n": 17}, 400, "n"),
     ],
 )
 def test_invalid_requests_are_4xx_error_objects(

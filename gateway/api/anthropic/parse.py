@@ -26,6 +26,7 @@ IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 _ACCEPTED = frozenset(
     {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
      "top_p", "top_k", "metadata", "service_tier", "tools", "tool_choice",
+     "cache_control",  # automatic prompt caching: this server's caches are always automatic
      "cache_salt"}  # vLLM's extension: scopes cache reuse (docs/security.md)
 )  # fmt: skip
 _REFUSED = {

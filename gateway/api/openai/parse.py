@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.api import fields
+from gateway.api.accepted import OPENAI_CHAT, refuse_unapplied
 from gateway.api.openai.tools import check_call_ids, parse_tools, tool_calls
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, Part, TextPart, VideoPart
@@ -19,18 +20,19 @@ from gateway.structured.response_format import response_format_grammar
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP_STRINGS = 16
 MAX_TOP_LOGPROBS = 20
+MAX_CHOICES = 128  # `n`; the server's --max-batch bounds it further (the prompt builder)
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
-    """Validate a decoded JSON body. Unknown fields are ignored, as OpenAI clients send extras
-    (e.g. `user`); fields we cannot honour are refused rather than silently ignored."""
+    """Validate a decoded JSON body. Unknown fields are ignored, as OpenAI clients send extras;
+    every documented field is applied or refused (gateway.api.accepted), never ignored."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("`model` is required and must be a string", "model")
     messages = _messages(body.get("messages"))
-    _refuse_unsupported(body)
+    refuse_unapplied(body, OPENAI_CHAT)
     max_tokens = fields.opt_int(body, "max_completion_tokens", 1, 1_000_000)
     if max_tokens is None:
         max_tokens = fields.opt_int(body, "max_tokens", 1, 1_000_000)
@@ -52,9 +54,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         if not isinstance(options, dict):
             raise invalid("`stream_options` must be an object", "stream_options")
         include_usage = bool(options.get("include_usage", False))
-    n = fields.opt_int(body, "n", 1, 128) or 1
-    if n != 1:
-        raise invalid("`n` > 1 is not supported; send n separate requests", "n")
+    n = fields.opt_int(body, "n", 1, MAX_CHOICES) or 1
     return ChatRequest(
         model=model,
         messages=messages,
@@ -72,6 +72,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
         grammar=response_format_grammar(body.get("response_format")),
         cache_salt=fields.cache_salt(body),
         tools=parse_tools(body),
+        n=n,
+        **fields.shaping(body, max_tokens),
     )
 
 
@@ -146,10 +148,3 @@ def _media_url(part: dict[str, Any], at: str, key: str, mime: str) -> str:
             f"{at}.{key}.url",
         )
     return url
-
-
-def _refuse_unsupported(body: dict[str, Any]) -> None:
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = body.get(name)
-        if value not in (None, 0, 0.0):
-            raise invalid(f"`{name}` is not supported by this server; omit it or send 0", name)

@@ -54,59 +54,73 @@ async def sse_stream(
     usage: bool,
     on_abandon: Callable[[], None],
     tool_format: ToolFormat | None = None,
+    choices: int = 1,
 ) -> AsyncIterator[str]:
     """OpenAI chat.completion.chunk events until [DONE]. `on_abandon` runs if the client goes
     away before the end (the generator is closed early), to free the request's row. With a
-    `tool_format` the answer is split into `content` and `tool_calls` deltas.
+    `tool_format` the answer is split into `content` and `tool_calls` deltas. With `choices`
+    > 1 every chunk names its choice's `index`; each choice ends with its own finish chunk,
+    and the usage chunk (prompt counted once) follows the last.
 
     Events that are already waiting are written together (one chunk per token still, but
     one transport write), so a busy loop does not fall further behind the engine."""
     done = False
-    splitter = CallSplitter(tool_format) if tool_format is not None else None
+    # One splitter per choice: each choice's text is split into content and calls alone.
+    splitters = [
+        CallSplitter(tool_format) if tool_format is not None else None for _ in range(choices)
+    ]
+    ends: list[FinishEvent] = []
 
-    def split_chunks(text: str, logprobs: list[TokenLogprob], end: bool = False) -> str:
+    def chunk(index: int, delta: dict[str, Any], reason: str | None = None, lps: Any = None) -> str:
+        return sse_data(chunk_body(request_id, created, model, delta, reason, lps, index))
+
+    def split_chunks(index: int, text: str, logprobs: list[TokenLogprob], end: bool = False) -> str:
+        splitter = splitters[index]
         assert splitter is not None
         pieces = splitter.feed(text) + (splitter.finish() if end else [])
         deltas = [d for d in map(piece_delta, pieces) if d is not None]
         if logprobs and not deltas:
             deltas = [{"content": ""}]
         return "".join(
-            sse_data(chunk_body(request_id, created, model, d, None, logprobs if i == 0 else None))
-            for i, d in enumerate(deltas)
+            chunk(index, d, None, logprobs if i == 0 else None) for i, d in enumerate(deltas)
         )
 
     def token_chunk(event: TokenEvent) -> str:
         if not (event.text or event.logprobs):
             return ""  # held back (a possible stop string, a partial character)
-        if splitter is not None:
-            return split_chunks(event.text, list(event.logprobs))
-        delta = {"content": event.text}
-        return sse_data(chunk_body(request_id, created, model, delta, None, list(event.logprobs)))
+        if splitters[event.index] is not None:
+            return split_chunks(event.index, event.text, list(event.logprobs))
+        return chunk(event.index, {"content": event.text}, None, list(event.logprobs))
 
     def final_chunks(event: FinishEvent) -> str:
         out = []
         reason: str = event.finish_reason
+        splitter = splitters[event.index]
         if splitter is not None:
-            out.append(split_chunks(event.text, [], end=True))
+            out.append(split_chunks(event.index, event.text, [], end=True))
             reason = finish_reason(event, splitter.calls)
         elif event.text:
-            out.append(sse_data(chunk_body(request_id, created, model, {"content": event.text})))
-        out.append(sse_data(chunk_body(request_id, created, model, {}, reason)))
+            out.append(chunk(event.index, {"content": event.text}))
+        out.append(chunk(event.index, {}, reason))
+        ends.append(event)
+        if not event.final:
+            return "".join(out)
         if usage:
-            out.append(sse_data(usage_chunk_body(request_id, created, model, event.usage)))
+            out.append(sse_data(usage_chunk_body(request_id, created, model, total_usage(ends))))
         return "".join(out) + DONE
 
     try:
-        yield sse_data(chunk_body(request_id, created, model, {"role": "assistant", "content": ""}))
+        yield "".join(chunk(i, {"role": "assistant", "content": ""}) for i in range(choices))
         while not done:
             out: list[str] = []
             for event in await stream.get_ready():
                 if isinstance(event, TokenEvent):
                     out.append(token_chunk(event))
                 elif isinstance(event, FinishEvent):
-                    done = True
+                    done = event.final
                     out.append(final_chunks(event))
-                    break
+                    if done:
+                        break
                 elif isinstance(event, ErrorEvent):
                     done = True
                     out.append(sse_data(error_body(engine_error(event))) + DONE)
@@ -126,34 +140,67 @@ async def collect(
     model: str,
     want_logprobs: bool,
     tool_format: ToolFormat | None = None,
+    choices: int = 1,
 ) -> dict[str, Any]:
-    pieces: list[str] = []
-    logprobs: list[Any] = []
+    """The `chat.completion` body: `choices` choices in index order; usage counts the prompt
+    once and every choice's completion."""
+    pieces: list[list[str]] = [[] for _ in range(choices)]
+    logprobs: list[list[Any]] = [[] for _ in range(choices)]
+    ends: dict[int, FinishEvent] = {}
     while True:
         event = await stream.get()
         if isinstance(event, TokenEvent):
-            pieces.append(event.text)
-            logprobs.extend(event.logprobs)
+            pieces[event.index].append(event.text)
+            logprobs[event.index].extend(event.logprobs)
         elif isinstance(event, FinishEvent):
-            pieces.append(event.text)
-            text = "".join(pieces)
-            lps = logprobs if want_logprobs else None
-            body = completion_body(
-                request_id, created, model, text, event.finish_reason, event.usage, lps
-            )
-            if tool_format is not None:
-                splitter = CallSplitter(tool_format)
-                splitter.feed(text)
-                splitter.finish()
-                choice = body["choices"][0]
-                if splitter.calls:
-                    content = splitter.text
-                    choice["message"]["content"] = content if content.strip() else None
-                    choice["message"]["tool_calls"] = call_dicts(splitter.calls)
-                choice["finish_reason"] = finish_reason(event, splitter.calls)
-            return body
+            pieces[event.index].append(event.text)
+            ends[event.index] = event
+            if event.final:
+                break
         elif isinstance(event, ErrorEvent):
             raise engine_error(event)
+    done = [ends[i] for i in sorted(ends)]
+    body = completion_body(request_id, created, model, "", "stop", total_usage(done), None)
+    body["choices"] = [
+        _choice(i, "".join(pieces[i]), ends[i], logprobs[i] if want_logprobs else None, tool_format)
+        for i in sorted(ends)
+    ]
+    return body
+
+
+def _choice(
+    index: int,
+    text: str,
+    end: FinishEvent,
+    logprobs: list[TokenLogprob] | None,
+    tool_format: ToolFormat | None,
+) -> dict[str, Any]:
+    """One choice of a `chat.completion` body."""
+    choice = {
+        "index": index,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": logprobs_dict(logprobs) if logprobs is not None else None,
+        "finish_reason": end.finish_reason,
+    }
+    if tool_format is not None:
+        splitter = CallSplitter(tool_format)
+        splitter.feed(text)
+        splitter.finish()
+        if splitter.calls:
+            content = splitter.text
+            choice["message"]["content"] = content if content.strip() else None  # type: ignore[index]
+            choice["message"]["tool_calls"] = call_dicts(splitter.calls)  # type: ignore[index]
+        choice["finish_reason"] = finish_reason(end, splitter.calls)
+    return choice
+
+
+def total_usage(ends: list[FinishEvent]) -> Usage:
+    """The request's usage from its choices' ends: the prompt once, every completion."""
+    first = ends[0].usage
+    completion = sum(e.usage.completion_tokens for e in ends)
+    return Usage(
+        first.prompt_tokens, completion, first.cached_tokens, first.vision_hits, first.vision_misses
+    )
 
 
 def usage_dict(usage: Usage) -> dict[str, Any]:
@@ -217,6 +264,7 @@ def chunk_body(
     delta: dict[str, Any],
     finish_reason: str | None = None,
     logprobs: list[TokenLogprob] | None = None,
+    index: int = 0,
 ) -> dict[str, Any]:
     return {
         "id": request_id,
@@ -225,7 +273,7 @@ def chunk_body(
         "model": model,
         "choices": [
             {
-                "index": 0,
+                "index": index,
                 "delta": delta,
                 "logprobs": logprobs_dict(logprobs) if logprobs else None,
                 "finish_reason": finish_reason,

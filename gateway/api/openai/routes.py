@@ -40,6 +40,7 @@ def routes(intake: Intake) -> list[Route]:
                 chat.include_usage,
                 lambda: pipeline.cancel(request_id),
                 admission.tool_format,
+                chat.n,
             )
             return StreamingResponse(body, media_type="text/event-stream", headers=headers)
         result = await unless_disconnected(
@@ -51,6 +52,7 @@ def routes(intake: Intake) -> list[Route]:
                 chat.model,
                 chat.logprobs,
                 admission.tool_format,
+                chat.n,
             ),
         )
         if result is None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.api import fields
+from gateway.api.accepted import RESPONSES, refuse_unapplied
 from gateway.api.responses.tools import (
     function_call,
     output_call_id,
@@ -74,6 +75,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     if not isinstance(model, str) or not model:
         raise invalid("`model` is required and must be a string", "model")
     _refuse_unsupported(body)
+    refuse_unapplied(body, RESPONSES)
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise invalid("`instructions` must be a string", "instructions")

@@ -41,8 +41,8 @@ from gateway.engine.request import (
     ErrorEvent,
     ErrorKind,
     Event,
-    FinishEvent,
     Sink,
+    ends_request,
 )
 from gateway.engine.wire import (
     CacheEntries,
@@ -76,6 +76,7 @@ class RemoteEngine:
         self.model: Any = None  # prompt side only (tokenizer, processor): weights unread
         self._sinks: dict[str, Sink] = {}
         self._admitted: set[str] = set()
+        self._rows: dict[str, int] = {}  # rows each request in flight takes (its n choices)
         self._lock = threading.Lock()  # sinks, counts, calls, the command pipe
         self._calls: dict[int, tuple[threading.Event, list[Reply]]] = {}
         self._call_ids = itertools.count()
@@ -153,7 +154,8 @@ class RemoteEngine:
             if not self._alive:
                 raise EngineUnavailable("the engine process is not running")
             capacity = self.config.max_waiting + self.config.max_batch
-            if len(self._sinks) >= capacity:
+            rows = request.sampling.n
+            if sum(self._rows.values()) + rows > capacity:
                 raise EngineBusy(min(self.running, self.config.max_batch), self.waiting)
             try:
                 self._commands.send(Submit(self._images.outgoing(request)))
@@ -161,6 +163,7 @@ class RemoteEngine:
                 self._alive = False
                 raise EngineUnavailable("the engine process is not running") from None
             self._sinks[request.request_id] = sink
+            self._rows[request.request_id] = rows
 
     def cancel(self, request_id: str) -> None:
         if self._alive:
@@ -254,8 +257,9 @@ class RemoteEngine:
                 sink = self._sinks.get(request_id)
                 if isinstance(event, AdmittedEvent):
                     self._admitted.add(request_id)
-                elif isinstance(event, (FinishEvent, ErrorEvent)):
+                elif ends_request(event):
                     self._sinks.pop(request_id, None)
+                    self._rows.pop(request_id, None)
                     self._admitted.discard(request_id)
             if sink is not None:
                 sink(event)
@@ -264,6 +268,7 @@ class RemoteEngine:
         with self._lock:
             self._alive = False
             sinks, self._sinks = self._sinks, {}
+            self._rows.clear()
             self._admitted.clear()
             calls, self._calls = self._calls, {}
         for sink in sinks.values():

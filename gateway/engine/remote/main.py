@@ -205,8 +205,8 @@ class _PixelPreparer:
             return
         try:
             self._engine.submit(request, sink)
-        except EngineBusy as busy:
-            sink(ErrorEvent(ErrorKind.INTERNAL, f"{busy}"))
+        except (EngineBusy, ValueError) as refused:  # the edge checks both first
+            sink(ErrorEvent(ErrorKind.INTERNAL, f"{refused}"))
             self._flush()
 
     def close(self) -> None:

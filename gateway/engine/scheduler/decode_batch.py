@@ -38,6 +38,7 @@ from gateway.engine.families.family import ModelFamily
 from gateway.engine.scheduler.job import Job, Stage
 from gateway.engine.tokens.grammar import GrammarRow
 from gateway.engine.tokens.logprobs import LogprobValues
+from gateway.engine.tokens.penalties import BatchShaper, RowShaping
 from gateway.engine.tokens.sampling import GREEDY, BatchSampler, RowSampler, RowSampling
 
 
@@ -82,6 +83,12 @@ class DecodeBatch:
             self._row_grammar,
             masker,
             self._row_logprobs,
+        )
+        # Penalties, biases, min_tokens: the generation batch calls the model through the
+        # shaper, which leaves the logits untouched while no row is shaped.
+        generation = self.generator._generation_batch
+        generation.model = BatchShaper(
+            model.text_core, generation, self._row_shaping, model.eos_token_ids
         )
 
     @property
@@ -250,6 +257,11 @@ class DecodeBatch:
         if job is None or not job.request.sampling.logprobs:
             return None
         return job.request.sampling.top_logprobs
+
+    def _row_shaping(self, uid: int) -> RowShaping | None:
+        """A row's penalties, biases and min_tokens (None: unshaped), for the shaper."""
+        job = self.rows.get(uid)
+        return job.shaping if job is not None else None
 
     def _row_grammar(self, uid: int) -> GrammarRow | None:
         """A row's grammar state (None: free text), for the batch's one sampler."""

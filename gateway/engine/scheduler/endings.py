@@ -76,7 +76,7 @@ class Endings:
             if values is None:
                 values = row_values(logprobs, token, sampling.top_logprobs)
             lps = (job.output.logprob(token, values),)
-        job.sink(TokenEvent(text, (token,), lps))
+        job.sink(TokenEvent(text, (token,), lps, job.index))
 
     def finish(self, job: Job, reason: FinishReason | str, kv: object, all_tokens: object) -> None:
         """End the job normally with `reason` (STOP whenever a stop string ended it; mlx-lm's
@@ -95,10 +95,12 @@ class Endings:
             job.vision_hits,
             job.vision_misses,
         )
-        job.sink(FinishEvent(reason, usage, tail, job.output.stopped_by))
-        self._metrics.requests.labels("ok").inc()
-        self._metrics.prompt_tokens.inc(job.prompt_len)
-        self._metrics.latency.observe(job.elapsed())
+        final = _last_to_end(job)
+        job.sink(FinishEvent(reason, usage, tail, job.output.stopped_by, job.index, final))
+        if final:  # the request's counters: once, however many choices it had
+            self._metrics.requests.labels("ok").inc()
+            self._metrics.prompt_tokens.inc(job.prompt_len)
+            self._metrics.latency.observe(job.elapsed())
         if kv is not None and all_tokens is not None:
             self._to_store.append((job, kv, list(all_tokens)))  # type: ignore[arg-type]
 
@@ -117,11 +119,18 @@ class Endings:
         self._to_store.clear()
 
     def fail(self, job: Job, kind: ErrorKind, message: str) -> None:
-        """End a job with an ErrorEvent. Never raises: it runs inside recovery paths."""
-        try:
-            self._release(job)
-        except Exception:
-            log.exception("releasing %s failed; dropping it", job.request_id)
+        """End a job with an ErrorEvent; a choice of an n > 1 request ends every choice of it
+        with one ErrorEvent. Never raises: it runs inside recovery paths."""
+        family = job.choices
+        others = []
+        if family is not None:
+            if family.failed:  # already reported: just let go of this one
+                self._release_quietly(job)
+                return
+            family.failed = True
+            others = [j for j in family.jobs if j is not job]
+        for member in [job, *others]:
+            self._release_quietly(member)
         job.sink(ErrorEvent(kind, message))
         self._metrics.requests.labels("error").inc()
 
@@ -132,5 +141,22 @@ class Endings:
     def cancel(self, job: Job) -> None:
         """End a job its client gave up on (it gets a CANCELLED FinishEvent)."""
         self._release(job)
-        job.sink(FinishEvent.cancelled(job.prompt_len, job.cached_tokens))
-        self._metrics.requests.labels("cancelled").inc()
+        final = _last_to_end(job)
+        job.sink(FinishEvent.cancelled(job.prompt_len, job.cached_tokens, job.index, final))
+        if final:
+            self._metrics.requests.labels("cancelled").inc()
+
+    def _release_quietly(self, job: Job) -> None:
+        try:
+            self._release(job)
+        except Exception:
+            log.exception("releasing %s failed; dropping it", job.key)
+
+
+def _last_to_end(job: Job) -> bool:
+    """Count the job's choice as ended; is it the request's last (always, for one choice)?"""
+    family = job.choices
+    if family is None:
+        return True
+    family.open -= 1
+    return family.open == 0

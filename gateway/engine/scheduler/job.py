@@ -15,6 +15,7 @@ from gateway.engine.model.prompt_forward import PrefillPlan
 from gateway.engine.model.vision import EncodedImage
 from gateway.engine.request import EngineRequest, Sink
 from gateway.engine.tokens.output import OutputState
+from gateway.engine.tokens.penalties import RowShaping
 
 
 class Stage(enum.Enum):
@@ -49,8 +50,17 @@ class Job:
     uid: int | None = None  # BatchGenerator row id once inserted
     first_token_time: float | None = None
     sampler: Any = None
+    shaping: RowShaping | None = None  # penalties, biases, min_tokens (None: none)
     grammar: Future[Any] | None = None  # the compiled grammar (structured output), once ready
     prefetch: Prefetch | None = None  # its disk-tier read, until admitted (or cancelled)
+    index: int = 0  # the choice it generates (`SamplingParams.n`; 0 for the prefilled job)
+    rows: int = 1  # decode rows it holds (or will): its request's n until forked, then 1
+    choices: Choices | None = None  # its request's choices once forked (n > 1)
+
+    @property
+    def key(self) -> str:
+        """Its key in the scheduler's jobs table: the request id, plus the choice after 0."""
+        return self.request.request_id if not self.index else f"{self.request_id}#{self.index}"
 
     def ready(self) -> bool:
         """May it be admitted: its grammar compiled and its disk read done (if any)?"""
@@ -75,3 +85,15 @@ class Job:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.request.arrival_time
+
+
+@dataclass
+class Choices:
+    """The jobs of one request's n > 1 choices, in index order: choice 0 prefilled the prompt
+    and the others were forked from its KV (`Scheduler.fork`). `open`: choices not ended
+    yet (the last to end sends the final FinishEvent); `failed`: an ErrorEvent ended them all.
+    Engine thread only."""
+
+    jobs: list[Job]
+    open: int
+    failed: bool = False

@@ -42,6 +42,7 @@ from gateway.engine.families.family import ModelFamily
 from gateway.engine.model.positions import rope_delta_at
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan, text_offset
 from gateway.engine.scheduler.job import Job
+from gateway.engine.tokens.penalties import shape_first
 
 MIN_FINAL_ROWS = 32  # the smallest forward a final partial block is padded to
 
@@ -121,7 +122,7 @@ class Prefiller:
         if hi < len(prompt):
             mx.eval([c.state for c in job.cache or []])
             return hi - lo, None
-        last = logits[:, -1, :]
+        last = shape_first(logits[:, -1, :], job.shaping, self.model.eos_token_ids)
         logprobs = last - mx.logsumexp(last, axis=-1, keepdims=True)
         token = job.sampler(logprobs)
         mx.eval(token, logprobs, [c.state for c in job.cache or []])
@@ -219,6 +220,7 @@ class Prefiller:
         for layer in job.cache or []:
             layer.rope_delta = delta
         last = self.model.logits(last_hidden)[:, -1, :]
+        last = shape_first(last, job.shaping, self.model.eos_token_ids)
         logprobs = last - mx.logsumexp(last, axis=-1, keepdims=True)
         token = job.sampler(logprobs)
         mx.eval(token, logprobs)

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
+
+import mlx.core as mx
 
 from gateway.config import EngineConfig
 from gateway.engine.request import FinishReason
 from gateway.engine.scheduler.budget import StepBudget
+from gateway.engine.scheduler.choices import first_tokens
 from gateway.engine.scheduler.decode_batch import DecodeBatch
 from gateway.engine.scheduler.endings import Endings
 from gateway.engine.scheduler.job import Job, Stage
@@ -72,8 +76,10 @@ class PrefillStage:
         prefiller: Prefiller,
         endings: Endings,
         trace: StepTrace | None,
+        fork: Callable[[Job], list[Job]],
     ) -> None:
         self._chunk = config.prefill_chunk_tokens
+        self._fork = fork  # a prefilled request's other choices (n > 1), else []
         self._metrics = metrics
         self._prefiller = prefiller
         self._endings = endings
@@ -96,6 +102,9 @@ class PrefillStage:
             for job in prefilling
             if job.fed == max(job.split, job.cached_tokens)  # images done, no text fed yet
             and job.prompt_len - job.fed <= budget
+            # The generator's own prefill draws unshaped first tokens and does not fork.
+            and job.shaping is None
+            and job.rows == 1
         ]
         if len(burst) > 1 and not self._prefiller.exact:  # exact: every prompt in blocks here
             for job in burst:
@@ -162,15 +171,33 @@ class PrefillStage:
         return budget - fed
 
     def _first_token(self, job: Job, first: FirstToken, batch: DecodeBatch) -> None:
-        """Emit the token sampled at the end of the prefill; finish, or join the batch."""
-        self._metrics.generation_tokens.inc()
+        """Emit the token sampled at the end of the prefill; finish, or join the batch. A
+        request for n > 1 choices forks here (gateway.engine.scheduler.choices): the others
+        draw their first tokens from the same logits and join (or finish) alike."""
+        siblings = self._fork(job)  # before job's KV moves into the batch
         if self._trace is not None:
             self._trace.note("first", job.request_id)
-        self._endings.emit(job, first.token, first.logprobs)
+        self._route(job, first.token, first.logprobs, batch)
+        if not siblings:
+            return
+        tokens = first_tokens(siblings, first.logprobs)
+        for sibling, token in zip(siblings, tokens, strict=True):
+            if sibling.stage is Stage.DONE:  # the request failed meanwhile
+                continue
+            try:
+                self._route(sibling, token, first.logprobs, batch)
+            except Exception as exc:  # fails every choice of the request (one ErrorEvent)
+                log.exception("the first token of %s failed", sibling.key)
+                self._endings.fail_internal(sibling, f"internal error in the prefill: {exc}")
+
+    def _route(self, job: Job, token: int, logprobs: mx.array, batch: DecodeBatch) -> None:
+        """Emit a job's first token; finish it there, or let it join the batch."""
+        self._metrics.generation_tokens.inc()
+        self._endings.emit(job, token, logprobs)
         if job.stage is Stage.DONE:  # failed while emitting
             return
         sampling = job.request.sampling
-        eos = not sampling.ignore_eos and first.token in batch.stop_ids
+        eos = not sampling.ignore_eos and token in batch.stop_ids
         if eos or job.output.stopped or sampling.max_tokens <= 1:
             # Done at its first token: the KV holds exactly the prompt (copied without the
             # buffer's spare capacity, as every stored entry must be).
@@ -178,4 +205,4 @@ class PrefillStage:
             reason = FinishReason.STOP if eos or job.output.stopped else FinishReason.LENGTH
             self._endings.finish(job, reason, kv, list(job.request.prompt_ids))
         else:
-            batch.join(job, first.token, first.logprobs, list(job.request.prompt_ids))
+            batch.join(job, token, logprobs, list(job.request.prompt_ids))

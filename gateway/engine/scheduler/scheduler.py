@@ -39,15 +39,17 @@ import mlx.core as mx
 from gateway.config import EngineConfig
 from gateway.engine.request import AdmittedEvent, EngineRequest, ErrorKind, FinishReason
 from gateway.engine.scheduler.budget import CostModel, StepBudget
+from gateway.engine.scheduler.choices import fork
 from gateway.engine.scheduler.decode_batch import DecodeBatch
 from gateway.engine.scheduler.encode_group import EncodeGroup, start_group, step_group
 from gateway.engine.scheduler.endings import Endings
-from gateway.engine.scheduler.job import Job, Sink, Stage
+from gateway.engine.scheduler.job import Choices, Job, Sink, Stage
 from gateway.engine.scheduler.loaded import Loaded
 from gateway.engine.scheduler.occupancy import Occupancy
 from gateway.engine.scheduler.prefill_stage import PrefillStage
 from gateway.engine.scheduler.step_trace import StepTrace
 from gateway.engine.tokens.output import OutputState
+from gateway.engine.tokens.penalties import RowShaping
 from gateway.engine.tokens.sampling import make_sampler
 from gateway.metrics import Metrics
 
@@ -72,14 +74,17 @@ class Scheduler:
         self.loaded = loaded
         self.occupancy = occupancy
         self.trace = trace
-        self.jobs: dict[str, Job] = {}  # every job not yet ended, by request id
+        self.jobs: dict[str, Job] = {}  # every job not yet ended, by `Job.key`
+        self.families: dict[str, Choices] = {}  # forked n > 1 requests, by request id
         self.waiting: deque[Job] = deque()  # submitted, waiting for a row
         self.encoding: deque[Job] = deque()  # holding a row, images still to encode
         self.group: EncodeGroup | None = None  # images going through the tower now
         self.prefilling: deque[Job] = deque()  # holding a row, prompt being fed
         self._batch: DecodeBatch | None = loaded.new_batch(config)  # None once shut down
         self.endings = Endings(metrics, loaded.cache_ops, self.release)
-        self._prefill = PrefillStage(config, metrics, loaded.prefiller, self.endings, trace)
+        self._prefill = PrefillStage(
+            config, metrics, loaded.prefiller, self.endings, trace, self.fork
+        )
         self._inserted = 0  # the batch's insert count when the step began (for the trace)
         self._decoded = 0  # tokens emitted by this step's decode (for the trace)
         self.costs = CostModel()  # running cost estimates (this engine: one model, one device)
@@ -101,28 +106,42 @@ class Scheduler:
         """A submitted request (already counted as queued) joins the waiting queue."""
         model, ops = self.loaded.model, self.loaded.cache_ops
         output = OutputState(request.sampling, model.new_detokenizer, model.token_text)
-        job = Job(request=request, sink=sink, output=output)
+        job = Job(request=request, sink=sink, output=output, rows=request.sampling.n)
         if request.sampling.grammar is not None:
             # Compiled on a worker thread while the request waits; admitted once it is ready.
             job.grammar = self.loaded.grammars.prepare(request.sampling.grammar)
         job.prefetch = ops.prefetch(job)  # disk reads: on the reader thread too
-        self.jobs[request.request_id] = job
+        self.jobs[job.key] = job
         self.waiting.append(job)
 
     def cancel(self, request_id: str) -> None:
-        """End the request wherever it is (nothing if it already ended)."""
-        job = self.jobs.get(request_id)
-        if job is not None:
-            self.endings.cancel(job)
+        """End the request wherever it is, every choice of it (nothing if it already ended)."""
+        family = self.families.get(request_id)
+        for job in family.jobs if family is not None else [self.jobs.get(request_id)]:
+            if job is not None and job.stage is not Stage.DONE:
+                self.endings.cancel(job)
+
+    def fork(self, job: Job) -> list[Job]:
+        """A prefilled request's choices 1..n-1 (gateway.engine.scheduler.choices), now in
+        the jobs table; [] for one choice."""
+        if job.request.sampling.n <= 1 or job.choices is not None:
+            return []
+        siblings = fork(job, self.loaded)
+        for sibling in siblings:
+            self.jobs[sibling.key] = sibling
+        assert job.choices is not None
+        self.families[job.request_id] = job.choices
+        return siblings
 
     def admit(self) -> None:
-        """Give free rows to the oldest waiting requests that are ready."""
+        """Give free rows to the oldest waiting requests that are ready (all n rows of a
+        request for n choices at once; a request that does not fit yet waits at the head)."""
         while self.waiting and self.occupancy.active < self.config.max_batch:
-            job = self._next_ready()
+            job = self._next_ready(self.config.max_batch - self.occupancy.active)
             if job is None:
                 return
             job.stage = Stage.PREFILL
-            self.occupancy.admit()
+            self.occupancy.admit(job.rows)
             try:
                 self._start(job)
             except Exception as exc:
@@ -130,13 +149,15 @@ class Scheduler:
                 message = f"internal error starting the request: {exc}"
                 self.endings.fail_internal(job, message)
 
-    def _next_ready(self) -> Job | None:
+    def _next_ready(self, room: int) -> Job | None:
         """The oldest waiting job whose grammar (if any) is compiled and disk read (if any)
-        done, taken off the queue. With nothing else to do, waits a little for one of them
-        instead of spinning."""
+        done, taken off the queue, if its rows fit in `room`. With nothing else to do, waits
+        a little for one of them instead of spinning."""
         for attempt in range(2):
             for job in self.waiting:
                 if job.ready():
+                    if job.rows > room:
+                        return None
                     self.waiting.remove(job)
                     return job
             if attempt or self.batch.rows or self.prefilling or self.encoding or self.group:
@@ -152,6 +173,7 @@ class Scheduler:
         if job.grammar is not None:
             grammar = grammars.start(job.grammar.result())  # raises a compile error
         job.sampler = make_sampler(job.request.sampling, grammar, grammars.masker)
+        job.shaping = RowShaping.from_params(job.request.sampling, job.request.prompt_ids)
         self.loaded.cache_ops.admit(job)
         if self.trace is not None:
             self.trace.note("admitted", job.request_id)
@@ -263,17 +285,20 @@ class Scheduler:
         """Forget a job wherever it is and free its row (idempotent). The bookkeeping is
         undone before the batch is touched, so a failing batch cannot leave a half-released
         job (or a leaked row count) behind."""
-        if self.jobs.pop(job.request_id, None) is None:
+        if self.jobs.pop(job.key, None) is None:
             return
         stage, job.stage = job.stage, Stage.DONE
         if job.prefetch is not None:  # its disk read's buffers: not needed any more
             job.prefetch.release()
             job.prefetch = None
+        family = job.choices
+        if family is not None and all(j.stage is Stage.DONE for j in family.jobs):
+            self.families.pop(job.request_id, None)
         if stage is Stage.QUEUED:
             self.waiting.remove(job)
-            self.occupancy.unqueue()
+            self.occupancy.unqueue(job.rows)
             return
-        self.occupancy.free_row()
+        self.occupancy.free_row(job.rows)
         for pending in (self.encoding, self.prefilling):
             if job in pending:
                 pending.remove(job)

@@ -82,6 +82,11 @@ class OutputState:
     def _release(self, final: bool) -> str:
         if self.stopped:
             return ""
+        if self.completion_tokens < self._params.min_tokens:
+            # Stop strings end an answer only from its min_tokens-th token on (vLLM's rule);
+            # the end-of-sequence tokens are masked until then (gateway.engine.tokens.penalties).
+            out, self._pending = self._pending, ""
+            return out
         for stop in self._params.stop:
             at = self._pending.find(stop)
             if at >= 0:

@@ -60,8 +60,13 @@ class RowSampling:
     draws: int = field(default=0)
 
     @classmethod
-    def from_params(cls, params: SamplingParams) -> RowSampling:
-        seed = params.seed if params.seed is not None else random.getrandbits(63)
+    def from_params(cls, params: SamplingParams, choice: int = 0) -> RowSampling:
+        """Choice `choice` of the request (`SamplingParams.n`) draws with `seed + choice`:
+        as a request with that seed would, alone or batched. No seed: a random one."""
+        if params.seed is None:
+            seed = random.getrandbits(63)
+        else:
+            seed = params.seed + choice
         return cls(params.temperature, params.top_k, params.top_p, seed & _MASK64)
 
     def next_key(self) -> tuple[int, int]:
@@ -146,8 +151,9 @@ class RowSampler:
         params: SamplingParams,
         grammar: GrammarRow | None = None,
         masker: Masker | None = None,
+        choice: int = 0,
     ) -> None:
-        self.row = None if params.greedy else RowSampling.from_params(params)
+        self.row = None if params.greedy else RowSampling.from_params(params, choice)
         self.grammar = grammar
         self._masker = masker
 
@@ -164,13 +170,16 @@ class RowSampler:
 
 
 def make_sampler(
-    params: SamplingParams, grammar: GrammarRow | None = None, masker: Masker | None = None
+    params: SamplingParams,
+    grammar: GrammarRow | None = None,
+    masker: Masker | None = None,
+    choice: int = 0,
 ) -> Callable[[mx.array], mx.array]:
-    """The sampler for one request alone: the shared greedy sampler, or a private one for a
-    seeded or constrained request."""
+    """The sampler for one request (or its choice `choice`) alone: the shared greedy
+    sampler, or a private one for a seeded or constrained request."""
     if params.greedy and grammar is None:
         return GREEDY
-    return RowSampler(params, grammar, masker)
+    return RowSampler(params, grammar, masker, choice)
 
 
 class BatchSampler:

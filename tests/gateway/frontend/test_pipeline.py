@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -44,6 +46,7 @@ class FakeEngine:
 
     def __init__(self, reply: Event | Exception | None = ADMITTED) -> None:
         self.reply = reply
+        self.config = SimpleNamespace(max_batch=4)
         self.submitted: list[EngineRequest] = []
         self.cancelled: list[str] = []
 
@@ -108,6 +111,18 @@ def test_admits_a_request_with_its_event_affinity_and_timings() -> None:
     t = admission.timings
     assert (t.arrival, t.read) == (1.0, 2.0) and t.read <= t.media <= t.prompt <= t.admit
     assert admission.headers()["x-request-id"] == admission.request_id
+
+
+def test_more_choices_than_rows_is_a_400_before_the_engine() -> None:
+    """Invariant: `n` above the engine's rows (max_batch 4 here) is a 400 naming `n`, and
+    nothing reaches the engine; `n` up to the rows is admitted."""
+    engine = FakeEngine()
+    with pytest.raises(APIError) as info:
+        _run(engine, lambda p: p.admit(replace(_chat(), n=5), "x-", arrival=0.0, read=0.0))
+    assert info.value.status == 400 and info.value.param == "n"
+    assert engine.submitted == []
+    _run(engine, lambda p: p.admit(replace(_chat(), n=4), "x-", arrival=0.0, read=0.0))
+    assert len(engine.submitted) == 1
 
 
 def test_counts_tokens_without_the_engine() -> None:

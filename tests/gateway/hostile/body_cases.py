@@ -204,7 +204,9 @@ BODY_CASES: list[Any] = [
         Case(chat(stream=True, stream_options="x"), param="stream_options"),
         id="stream_options-string",
     ),
-    pytest.param(Case(chat(presence_penalty=0.5), param="presence_penalty"), id="presence_penalty"),
+    pytest.param(
+        Case(chat(presence_penalty=2.5), param="presence_penalty"), id="presence_penalty-range"
+    ),
     pytest.param(
         Case(chat(tools=[{"type": "function"}]), param="tools[0].function"), id="tool-no-function"
     ),

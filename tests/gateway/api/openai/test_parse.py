@@ -85,14 +85,25 @@ def test_max_completion_tokens_wins_and_developer_is_system() -> None:
         (_with(stop=""), "stop"),
         (_with(stop=["a"] * 17), "stop"),
         (_with(stop=[1]), "stop"),
-        (_with(n=2), "n"),
+        (_with(n=0), "n"),
+        (_with(n=129), "n"),
         (_with(seed="x"), "seed"),
         (_with(logprobs="yes"), "logprobs"),
         (_with(top_logprobs=3), "top_logprobs"),
         (_with(logprobs=True, top_logprobs=21), "top_logprobs"),
         (_with(stream=1), "stream"),
         (_with(stream_options=[]), "stream_options"),
-        (_with(presence_penalty=0.5), "presence_penalty"),
+        (_with(presence_penalty=2.5), "presence_penalty"),
+        (_with(frequency_penalty="x"), "frequency_penalty"),
+        (_with(repetition_penalty=0), "repetition_penalty"),
+        (_with(logit_bias=[1]), "logit_bias"),
+        (_with(logit_bias={"x": 1}), "logit_bias.x"),
+        (_with(logit_bias={"5": 101}), "logit_bias.5"),
+        (_with(min_tokens=-1), "min_tokens"),
+        (_with(max_tokens=3, min_tokens=4), "min_tokens"),
+        (_with(audio={"voice": "alloy"}), "audio"),
+        (_with(modalities=["text", "audio"]), "modalities"),
+        (_with(min_p=0.1), "min_p"),
         (_with(tools=[{"type": "function"}]), "tools[0].function"),
         (_with(tool_choice="auto"), "tool_choice"),
         (_with(response_format={"type": "xml"}), "response_format.type"),
@@ -149,3 +160,28 @@ def test_an_integer_beyond_64_bits_gets_the_range_not_a_type_error() -> None:
             {"model": "m", "messages": [{"role": "user", "content": "hi"}], "seed": 0.5}
         )
     assert caught.value.message == "`seed` must be an integer"
+
+
+def test_shaping_fields_and_n_reach_the_request() -> None:
+    """Invariant: penalties, logit_bias (sorted integer ids), min_tokens and n are typed
+    into the ChatRequest; absent, they are the neutral defaults."""
+    r = parse_chat_request(
+        _with(
+            presence_penalty=0.5,
+            frequency_penalty=-1,
+            repetition_penalty=1.3,
+            logit_bias={"9": -100, "2": 5.5},
+            min_tokens=3,
+            max_tokens=10,
+            n=4,
+        )
+    )
+    assert (r.presence_penalty, r.frequency_penalty, r.repetition_penalty) == (0.5, -1.0, 1.3)
+    assert r.logit_bias == ((2, 5.5), (9, -100.0)) and r.min_tokens == 3 and r.n == 4
+    plain = parse_chat_request(BASE)
+    assert (plain.presence_penalty, plain.frequency_penalty, plain.repetition_penalty) == (
+        0.0,
+        0.0,
+        1.0,
+    )
+    assert plain.logit_bias == () and plain.min_tokens == 0 and plain.n == 1

@@ -1,0 +1,169 @@
+"""Every documented request field of each API, and what this server does with it.
+
+A field is APPLIED (it changes the answer as the API documents), INFORMATIONAL (accepted; it
+has no effect on the answer by the API's own definition: an end-user id, metadata, a cache
+hint the server's automatic caches make moot) or REFUSED (the server cannot honour it: a 400
+naming the field whenever it is present with anything but its neutral value). Nothing a
+client sends is accepted and silently ignored. `tests/gateway/api/test_accepted.py` walks
+these tables against the real parsers, and docs/api.md lists them.
+
+Fields owned elsewhere (OpenAI's `reasoning_effort`, Anthropic's `thinking`, Responses'
+`reasoning`, `chat_template_kwargs`) are OTHER: their parsers decide. Unknown fields: the
+OpenAI and Responses parsers ignore them (clients send extras, as vLLM allows), Anthropic's
+refuses them (as the API itself does). Pure data and one pure check.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.errors import invalid
+
+APPLIED = "applied"
+INFORMATIONAL = "informational"
+REFUSED = "refused"
+OTHER = "other"
+
+# Values that mean "not asked for": a refused field sent with one of them is fine.
+_NEUTRAL: tuple[Any, ...] = (None, False, {}, [], "")
+
+OPENAI_CHAT: dict[str, tuple[str, str]] = {
+    "model": (APPLIED, "the served model's name (404 for another)"),
+    "messages": (APPLIED, "text, image_url, video_url parts; tool calls and results"),
+    "max_completion_tokens": (APPLIED, "the most tokens to generate"),
+    "max_tokens": (APPLIED, "the same (the older name)"),
+    "temperature": (APPLIED, "0 to 2; 0 is greedy"),
+    "top_p": (APPLIED, "nucleus cut, (0, 1]"),
+    "seed": (APPLIED, "a row's draws are a function of (seed, draw): batch-independent"),
+    "stop": (APPLIED, "up to 16 stop strings"),
+    "n": (APPLIED, "1 to --max-batch choices from one prefill"),
+    "logprobs": (APPLIED, "the chosen token's log-probability"),
+    "top_logprobs": (APPLIED, "0 to 20 alternatives"),
+    "presence_penalty": (APPLIED, "-2 to 2, minus p for each token already in the output"),
+    "frequency_penalty": (APPLIED, "-2 to 2, minus f x the token's count in the output"),
+    "logit_bias": (APPLIED, "token id -> bias in [-100, 100], added to the logits"),
+    "stream": (APPLIED, "server-sent events"),
+    "stream_options": (APPLIED, "include_usage: a final usage chunk"),
+    "response_format": (APPLIED, "json_object / json_schema, enforced by a grammar"),
+    "tools": (APPLIED, "function tools, calls parsed from the output"),
+    "tool_choice": (APPLIED, "none / auto / required / a named function"),
+    "parallel_tool_calls": (APPLIED, "false: at most one call"),
+    # vLLM's extensions (extra_body)
+    "top_k": (APPLIED, "vLLM: keep the k most likely tokens"),
+    "repetition_penalty": (APPLIED, "vLLM: (0, 10], 1 off; prompt and output tokens"),
+    "min_tokens": (APPLIED, "vLLM: no end-of-sequence token or stop string before this many"),
+    "ignore_eos": (APPLIED, "vLLM: generate max_tokens tokens"),
+    "cache_salt": (APPLIED, "vLLM: scopes cache reuse"),
+    "user": (INFORMATIONAL, "an end-user id; no effect on the answer"),
+    "safety_identifier": (INFORMATIONAL, "an end-user id; no effect on the answer"),
+    "metadata": (INFORMATIONAL, "stored nowhere; no effect on the answer"),
+    "store": (INFORMATIONAL, "completions are not stored; no effect on the answer"),
+    "service_tier": (INFORMATIONAL, "one tier; no effect on the answer"),
+    "prompt_cache_key": (INFORMATIONAL, "prompt caching is automatic (docs/caching.md)"),
+    "prompt_cache_retention": (INFORMATIONAL, "prompt caching is automatic"),
+    "prompt_cache_options": (INFORMATIONAL, "prompt caching is automatic"),
+    "audio": (REFUSED, "audio output"),
+    "modalities": (REFUSED, "output modalities other than text"),
+    "prediction": (REFUSED, "predicted outputs"),
+    "web_search_options": (REFUSED, "web search"),
+    "verbosity": (REFUSED, "verbosity control"),
+    "moderation": (REFUSED, "moderation"),
+    "functions": (REFUSED, "the deprecated `functions` (use `tools`)"),
+    "function_call": (REFUSED, "the deprecated `function_call` (use `tool_choice`)"),
+    # vLLM sampling extensions this server does not implement
+    "best_of": (REFUSED, "best_of"),
+    "use_beam_search": (REFUSED, "beam search"),
+    "length_penalty": (REFUSED, "length_penalty (beam search)"),
+    "min_p": (REFUSED, "min_p"),
+    "stop_token_ids": (REFUSED, "stop_token_ids"),
+    "prompt_logprobs": (REFUSED, "prompt_logprobs"),
+    "reasoning_effort": (OTHER, "the reasoning fields' parser"),
+    "chat_template_kwargs": (OTHER, "the reasoning fields' parser"),
+}
+
+# Values of a refused OpenAI field that ask for nothing beyond what is served.
+_OPENAI_NEUTRAL = {"modalities": (["text"],)}
+
+ANTHROPIC_MESSAGES: dict[str, tuple[str, str]] = {
+    "model": (APPLIED, "the served model's name"),
+    "messages": (APPLIED, "text, image, tool_use, tool_result blocks; a final assistant prefill"),
+    "system": (APPLIED, "a string or text blocks"),
+    "max_tokens": (APPLIED, "required: the most tokens to generate"),
+    "temperature": (APPLIED, "0 to 1; 0 is greedy"),
+    "top_p": (APPLIED, "nucleus cut"),
+    "top_k": (APPLIED, "keep the k most likely tokens"),
+    "stop_sequences": (APPLIED, "up to 16 stop strings"),
+    "stream": (APPLIED, "server-sent events"),
+    "tools": (APPLIED, "client tools"),
+    "tool_choice": (APPLIED, "auto / any / tool / none"),
+    "cache_salt": (APPLIED, "vLLM: scopes cache reuse"),
+    "metadata": (INFORMATIONAL, "user_id; no effect on the answer"),
+    "service_tier": (INFORMATIONAL, "one tier; no effect on the answer"),
+    "cache_control": (INFORMATIONAL, "prompt caching is automatic (docs/caching.md)"),
+    "mcp_servers": (REFUSED, "MCP servers"),
+    "container": (REFUSED, "code execution containers"),
+    "context_management": (REFUSED, "context management"),
+    # Refused by the parser's unknown-field rule, with a 400 naming them:
+    "output_config": (REFUSED, "output configuration (structured output, effort)"),
+    "speed": (REFUSED, "speed modes"),
+    "inference_geo": (REFUSED, "inference geography"),
+    "diagnostics": (REFUSED, "diagnostics"),
+    "user_profile_id": (REFUSED, "user profiles"),
+    "workspace_id": (REFUSED, "workspaces"),
+    "thinking": (OTHER, "the reasoning fields' parser"),
+}
+
+RESPONSES: dict[str, tuple[str, str]] = {
+    "model": (APPLIED, "the served model's name"),
+    "input": (APPLIED, "text, input_image, function_call(_output) items"),
+    "instructions": (APPLIED, "a system message"),
+    "previous_response_id": (APPLIED, "continues a stored response"),
+    "max_output_tokens": (APPLIED, "the most tokens to generate"),
+    "temperature": (APPLIED, "0 to 2; 0 is greedy"),
+    "top_p": (APPLIED, "nucleus cut"),
+    "seed": (APPLIED, "batch-independent draws"),
+    "top_logprobs": (APPLIED, "0 to 20 alternatives"),
+    "include": (APPLIED, "message.output_text.logprobs only"),
+    "text": (APPLIED, "format: text / json_object / json_schema"),
+    "tools": (APPLIED, "function tools"),
+    "tool_choice": (APPLIED, "none / auto / required / a named function"),
+    "parallel_tool_calls": (APPLIED, "false: at most one call"),
+    "stream": (APPLIED, "server-sent events"),
+    "store": (APPLIED, "false: not kept for previous_response_id"),
+    "truncation": (APPLIED, "disabled / auto"),
+    "metadata": (APPLIED, "echoed in the response object"),
+    "cache_salt": (APPLIED, "vLLM: scopes cache reuse"),
+    "user": (INFORMATIONAL, "an end-user id; no effect on the answer"),
+    "safety_identifier": (INFORMATIONAL, "an end-user id; no effect on the answer"),
+    "service_tier": (INFORMATIONAL, "one tier; no effect on the answer"),
+    "stream_options": (INFORMATIONAL, "include_obfuscation: events carry no padding"),
+    "prompt_cache_key": (INFORMATIONAL, "prompt caching is automatic (docs/caching.md)"),
+    "prompt_cache_retention": (INFORMATIONAL, "prompt caching is automatic"),
+    "prompt_cache_options": (INFORMATIONAL, "prompt caching is automatic"),
+    "background": (REFUSED, "background responses"),
+    "background_options": (REFUSED, "background responses"),
+    "conversation": (REFUSED, "the Conversations API (use `previous_response_id`)"),
+    "prompt": (REFUSED, "stored prompt templates"),
+    "max_tool_calls": (REFUSED, "a cap on built-in tool calls"),
+    "context_management": (REFUSED, "context management"),
+    "moderation": (REFUSED, "moderation"),
+    "image": (REFUSED, "image generation options"),
+    "access_programs": (REFUSED, "access programs"),
+    "reasoning": (OTHER, "the reasoning fields' parser"),
+}
+
+
+def refuse_unapplied(body: dict[str, Any], table: dict[str, tuple[str, str]]) -> None:
+    """A 400 naming the first REFUSED field of `table` that `body` sends with a value that
+    asks for something."""
+    for name, value in body.items():
+        kind, what = table.get(name, (None, ""))
+        if kind != REFUSED or _neutral(name, value):
+            continue
+        raise invalid(f"`{name}`: {what} is not supported by this server; omit it", name)
+
+
+def _neutral(name: str, value: Any) -> bool:
+    if any(value is v or (type(value) is type(v) and value == v) for v in _NEUTRAL):
+        return True
+    return value in _OPENAI_NEUTRAL.get(name, ())
