@@ -36,6 +36,7 @@ MAKE_MODEL_ARCHS = (
     "mistral3",
     "gemma4",
     "qwen3",
+    "qwen3_5",
     "llama",
 )
 TEXT_ARCHS = ("qwen3", "llama")

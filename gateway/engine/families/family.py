@@ -121,6 +121,10 @@ class ModelFamily(ABC):
     # ring order), so its KV is not what a block forward gives it: the prefix cache never
     # stores the prompt's last token (a longer prompt computes it in a block).
     last_token_apart: ClassVar[bool] = False
+    # Exact-reuse blocks are rounded up to a multiple of this many tokens, so that each
+    # block forward covers whole chunks of a layer that computes in fixed chunks (Qwen3.5's
+    # chunked gated-delta scan: 64) and equals the reference's one-pass prefill.
+    block_multiple: ClassVar[int] = 1
 
     @property
     def arch(self) -> str:

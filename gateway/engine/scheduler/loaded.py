@@ -57,6 +57,7 @@ class Loaded:
         model = loader()
         on_gpu = mx.default_device().type == mx.DeviceType.gpu
         block = config.cache.exact_block_tokens(on_gpu)  # 0: exact reuse off
+        block = -(-block // model.block_multiple) * model.block_multiple  # family's chunks
         cache_ops = CacheOps(model, vision, prefix, block)
         # The disk tier stays off through the warm-up (activated by its reset_caches).
         cache_ops.open_disk(config.cache, active=not config.warmup)
