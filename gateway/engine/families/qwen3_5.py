@@ -13,9 +13,11 @@ mRoPE positions and rope deltas):
   template; mlx-vlm's prompt helper renders it with `enable_thinking=False` by default);
 - video: not served yet (the Qwen3-VL video path is not checked against this family).
 
-Prefix reuse: a recurrent state cannot be cut back to a block boundary, so the KV prefix
-cache is off for this family (`cache_policy`; the reason shows in /v1/cache/stats); the
-vision cache (tower features) is on.
+Prefix reuse, exact: a recurrent state cannot be cut back to a block boundary, so every
+prompt forward marks the recurrent layers' state where it ended, and the prefix cache stores
+each block's snapshot (its end's mark) next to the attention layers' KV blocks; a hit
+restores its last block's snapshot and prefills the rest (`engine/model/snapshots.py`,
+docs/caching.md). Off with `--no-exact-cache` (no forward ends at a block boundary there).
 
 Prompt side any thread, engine side engine thread only (see `ModelFamily`).
 """
@@ -27,7 +29,6 @@ from typing import Any
 
 import mlx.core as mx
 
-from gateway.engine.families.family import CachePolicy
 from gateway.engine.families.qwen3_5_forward import HybridTextCore, prefill, prefill_each
 from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.model.kv import RowKVCache
@@ -35,10 +36,6 @@ from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.model.state_cache import RowStateCache
 
 MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")
-PREFIX_OFF = (
-    "hybrid model: its linear-attention layers keep a recurrent state that cannot be cut "
-    "back to a shorter prefix (state snapshots at block boundaries are not stored yet)"
-)
 
 
 class Qwen35(QwenVL):
@@ -47,7 +44,7 @@ class Qwen35(QwenVL):
     family = "qwen3_5"
     media = frozenset({"image"})
     MODEL_TYPES = MODEL_TYPES
-    cache_policy = CachePolicy(prefix_off=PREFIX_OFF)
+    state_snapshots = True
     last_token_apart = True
     # mlx-vlm's gated-delta prefill off Metal scans in chunks of 64 tokens from the forward's
     # first row: blocks of 64k rows compute what its one-pass prefill computes.

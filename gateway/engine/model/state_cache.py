@@ -33,11 +33,31 @@ class RowStateCache(ArraysCache):
         super().__init__(size)
         self.offset = 0
         self.rope_delta = rope_delta
+        # offset -> the state arrays right after a prompt forward that ended there: the
+        # snapshots a prefix-cache store takes for the blocks ending at those offsets.
+        self.marks: dict[int, StateArrays] = {}
 
     def advance(self, n: int) -> None:
         """Called by the layer after absorbing `n` tokens."""
         super().advance(n)
         self.offset += n
+
+    def mark(self) -> None:
+        """Remember the state as it is now, at `offset` (call after a prompt forward). Free:
+        a forward replaces the state arrays and never writes into them, so the mark shares
+        them; they live as long as the row (or a prefix-cache block that keeps them)."""
+        if all(c is not None for c in self.cache):
+            self.marks[self.offset] = tuple(self.cache)
+
+    def restore_blocks(self, snapshots: Sequence[StateArrays], tokens: int) -> None:
+        """Become the state after `tokens` tokens from a prefix hit's blocks' snapshots (one
+        per block, block k's taken at its end; the hit ends at the last block's end, which
+        the exact-reuse rule guarantees). Every snapshot is kept as a mark."""
+        block = tokens // len(snapshots)
+        if block * len(snapshots) != tokens:
+            raise ValueError(f"a {tokens}-token hit does not end at a block boundary")
+        self.marks = {(k + 1) * block: s for k, s in enumerate(snapshots)}
+        self.restore(snapshots[-1], tokens)
 
     @property
     def state(self) -> list[mx.array]:  # type: ignore[override]
@@ -86,6 +106,7 @@ class BatchStateCache(ArraysCache):
         super().__init__(size)
         self.offsets: list[int] = []
         self.row_deltas: list[int] = []
+        self.row_marks: list[dict[int, StateArrays]] = []  # each row's prompt snapshots
 
     @classmethod
     def merge(cls, caches: Sequence[ArraysCache]) -> BatchStateCache:  # type: ignore[override]
@@ -93,6 +114,7 @@ class BatchStateCache(ArraysCache):
         out = cls(n)
         out.offsets = [int(getattr(c, "offset", 0)) for c in caches]
         out.row_deltas = [int(getattr(c, "rope_delta", 0)) for c in caches]
+        out.row_marks = [dict(getattr(c, "marks", {})) for c in caches]
         if any(x is None for c in caches for x in c.cache):
             raise ValueError("a row joined the batch before its prompt filled its state")
         out.cache = [mx.concatenate([c.cache[e] for c in caches]) for e in range(n)]
@@ -115,16 +137,19 @@ class BatchStateCache(ArraysCache):
         super().filter(mx.array(keep, dtype=mx.int32))
         self.offsets = [self.offsets[i] for i in keep]
         self.row_deltas = [self.row_deltas[i] for i in keep]
+        self.row_marks = [self.row_marks[i] for i in keep]
 
     def extend(self, other: BatchStateCache) -> None:  # type: ignore[override]
         super().extend(other)
         self.offsets = self.offsets + other.offsets
         self.row_deltas = self.row_deltas + other.row_deltas
+        self.row_marks = self.row_marks + other.row_marks
 
     def extract(self, idx: int) -> RowStateCache:
         row = RowStateCache(len(self.cache), self.row_deltas[idx])
         row.cache = [mx.contiguous(c[idx : idx + 1]) for c in self.cache]
         row.offset = self.offsets[idx]
+        row.marks = self.row_marks[idx]
         return row
 
     def trim(self, n: int) -> int:

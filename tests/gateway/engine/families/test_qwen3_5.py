@@ -6,7 +6,8 @@ Pinned at tolerance zero (token ids and logprobs): the engine's greedy answer eq
 own `stream_generate` (tests/reference.py, rendered with the template's defaults as the
 gateway renders it) with one image, two images and none, in float32 and bf16, including at
 the CPU's default 32-token block (rounded up to the family's 64); batched == alone; cached ==
-uncached across a 5-turn image conversation.
+uncached across a 5-turn image conversation, whose warm turns restore recurrent-state
+snapshots (in memory here; the disk tier in test_families_disk.py).
 """
 
 from __future__ import annotations
@@ -78,11 +79,18 @@ def _conversation(h: EngineHarness, image: Image.Image) -> list[Run]:
 
 
 def test_cached_equals_uncached(images: list[Image.Image]) -> None:
-    """Invariant: a 5-turn image conversation answers the same with the caches as without
-    (vision-feature hits; prefix reuse by state snapshots where on)."""
+    """Invariant: a 5-turn image conversation answers the same with the caches as without:
+    every warm turn restores the recurrent state from the snapshot at its hit's last block
+    end and prefills the rest; the budget counts the snapshots' bytes."""
 
     def check(cached: EngineHarness, runs: list[Run]) -> None:
-        assert all(r.finish.usage.vision_hits == 1 for r in runs[1:])
+        usage = [r.finish.usage for r in runs]
+        assert all(u.cached_tokens > 0 and u.cached_tokens % 64 == 0 for u in usage[1:])
+        assert [u.cached_tokens for u in usage[1:5]] == sorted(u.cached_tokens for u in usage[1:5])
+        stats = cached.engine.cache_stats()["prefix"]
+        assert stats["snapshot_hits"] == stats["hits"] == len(runs) - 1
+        assert stats["snapshots"] == stats["blocks"] > 0
+        assert 0 < stats["snapshot_bytes"] < stats["bytes"]
 
     talk = functools.partial(_conversation, image=images[0])
     assert_cached_equals_uncached(tiny_model("qwen3_5"), talk, check, max_batch=4)
