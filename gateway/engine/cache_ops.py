@@ -36,7 +36,7 @@ from gateway.engine.disk.reader import Prefetch, Prefetched
 from gateway.engine.disk.tier import DiskTier, open_disk_tier
 from gateway.engine.families.family import ModelFamily
 from gateway.engine.model.kv import assemble
-from gateway.engine.model.snapshots import layer_block, snapshot_nbytes, storable
+from gateway.engine.model.snapshots import layer_block, snapshot_nbytes, state_layers, storable
 from gateway.engine.scheduler.job import Job
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,8 @@ class CacheOps:
         self.prefix = prefix
         self._align = max(exact_block, 1)
         self._dtype = str(model.embed_dtype).replace("mlx.core.", "")
-        self._layers = len(model.new_cache())
+        layers = model.new_cache()
+        self._layers, self._states = len(layers), state_layers(layers)
         # (state snapshots exist only at the exact-reuse rule's block ends: off without it)
         on = model.cache_policy.prefix_off is None
         self._prefix_on = on and (exact_block > 0 or not model.state_snapshots)
@@ -181,7 +182,7 @@ class CacheOps:
                 want = disk.image_want(key, end, num, image.grid_thw, self.model.embed_dtype)
                 if disk.store.probe("vision", want.key):
                     images.append(want)
-        return ReadPlan(blocks, self.prefix.block_tokens, self._layers, covered, tuple(images))
+        return ReadPlan(blocks, self.block, self._layers, covered, tuple(images), self._states)
 
     def admit(self, job: Job) -> None:
         """Prefix lookup, then vision lookups for the images the prefix does not cover; where

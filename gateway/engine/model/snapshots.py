@@ -52,3 +52,9 @@ def storable(kv: Sequence[Any], block: int, length: int) -> int:
     while end + block <= length and all(end + block in c.marks for c in states):
         end += block
     return end
+
+
+def state_layers(kv: Sequence[Any]) -> tuple[int, ...]:
+    """Indices of the layers of `kv` (a family's `new_cache()`) that keep recurrent states:
+    their blocks are snapshots, on disk too (`disk/plan.check_block`)."""
+    return tuple(i for i, c in enumerate(kv) if isinstance(c, RowStateCache))
