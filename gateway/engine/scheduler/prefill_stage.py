@@ -97,7 +97,9 @@ class PrefillStage:
             if job.fed == max(job.split, job.cached_tokens)  # images done, no text fed yet
             and job.prompt_len - job.fed <= budget
         ]
-        if len(burst) > 1 and not self._prefiller.exact:  # exact: every prompt in blocks here
+        # exact: every prompt in blocks here; recurrent states: never in the generator's
+        # left-padded prefill (its padding would run through the recurrence)
+        if len(burst) > 1 and not (self._prefiller.exact or self._prefiller.model.state_snapshots):
             for job in burst:
                 prefilling.remove(job)
                 try:

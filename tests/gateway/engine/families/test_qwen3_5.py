@@ -19,6 +19,7 @@ import pytest
 from PIL import Image
 from support import EngineHarness, Run, chat_body, tiny_model
 
+from gateway.config import CacheConfig
 from gateway.engine.families.qwen3_5 import Qwen35
 from tests.gateway.engine.families.common import (
     Request,
@@ -94,3 +95,19 @@ def test_cached_equals_uncached(images: list[Image.Image]) -> None:
 
     talk = functools.partial(_conversation, image=images[0])
     assert_cached_equals_uncached(tiny_model("qwen3_5"), talk, check, max_batch=4)
+
+
+def test_without_the_exact_rule_the_prefix_cache_is_off(images: list[Image.Image]) -> None:
+    """Invariant: with --no-exact-cache no forward ends at a block boundary, so there are no
+    snapshots: the prefix cache is off (the reason in the stats); prompts are prefilled by
+    the engine, never in the generator's left-padded prefill, so batched == alone still."""
+    h = EngineHarness(path=tiny_model("qwen3_5"), max_batch=8, cache=CacheConfig(exact_reuse=False))
+    try:
+        cases = [(QUESTION, 0), ("Hi", 0), (LONG, 0), ("Short?", 1)]
+        requests = [(chat_body(q, images=n, max_tokens=12), images[:n]) for q, n in cases]
+        assert_batched_equals_alone(h, requests)
+        stats = h.engine.cache_stats()
+        assert stats["family"]["prefix_cache"].startswith("off: recurrent-state snapshots")
+        assert stats["prefix"]["hits"] == 0 and stats["prefix"]["blocks"] == 0
+    finally:
+        h.close()
