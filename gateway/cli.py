@@ -37,6 +37,7 @@ MAKE_MODEL_ARCHS = (
     "gemma4",
     "qwen3",
     "qwen3_5",
+    "qwen3_5_moe",
     "llama",
 )
 TEXT_ARCHS = ("qwen3", "llama")

@@ -19,7 +19,7 @@ FAMILIES: dict[str, Family] = {
         mistral3.FAMILY,
         gemma4.FAMILY,
         qwen3.FAMILY,
-        qwen3_5.FAMILY,
+        *qwen3_5.FAMILIES,
         llama.FAMILY,
     )
 }

@@ -1,4 +1,5 @@
-"""Qwen3.5 / Qwen3.6 (`--arch qwen3_5`), loaded by mlx-vlm: shapes, tokenizer and config files.
+"""Qwen3.5 / Qwen3.6 (`--arch qwen3_5`; `qwen3_5_moe` with expert MLPs), loaded by mlx-vlm:
+shapes, tokenizer and config files.
 
 Structure kept from the upstream releases at tiny sizes: a hybrid text tower whose layers
 are gated-delta (linear attention, a fixed-size recurrent state plus a short convolution
@@ -13,6 +14,7 @@ config falls back to the real vocabulary's `<|im_end|>` id (248046).
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +44,20 @@ _TEXT = {
         mrope=[2, 1, 1],
     )
 }
+# qwen3_5_moe: every MLP is 4 routed experts (2 per token) plus a shared expert.
+_MOE = {
+    "tiny": dict(
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        norm_topk_prob=True,
+    )
+}
+_ARCHITECTURES = {
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+}
 _VISION = {
     "tiny": dict(
         depth=2,
@@ -54,7 +70,7 @@ _VISION = {
 }
 
 
-def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
+def write_files(arch: str, out: Path, size: str, dtype: str) -> dict[str, Any]:
     """Tokenizer files, config.json, generation_config.json, preprocessor_config.json."""
     tok = build_tokenizer(qwen3.spec())
     config = {
@@ -74,7 +90,7 @@ def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
         "unk_token": None,
     }
     write_tokenizer_files(out, tok, config, named, template.TEMPLATE, vocab_merges=True)
-    model = model_config(size, dtype, tok.token_to_id)
+    model = model_config(arch, size, dtype, tok.token_to_id)
     dump_json(out / "config.json", model)
     endoftext, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
     generation = {
@@ -89,13 +105,17 @@ def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
     return model
 
 
-def model_config(size: str, dtype: str, tid: Any) -> dict[str, Any]:
-    """config.json in the upstream nested layout (`text_config`, `vision_config`)."""
+def model_config(arch: str, size: str, dtype: str, tid: Any) -> dict[str, Any]:
+    """config.json in the upstream nested layout (`text_config`, `vision_config`); the MoE
+    arch's MLPs are routed experts plus a shared expert."""
     t = dict(_TEXT[size])
     mrope = t.pop("mrope")
+    if arch == "qwen3_5_moe":
+        del t["intermediate_size"]
+        t.update(_MOE[size])
     text = {
         **t,
-        "model_type": "qwen3_5_text",
+        "model_type": f"{arch}_text",
         "vocab_size": qwen3.VOCAB_SIZE,
         "hidden_act": "silu",
         "rms_norm_eps": 1e-6,
@@ -117,7 +137,7 @@ def model_config(size: str, dtype: str, tid: Any) -> dict[str, Any]:
     }
     vision = {
         **_VISION[size],
-        "model_type": "qwen3_5",
+        "model_type": arch,
         "in_channels": 3,
         "spatial_merge_size": 2,
         "temporal_patch_size": 2,
@@ -127,8 +147,8 @@ def model_config(size: str, dtype: str, tid: Any) -> dict[str, Any]:
         "initializer_range": 0.02,
     }
     return {
-        "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "model_type": "qwen3_5",
+        "architectures": [_ARCHITECTURES[arch]],
+        "model_type": arch,
         "image_token_id": tid("<|image_pad|>"),
         "video_token_id": tid("<|video_pad|>"),
         "vision_start_token_id": tid("<|vision_start|>"),
@@ -142,4 +162,10 @@ def model_config(size: str, dtype: str, tid: Any) -> dict[str, Any]:
     }
 
 
-FAMILY = Family("qwen3_5", "mlx-vlm", tuple(_TEXT), "Qwen3.5/3.6 hybrid (mlx-vlm)", write_files)
+FAMILIES = tuple(
+    Family(arch, "mlx-vlm", tuple(_TEXT), summary, functools.partial(write_files, arch))
+    for arch, summary in (
+        ("qwen3_5", "Qwen3.5/3.6 hybrid (mlx-vlm)"),
+        ("qwen3_5_moe", "Qwen3.5/3.6 hybrid MoE (mlx-vlm)"),
+    )
+)

@@ -1,6 +1,6 @@
-"""Qwen3.5 through the engine (families/qwen3_5.py) on the tiny offline checkpoint (mlx-vlm's
-own model classes: 3 gated-delta layers, then one full-attention layer; the checkpoints' own
-chat template, which opens a `<think>` block).
+"""Qwen3.5 through the engine (families/qwen3_5.py) on the tiny offline checkpoints (mlx-vlm's
+own model classes: 3 gated-delta layers, then one full-attention layer, dense or MoE; the
+checkpoints' own chat template, which opens a `<think>` block).
 
 Pinned at tolerance zero (token ids and logprobs): the engine's greedy answer equals mlx-vlm's
 own `stream_generate` (tests/reference.py, rendered with the template's defaults as the
@@ -42,12 +42,17 @@ def images() -> list[Image.Image]:
     return [first, first.rotate(90)]
 
 
-@pytest.mark.parametrize("weights", ["float32", "bfloat16"])
-def test_greedy_answer_equals_mlx_vlm_generate(weights: str, images: list[Image.Image]) -> None:
+@pytest.mark.parametrize(
+    ("arch", "weights"),
+    [("qwen3_5", "float32"), ("qwen3_5", "bfloat16"), ("qwen3_5_moe", "float32")],
+)
+def test_greedy_answer_equals_mlx_vlm_generate(
+    arch: str, weights: str, images: list[Image.Image]
+) -> None:
     """Invariant: engine == mlx-vlm's generate (prompt ids, answer ids, logprobs) with
     0, 1 and 2 images: block forwards of 64 rows line up with mlx-vlm's chunked gated-delta
-    scan, and the prompt's last token is a one-row step as there."""
-    path = tiny_model("qwen3_5", weights)
+    scan, and the prompt's last token is a one-row step as there (the MoE arch too)."""
+    path = tiny_model(arch, weights)
     h = EngineHarness(path=path, max_batch=4)
     try:
         assert isinstance(h.engine.model, Qwen35)
@@ -60,10 +65,11 @@ def test_greedy_answer_equals_mlx_vlm_generate(weights: str, images: list[Image.
         h.close()
 
 
-def test_batched_equals_alone(images: list[Image.Image]) -> None:
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_batched_equals_alone(arch: str, images: list[Image.Image]) -> None:
     """Invariant: rows decoded together (different prompt lengths: left-padded attention KV
-    beside stacked recurrent states) answer as each does alone."""
-    h = EngineHarness(path=tiny_model("qwen3_5"), max_batch=8)
+    beside stacked recurrent states; routed experts) answer as each does alone."""
+    h = EngineHarness(path=tiny_model(arch), max_batch=8)
     try:
         cases = [(QUESTION, 1), ("Hi", 0), (LONG, 2), ("Short?", 1)]
         requests = [(chat_body(q, images=n, max_tokens=12), images[:n]) for q, n in cases]
