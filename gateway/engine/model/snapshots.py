@@ -7,7 +7,8 @@ the block's end by the prefill forward that ended there (`RowStateCache.mark`): 
 computation an uncached request does at that boundary, so a hit that restores it and
 prefills the rest computes what no cache computes, bit for bit. A hit restores the deepest
 snapshot on its path (its last block's: the exact-reuse rule ends hits at block ends) and the
-KV of every block (`kv.assemble`).
+KV of every block (`kv.assemble`). The prompt's blocks are stored when its prefill ends
+(`Prefiller`), and the marks dropped then: a decoding row holds no snapshot.
 
 Engine thread only.
 """
@@ -58,3 +59,11 @@ def state_layers(kv: Sequence[Any]) -> tuple[int, ...]:
     """Indices of the layers of `kv` (a family's `new_cache()`) that keep recurrent states:
     their blocks are snapshots, on disk too (`disk/plan.check_block`)."""
     return tuple(i for i, c in enumerate(kv) if isinstance(c, RowStateCache))
+
+
+def drop_marks(kv: Sequence[Any]) -> None:
+    """Forget every recurrent layer's marks (once the prompt's blocks are stored, before the
+    row joins the decode batch: a mark holds a whole state, ~49 MiB at real shapes)."""
+    for c in kv:
+        if isinstance(c, RowStateCache):
+            c.marks = {}

@@ -77,12 +77,6 @@ class RowStateCache(ArraysCache):
     def is_trimmable(self) -> bool:
         return False
 
-    def snapshot(self) -> StateArrays:
-        """An independent copy of the state arrays (what a prefix-cache entry keeps)."""
-        if any(c is None for c in self.cache):
-            raise ValueError("no state to snapshot before the first forward")
-        return tuple(mx.contiguous(mx.array(c)) for c in self.cache)
-
     def restore(self, arrays: StateArrays, tokens: int) -> None:
         """Become the state after `tokens` tokens, from a snapshot (arrays shared: a forward
         replaces them, never writes into them)."""
@@ -100,13 +94,13 @@ class RowStateCache(ArraysCache):
 class BatchStateCache(ArraysCache):
     """Several rows' states stacked on axis 0, with each row's `offset` and rope delta as
     Python ints (no device read on `extract`). No left padding: a state has no time axis, so
-    rows of different lengths line up as they are."""
+    rows of different lengths line up as they are. Rows carry no marks (their prompt's
+    blocks were stored before they joined)."""
 
     def __init__(self, size: int = 2) -> None:
         super().__init__(size)
         self.offsets: list[int] = []
         self.row_deltas: list[int] = []
-        self.row_marks: list[dict[int, StateArrays]] = []  # each row's prompt snapshots
 
     @classmethod
     def merge(cls, caches: Sequence[ArraysCache]) -> BatchStateCache:  # type: ignore[override]
@@ -114,7 +108,6 @@ class BatchStateCache(ArraysCache):
         out = cls(n)
         out.offsets = [int(getattr(c, "offset", 0)) for c in caches]
         out.row_deltas = [int(getattr(c, "rope_delta", 0)) for c in caches]
-        out.row_marks = [dict(getattr(c, "marks", {})) for c in caches]
         if any(x is None for c in caches for x in c.cache):
             raise ValueError("a row joined the batch before its prompt filled its state")
         out.cache = [mx.concatenate([c.cache[e] for c in caches]) for e in range(n)]
@@ -137,19 +130,16 @@ class BatchStateCache(ArraysCache):
         super().filter(mx.array(keep, dtype=mx.int32))
         self.offsets = [self.offsets[i] for i in keep]
         self.row_deltas = [self.row_deltas[i] for i in keep]
-        self.row_marks = [self.row_marks[i] for i in keep]
 
     def extend(self, other: BatchStateCache) -> None:  # type: ignore[override]
         super().extend(other)
         self.offsets = self.offsets + other.offsets
         self.row_deltas = self.row_deltas + other.row_deltas
-        self.row_marks = self.row_marks + other.row_marks
 
     def extract(self, idx: int) -> RowStateCache:
         row = RowStateCache(len(self.cache), self.row_deltas[idx])
         row.cache = [mx.contiguous(c[idx : idx + 1]) for c in self.cache]
         row.offset = self.offsets[idx]
-        row.marks = self.row_marks[idx]
         return row
 
     def trim(self, n: int) -> int:
