@@ -4,7 +4,7 @@ checkpoints' own chat template, which opens a `<think>` block).
 
 Pinned at tolerance zero (token ids and logprobs): the engine's greedy answer equals mlx-vlm's
 own `stream_generate` (tests/reference.py, rendered with the template's defaults as the
-gateway renders it) with one image, two images and none, in float32 and bf16, including at
+gateway renders it) with one image, two images and none, in float32, bf16 and 4-bit, including at
 the CPU's default 32-token block (rounded up to the family's 64); batched == alone; cached ==
 uncached across a 5-turn image conversation, whose warm turns restore recurrent-state
 snapshots (in memory here; the disk tier in test_families_disk.py).
@@ -44,7 +44,12 @@ def images() -> list[Image.Image]:
 
 @pytest.mark.parametrize(
     ("arch", "weights"),
-    [("qwen3_5", "float32"), ("qwen3_5", "bfloat16"), ("qwen3_5_moe", "float32")],
+    [
+        ("qwen3_5", "float32"),
+        ("qwen3_5", "bfloat16"),
+        ("qwen3_5", "q4"),
+        ("qwen3_5_moe", "float32"),
+    ],
 )
 def test_greedy_answer_equals_mlx_vlm_generate(
     arch: str, weights: str, images: list[Image.Image]
