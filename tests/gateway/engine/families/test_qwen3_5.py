@@ -21,6 +21,7 @@ from support import EngineHarness, Run, chat_body, tiny_model
 
 from gateway.config import CacheConfig
 from gateway.engine.families.qwen3_5 import Qwen35
+from gateway.metrics import CacheCollector
 from tests.gateway.engine.families.common import (
     Request,
     assert_batched_equals_alone,
@@ -103,6 +104,13 @@ def test_cached_equals_uncached(images: list[Image.Image]) -> None:
         assert stats["snapshot_hits"] == stats["hits"] == len(runs) - 1
         assert stats["snapshots"] == stats["blocks"] > 0
         assert 0 < stats["snapshot_bytes"] < stats["bytes"]
+        families = CacheCollector(cached.engine.cache_stats).collect()
+        exported = {f.name: f.samples[0].value for f in families if "snapshot" in f.name}
+        assert exported == {
+            "vision_gateway_prefix_cache_snapshots": stats["snapshots"],
+            "vision_gateway_prefix_cache_snapshot_bytes": stats["snapshot_bytes"],
+            "vision_gateway_prefix_cache_snapshot_hits": stats["snapshot_hits"],
+        }
 
     talk = functools.partial(_conversation, image=images[0])
     assert_cached_equals_uncached(tiny_model("qwen3_5"), talk, check, max_batch=4)
