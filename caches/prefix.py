@@ -53,6 +53,7 @@ class PrefixHit:
     blocks: tuple[Any, ...]
     tokens: int
     rope_delta: int
+    snapshot: bool = False  # its last block carries a state snapshot (hybrid models)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,11 @@ class PrefixStats(LRUStats):
     stored_tokens: int
     unique_tokens: int
     sharing_ratio: float
+    # Hybrid models (recurrent layers): blocks holding a state snapshot at their end, the
+    # bytes of those snapshots (part of `bytes`), and hits restored from one.
+    snapshots: int = 0
+    snapshot_bytes: int = 0
+    snapshot_hits: int = 0
 
 
 def _leave_one(tokens: int, n: int, spans: Sequence[ImageSpan]) -> int:
@@ -107,7 +113,7 @@ class PrefixCache:
         self._block = self._check_block(block_tokens)
         self._tree = BlockTree(max(capacity_bytes, 1), clock, edge_tenant, tenant_share)
         self._tenants = TenantCounters()
-        self._hits = self._misses = self._rejected = 0
+        self._hits = self._misses = self._rejected = self._snapshot_hits = 0
         self._tokens_queried = self._tokens_hit = 0
 
     @staticmethod
@@ -157,6 +163,7 @@ class PrefixCache:
             else:
                 self._hits += 1
                 self._tokens_hit += hit.tokens
+                self._snapshot_hits += hit.snapshot
             got = hit.tokens if hit is not None else 0
             self._tenants.count(tenant_of(scope), hit is not None, n, got)
             return hit
@@ -234,7 +241,8 @@ class PrefixCache:
             self._tree.touch(path, hit=True)
         last = path[-1].block
         assert last is not None
-        return PrefixHit(tuple(node.block.value for node in path), tokens, last.rope_delta)  # type: ignore[union-attr]
+        values = tuple(node.block.value for node in path)  # type: ignore[union-attr]
+        return PrefixHit(values, tokens, last.rope_delta, last.snapshot_nbytes > 0)
 
     def store(
         self,
@@ -359,6 +367,9 @@ class PrefixCache:
                 stored_tokens=t.ref_sum * b,
                 unique_tokens=t.nodes * b,
                 sharing_ratio=t.ref_sum / t.nodes if t.nodes else 0.0,
+                snapshots=t.snapshots,
+                snapshot_bytes=t.snapshot_bytes,
+                snapshot_hits=self._snapshot_hits,
             )
 
 

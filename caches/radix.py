@@ -32,12 +32,14 @@ Edge = tuple[Any, ...]
 class Block:
     """One block's value (opaque), its bytes against the budget, the rope delta of text right
     after it (that of the images wholly before its end) and the content hashes of the images
-    that start inside it (for the entries report)."""
+    that start inside it (for the entries report). `snapshot_nbytes`: the part of `nbytes`
+    that is a hybrid model's recurrent-state snapshot at the block's end (0: KV only)."""
 
     value: Any
     nbytes: int
     rope_delta: int = 0
     images: tuple[str, ...] = ()
+    snapshot_nbytes: int = 0
 
 
 class Node:
@@ -106,6 +108,7 @@ class BlockTree:
         self.bytes = 0
         self.nodes = 0
         self.shared = 0  # nodes with refs >= 2
+        self.snapshots = self.snapshot_bytes = 0  # blocks carrying a state snapshot, bytes
         self.ref_sum = 0  # sum of refs over nodes == blocks the entries stand for
         self.inserted = self.evicted = 0
         self._ticks = itertools.count(1)
@@ -187,6 +190,8 @@ class BlockTree:
     def _add(self, parent: Node, edge: Edge, block: Block, owner: str) -> Node:
         node = Node(edge, block, parent, self._clock(), owner)
         self.owner_bytes[owner] = self.owner_bytes.get(owner, 0) + block.nbytes
+        self.snapshot_bytes += block.snapshot_nbytes
+        self.snapshots += block.snapshot_nbytes > 0
         new_entry = parent is self.root or bool(parent.children)  # else it extends a leaf
         parent.children[edge] = node
         node.refs = 1
@@ -247,6 +252,9 @@ class BlockTree:
         self.ref_sum -= node.refs
         nbytes = node.block.nbytes if node.block is not None else 0
         self.bytes -= nbytes
+        if node.block is not None and node.block.snapshot_nbytes:
+            self.snapshot_bytes -= node.block.snapshot_nbytes
+            self.snapshots -= 1
         self.owner_bytes[node.owner] -= nbytes
         if parent is self.root:
             return
@@ -263,3 +271,4 @@ class BlockTree:
         self._heap.clear()
         self.owner_bytes.clear()
         self.bytes = self.nodes = self.shared = self.ref_sum = 0
+        self.snapshots = self.snapshot_bytes = 0

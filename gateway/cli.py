@@ -36,6 +36,8 @@ MAKE_MODEL_ARCHS = (
     "mistral3",
     "gemma4",
     "qwen3",
+    "qwen3_5",
+    "qwen3_5_moe",
     "llama",
 )
 TEXT_ARCHS = ("qwen3", "llama")

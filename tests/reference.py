@@ -142,12 +142,15 @@ def _vision_generate(
     images: list[Any],
     max_tokens: int,
     single_bos: bool,
+    template_kwargs: dict[str, Any],
 ) -> ReferenceOutput:
     import mlx_vlm
     from mlx_vlm.generate.dispatch import _prepare_generation_inputs
     from mlx_vlm.prompt_utils import apply_chat_template
 
-    prompt = apply_chat_template(processor, model.config, messages, num_images=len(images))
+    prompt = apply_chat_template(
+        processor, model.config, messages, num_images=len(images), **template_kwargs
+    )
     # The inputs stream_generate prepares for itself (the same call, made here), handed back to
     # it as caller-prepared tensors: the one way to correct the duplicated BOS.
     input_ids, pixel_values, mask, extra = _prepare_generation_inputs(
@@ -196,13 +199,17 @@ def reference_generate(
     images: Sequence[ImageLike] = (),
     max_tokens: int = 16,
     single_bos: bool = True,
+    template_kwargs: dict[str, Any] | None = None,
 ) -> ReferenceOutput:
     """The reference library's greedy answer to `messages` (OpenAI-style dicts; image parts
     as {"type": "image"}) with `images` (paths or PIL images, in prompt order).
 
     `single_bos`: run a vision checkpoint on its prompt with one leading BOS (see the module
     docstring); False: exactly as mlx-vlm would. Raises ValueError for images sent to a text
-    checkpoint or a max_tokens below 1.
+    checkpoint or a max_tokens below 1. `template_kwargs`: extra chat-template variables for
+    a vision checkpoint (mlx-vlm renders with `enable_thinking=False` unless told otherwise;
+    the gateway renders the template's defaults, so a thinking template's test passes
+    `{"enable_thinking": True}`).
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -212,4 +219,5 @@ def reference_generate(
             raise ValueError(f"{model_dir} is a text model: it takes no images")
         return _text_generate(model, processor, messages, max_tokens)
     loaded = [str(i) if isinstance(i, Path) else i for i in images]
-    return _vision_generate(model, processor, messages, loaded, max_tokens, single_bos)
+    kwargs = dict(template_kwargs or {})
+    return _vision_generate(model, processor, messages, loaded, max_tokens, single_bos, kwargs)

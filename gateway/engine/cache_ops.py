@@ -36,6 +36,7 @@ from gateway.engine.disk.reader import Prefetch, Prefetched
 from gateway.engine.disk.tier import DiskTier, open_disk_tier
 from gateway.engine.families.family import ModelFamily
 from gateway.engine.model.kv import assemble
+from gateway.engine.model.snapshots import layer_block, snapshot_nbytes, state_layers, storable
 from gateway.engine.scheduler.job import Job
 
 log = logging.getLogger(__name__)
@@ -75,8 +76,11 @@ class CacheOps:
         self.prefix = prefix
         self._align = max(exact_block, 1)
         self._dtype = str(model.embed_dtype).replace("mlx.core.", "")
-        self._layers = len(model.new_cache())
-        self._prefix_on = model.cache_policy.prefix_off is None
+        layers = model.new_cache()
+        self._layers, self._states = len(layers), state_layers(layers)
+        # (state snapshots exist only at the exact-reuse rule's block ends: off without it)
+        on = model.cache_policy.prefix_off is None
+        self._prefix_on = on and (exact_block > 0 or not model.state_snapshots)
         self._vision_on = model.cache_policy.vision_off is None
 
     @property
@@ -178,7 +182,7 @@ class CacheOps:
                 want = disk.image_want(key, end, num, image.grid_thw, self.model.embed_dtype)
                 if disk.store.probe("vision", want.key):
                     images.append(want)
-        return ReadPlan(blocks, self.prefix.block_tokens, self._layers, covered, tuple(images))
+        return ReadPlan(blocks, self.block, self._layers, covered, tuple(images), self._states)
 
     def admit(self, job: Job) -> None:
         """Prefix lookup, then vision lookups for the images the prefix does not cover; where
@@ -319,19 +323,16 @@ class CacheOps:
             if self.model.last_token_apart and self.exact_block:  # a one-row step's KV
                 length = min(length, job.prompt_len - 1)
             block, new = self.prefix.block_tokens, []
+            length = storable(kv, block, length)  # hybrid: blocks with state snapshots only
             made: list[tuple[int, Block]] = []
 
             def make(k: int) -> Block:
                 lo, hi = k * block, (k + 1) * block
-                # A contiguous copy: a lazy slice would keep its whole source buffer (a
-                # batch's KV, every row) alive for as long as the block lives, unaccounted.
-                arrays = BlockLayers(
-                    (mx.contiguous(c.keys[..., lo:hi, :]), mx.contiguous(c.values[..., lo:hi, :]))
-                    for c in kv
-                )
+                arrays = BlockLayers(layer_block(c, lo, hi) for c in kv)  # (snapshots.py)
                 new.append(arrays)
                 nbytes = sum(k_.nbytes + v_.nbytes for k_, v_ in arrays)
-                made.append((k, Block(arrays, nbytes, delta_before(layouts, hi))))
+                delta, states = delta_before(layouts, hi), snapshot_nbytes(arrays, kv)
+                made.append((k, Block(arrays, nbytes, delta, snapshot_nbytes=states)))
                 return made[-1][1]
 
             spans = self.spans(job)

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from . import gemma3, gemma4, llama, mistral3, qwen3, qwen_vl, smolvlm
+from . import gemma3, gemma4, llama, mistral3, qwen3, qwen3_5, qwen_vl, smolvlm
 from .family import Family
 from .shapes import DEFAULT_DTYPE, DTYPES
 
@@ -19,6 +19,7 @@ FAMILIES: dict[str, Family] = {
         mistral3.FAMILY,
         gemma4.FAMILY,
         qwen3.FAMILY,
+        *qwen3_5.FAMILIES,
         llama.FAMILY,
     )
 }

@@ -343,3 +343,24 @@ def test_a_tenant_at_its_share_evicts_its_own_blocks_not_others() -> None:
     assert cache.stored_blocks(*shared) == 2
     (ids, spans), alice = _scoped("alice", P(*range(90, 99)))
     assert cache.stored_blocks(ids, spans, scope=alice) == 2  # the newest stayed
+
+
+def test_snapshot_blocks_are_counted_in_bytes_stats_and_hits() -> None:
+    """Invariant: a block's state snapshot (hybrid models) is part of its bytes against the
+    budget; stats count blocks holding one, their bytes and hits whose last block holds one
+    (the snapshot a hit restores); eviction takes them out of the counts."""
+    cache = PrefixCache(capacity_bytes=60, block_tokens=B)
+    first = P(*range(9))  # two whole blocks
+    cache.store(*first, lambda k: Block(("s", k), 30, snapshot_nbytes=20))
+    hit = cache.lookup(*first, align=B)
+    assert hit is not None and hit.snapshot and hit.tokens == 2 * B
+    stats = cache.stats()
+    assert (stats.snapshots, stats.snapshot_bytes, stats.snapshot_hits) == (2, 40, 1)
+    assert stats.bytes == 60
+    other = P(*range(100, 109))  # 60 bytes more than the budget: the first entry goes
+    cache.store(*other, lambda k: Block(("kv", k), 30))
+    stats = cache.stats()
+    assert (stats.snapshots, stats.snapshot_bytes, stats.bytes) == (0, 0, 60)
+    hit = cache.lookup(*other, align=B)
+    assert hit is not None and not hit.snapshot
+    assert cache.stats().snapshot_hits == 1

@@ -138,4 +138,4 @@ def to_block(read: ReadBlock) -> Block:
     """A checked block's tensors copied into new MLX arrays (engine thread)."""
     value = BlockLayers((to_array(k, None), to_array(v, None)) for k, v in read.layers)
     value.disk_key = read.key
-    return Block(value, read.nbytes, read.rope_delta, read.images)
+    return Block(value, read.nbytes, read.rope_delta, read.images, read.snapshot_nbytes)

@@ -56,6 +56,7 @@ class ReadPlan:
     layers: int
     covered: int
     images: tuple[ImageWant, ...]
+    state_layers: tuple[int, ...] = ()  # layers whose blocks are state snapshots (hybrid)
 
     def __bool__(self) -> bool:
         return bool(self.blocks or self.images)
@@ -78,6 +79,7 @@ class ReadBlock:
     nbytes: int
     rope_delta: int
     images: tuple[str, ...]
+    snapshot_nbytes: int = 0  # the recurrent layers' snapshot share of `nbytes`
 
 
 @dataclass(frozen=True)
@@ -93,11 +95,12 @@ class ReadFeatures:
 
 def check_block(
     want: BlockWant, block: int, layers: int, meta: Mapping[str, str],
-    tensors: Mapping[str, RawTensor],
+    tensors: Mapping[str, RawTensor], state_layers: tuple[int, ...] = (),
 ) -> ReadBlock:  # fmt: skip
     """The block as the request wants it, or ValueError/KeyError/TypeError/RecursionError
     where the file disagrees (the metadata is not covered by the checksum). Its dtype is
-    fixed by the namespace: the model and its embeddings' dtype."""
+    fixed by the namespace: the model and its embeddings' dtype. A layer of `state_layers`
+    holds one row's state snapshot (two arrays of one row each) instead of KV rows."""
     k = want.index
     if int(meta["block_index"]) != k or int(meta["block_tokens"]) != block:
         raise ValueError(f"block {meta['block_index']} of {meta['block_tokens']}, expected {k}")
@@ -107,17 +110,21 @@ def check_block(
         raise ValueError(f"rope delta {meta['rope_delta']}, expected {want.rope_delta}")
     if set(tensors) != {f"{kv}.{i}" for kv in "kv" for i in range(layers)}:
         raise ValueError(f"{len(tensors)} tensors for {layers} layers")
-    pairs, nbytes = [], 0
+    pairs, nbytes, states = [], 0, 0
     for i in range(layers):
         kk, vv = tensors[f"k.{i}"], tensors[f"v.{i}"]
-        if len(kk.shape) != 4 or kk.shape[2] != block or vv.shape[2] != block:
+        if i in state_layers:
+            if kk.shape[:1] != (1,) or vv.shape[:1] != (1,):
+                raise ValueError(f"layer {i}: snapshot shapes {kk.shape} {vv.shape}")
+            states += kk.nbytes + vv.nbytes
+        elif len(kk.shape) != 4 or kk.shape[2] != block or vv.shape[2] != block:
             raise ValueError(f"layer {i}: shapes {kk.shape} {vv.shape}")
         pairs.append((kk, vv))
         nbytes += kk.nbytes + vv.nbytes
     images = json.loads(meta["images"])
     if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
         raise ValueError(f"images {meta['images'][:100]!r}: not a list of content hashes")
-    return ReadBlock(k, want.key, tuple(pairs), nbytes, want.rope_delta, tuple(images))
+    return ReadBlock(k, want.key, tuple(pairs), nbytes, want.rope_delta, tuple(images), states)
 
 
 def check_features(

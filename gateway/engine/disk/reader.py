@@ -150,7 +150,8 @@ class DiskReader:
             if entry is None:
                 break
             try:
-                found.blocks.append(check_block(want, plan.block_tokens, plan.layers, *entry))
+                args = (plan.block_tokens, plan.layers, *entry, plan.state_layers)
+                found.blocks.append(check_block(want, *args))
             except _FIT_ERRORS as exc:
                 self.store.discard("prefix", want.key, f"does not fit the request: {exc}")
                 break

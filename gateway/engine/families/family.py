@@ -30,10 +30,12 @@ What the engine assumes of every family (read these before adding one):
   `window_kv.WindowKVCache` for a sliding-window layer) per layer; a prefix hit fills the
   family's own `new_cache()`. The prefix cache stores and restores plain KV blocks and the
   decode batch merges and filters them; a family whose layers keep anything else (a ring
-  buffer that wraps, a recurrent or convolution state, KV shared across layers) cannot be
-  trimmed back to a block boundary: it must store exact snapshots at block boundaries
-  instead (future work: not supported by the engine yet) or turn the prefix cache off
-  through `cache_policy` (the reason shows in /v1/cache/stats).
+  buffer that wraps, KV shared across layers) cannot be trimmed back to a block boundary
+  and turns the prefix cache off through `cache_policy` (the reason shows in
+  /v1/cache/stats). A recurrent (or convolution) state layer keeps a
+  `state_cache.RowStateCache` instead: the family marks its state after every prompt
+  forward, and the prefix cache stores that snapshot at each block's end next to the KV
+  layers' blocks (`state_snapshots`; `engine/model/snapshots.py`).
 - Cache keys: a vision-cache entry is keyed by (`fingerprint`, `processor_fingerprint`,
   KV dtype, pixel hash); `processor_fingerprint` must cover every processor setting that
   changes pixels or token count (resize, tiling, token budget). The prefix cache's key is the
@@ -121,6 +123,13 @@ class ModelFamily(ABC):
     # ring order), so its KV is not what a block forward gives it: the prefix cache never
     # stores the prompt's last token (a longer prompt computes it in a block).
     last_token_apart: ClassVar[bool] = False
+    # Exact-reuse blocks are rounded up to a multiple of this many tokens, so that each
+    # block forward covers whole chunks of a layer that computes in fixed chunks (Qwen3.5's
+    # chunked gated-delta scan: 64) and equals the reference's one-pass prefill.
+    block_multiple: ClassVar[int] = 1
+    # True: some layers keep a recurrent state (`RowStateCache`), reused through snapshots at
+    # block ends, which exist only under the exact-reuse rule (else the prefix cache is off).
+    state_snapshots: ClassVar[bool] = False
 
     @property
     def arch(self) -> str:

@@ -15,7 +15,7 @@ caches and batch generator do not handle Qwen-VL image reuse).
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import mlx.core as mx
 import numpy as np
@@ -69,6 +69,7 @@ class QwenVL(ModelFamily):
 
     family = "qwen_vl"
     media = frozenset({"image", "video"})
+    MODEL_TYPES: ClassVar[tuple[str, ...]] = MODEL_TYPES  # a subclass serves its own
 
     def __init__(self, path: str, lazy: bool = False) -> None:
         """`lazy`: leave the weights unread (a prompt-side copy in a process that never runs
@@ -79,8 +80,8 @@ class QwenVL(ModelFamily):
         self.model, self.processor = load(path, lazy=lazy)
         config = self.model.config
         self.model_type: str = config.model_type
-        if self.model_type not in MODEL_TYPES:
-            raise ValueError(f"not a Qwen-VL checkpoint: model type {self.model_type!r}")
+        if self.model_type not in self.MODEL_TYPES:
+            raise ValueError(f"not a {self.family} checkpoint: model type {self.model_type!r}")
         tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self.image_processor = self.processor.image_processor
         self.merge_size: int = config.vision_config.spatial_merge_size

@@ -20,6 +20,8 @@ from gateway.engine.families.gemma4 import MODEL_TYPES as GEMMA4_TYPES
 from gateway.engine.families.gemma4 import Gemma4
 from gateway.engine.families.mistral3 import MODEL_TYPES as MISTRAL3_TYPES
 from gateway.engine.families.mistral3 import Mistral3
+from gateway.engine.families.qwen3_5 import MODEL_TYPES as QWEN3_5_TYPES
+from gateway.engine.families.qwen3_5 import Qwen35
 from gateway.engine.families.qwen_vl import MODEL_TYPES as QWEN_VL_TYPES
 from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.families.smolvlm import MODEL_TYPES as SMOLVLM_TYPES
@@ -32,6 +34,7 @@ FAMILIES.update({t: Mistral3 for t in MISTRAL3_TYPES})
 FAMILIES.update({t: SmolVLM for t in SMOLVLM_TYPES})
 FAMILIES.update({t: Gemma3 for t in GEMMA3_TYPES})
 FAMILIES.update({t: Gemma4 for t in GEMMA4_TYPES})
+FAMILIES.update({t: Qwen35 for t in QWEN3_5_TYPES})
 TEXT_EXAMPLES = ("qwen3", "llama")  # what docs and errors name; any mlx-lm text model loads
 _VISION_KEYS = ("vision_config", "vision_tower", "image_token_id", "image_token_index")
 

@@ -158,13 +158,18 @@ def assemble(
     out = []
     layers = empty if empty is not None else [RowKVCache(rope_delta) for _ in hit.blocks[0]]
     for layer, cache in zip(zip(*hit.blocks), layers, strict=True):
+        restore = getattr(cache, "restore_blocks", None)  # a recurrent layer's snapshots
+        if restore is not None:
+            restore(layer, hit.tokens)
+            out.append(cache)
+            continue
         keys = _join([k for k, _ in layer], hit.tokens, room)
         values = _join([v for _, v in layer], hit.tokens, room)
         cache.keys, cache.values = keys, values
         cache.rope_delta = rope_delta
         cache.offset = hit.tokens
         out.append(cache)
-    mx.eval([c.keys for c in out], [c.values for c in out])
+    mx.eval([c.state for c in out])
     return out
 
 

@@ -29,6 +29,10 @@ from gateway.engine.scheduler.group_check import towers_group_exactly
 from gateway.engine.scheduler.prefill import Prefiller
 from gateway.engine.tokens.grammar import Grammars
 
+SNAPSHOTS_NEED_EXACT = (
+    "recurrent-state snapshots exist only at the exact-reuse rule's block ends (--no-exact-cache)"
+)
+
 
 @dataclass(frozen=True)
 class Loaded:
@@ -57,6 +61,7 @@ class Loaded:
         model = loader()
         on_gpu = mx.default_device().type == mx.DeviceType.gpu
         block = config.cache.exact_block_tokens(on_gpu)  # 0: exact reuse off
+        block = -(-block // model.block_multiple) * model.block_multiple  # family's chunks
         cache_ops = CacheOps(model, vision, prefix, block)
         # The disk tier stays off through the warm-up (activated by its reset_caches).
         cache_ops.open_disk(config.cache, active=not config.warmup)
@@ -78,11 +83,14 @@ class Loaded:
         """The compiled grammars' and the disk tier's counters, and the model family with
         the caches it turned off and why and whether images share tower calls, JSON-able
         (any thread)."""
+        off = {}
+        if self.model.state_snapshots and not self.prefiller.exact:
+            off["prefix_cache"] = f"off: {SNAPSHOTS_NEED_EXACT}"
         return {
             "grammar": self.grammars.stats(),
             "disk": self.cache_ops.disk_stats(),
             # vision_groups: whether images of several requests share a tower call here
-            "family": {**self.model.describe(), "vision_groups": self.group_images},
+            "family": {**self.model.describe(), "vision_groups": self.group_images, **off},
         }
 
     def clear_caches(self) -> None:

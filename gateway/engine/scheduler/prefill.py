@@ -41,6 +41,7 @@ from gateway.engine.cache_ops import CacheOps
 from gateway.engine.families.family import ModelFamily
 from gateway.engine.model.positions import rope_delta_at
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan, text_offset
+from gateway.engine.model.snapshots import drop_marks
 from gateway.engine.scheduler.job import Job
 from gateway.engine.tokens.penalties import shape_first
 
@@ -219,6 +220,9 @@ class Prefiller:
         delta = rope_delta_at([i.layout for i in job.request.images], job.prompt_len)
         for layer in job.cache or []:
             layer.rope_delta = delta
+        if self.model.state_snapshots:  # store the prompt's blocks now: a decoding row keeps
+            self.cache_ops.store_image_part(job)  # no snapshot marks (engine/model/snapshots)
+            drop_marks(job.cache or [])
         last = self.model.logits(last_hidden)[:, -1, :]
         last = shape_first(last, job.shaping, self.model.eos_token_ids)
         logprobs = last - mx.logsumexp(last, axis=-1, keepdims=True)

@@ -106,7 +106,9 @@ class PrefillStage:
             and job.shaping is None
             and job.rows == 1
         ]
-        if len(burst) > 1 and not self._prefiller.exact:  # exact: every prompt in blocks here
+        # exact: every prompt in blocks here; recurrent states: never in the generator's
+        # left-padded prefill (its padding would run through the recurrence)
+        if len(burst) > 1 and not (self._prefiller.exact or self._prefiller.model.state_snapshots):
             for job in burst:
                 prefilling.remove(job)
                 try:

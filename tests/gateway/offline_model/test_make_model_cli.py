@@ -16,7 +16,7 @@ import pytest  # noqa: E402
 from gateway import cli  # noqa: E402
 from gateway import offline_model as om  # noqa: E402
 
-NEW_ARCHS = ("gemma3", "smolvlm", "mistral3", "gemma4", "qwen3", "llama")
+NEW_ARCHS = ("gemma3", "smolvlm", "mistral3", "gemma4", "qwen3", "qwen3_5", "llama")
 
 
 def test_arch_choices_are_the_builders_families() -> None:

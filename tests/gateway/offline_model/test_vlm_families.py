@@ -90,6 +90,18 @@ EXPECT: dict[str, dict[str, Any]] = {
         prompt="<bos><|turn>user\n\n\n<|image|>\n\nWhat is in this picture?<turn|>\n"
         "<|turn>model\n<|channel>thought\n<channel|>",
     ),
+    "qwen3_5": dict(
+        processor="Qwen3VLProcessor",
+        tokenizer="Qwen3_5Tokenizer",
+        image_token="<|image_pad|>",
+        tokens_448=196,  # 14 x 14 merged 32 px patches
+        tokens_56=4,  # 64 x 64 px after the resize to whole merged patches
+        tokens_wide=220,  # 640 x 352 px: 20 x 11
+        caches=["ArraysCache"] * 3 + ["KVCache"],  # 3 gated-delta : 1 full attention
+        # mlx-vlm renders with enable_thinking=False: the template closes the think block
+        prompt="<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is in this "
+        "picture?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    ),
 }
 ARCHS = tuple(EXPECT)
 
@@ -197,6 +209,7 @@ SPANS = {
     "mistral3": [*(["[IMG]"] * 8 + ["[IMG_BREAK]"]) * 7, *["[IMG]"] * 8, "[IMG_END]"],
     "smolvlm": _smolvlm_span(3, 3),
     "gemma4": ["<|image>", *["<|image|>"] * 64, "<image|>"],
+    "qwen3_5": ["<|vision_start|>", *["<|image_pad|>"] * 196, "<|vision_end|>"],
 }
 
 

@@ -255,3 +255,21 @@ def test_the_checks_refuse_what_does_not_fit() -> None:
     ]:
         with pytest.raises(ValueError):
             check_features(_image(3), wrong_meta, wrong_tensors)
+
+
+def test_a_state_layer_holds_a_snapshot_not_kv_rows() -> None:
+    """Invariant: for the layers the model says keep recurrent states (`state_layers`) a
+    block file holds one row's snapshot (any trailing shape), counted as snapshot bytes; the
+    same tensors at a KV layer, or a snapshot of two rows, do not fit."""
+    kv_tensor = RawTensor("F32", (1, 1, BLOCK, 2), bytes(32))
+    snapshot = RawTensor("F32", (1, 3, 5), bytes(60))
+    tensors = {"k.0": snapshot, "v.0": snapshot, "k.1": kv_tensor, "v.1": kv_tensor}
+    meta = {"block_index": "1", "block_tokens": str(BLOCK), "rope_delta": "-1",
+            "images": "[]", "token_key": json.dumps(list(_items(1)))}  # fmt: skip
+    read = check_block(_want(1), BLOCK, LAYERS, meta, tensors, state_layers=(0,))
+    assert (read.nbytes, read.snapshot_nbytes) == (2 * 60 + 2 * 32, 2 * 60)
+    with pytest.raises(ValueError):
+        check_block(_want(1), BLOCK, LAYERS, meta, tensors)  # layer 0 read as KV
+    two_rows = {**tensors, "k.0": RawTensor("F32", (2, 3, 5), bytes(120))}
+    with pytest.raises(ValueError):
+        check_block(_want(1), BLOCK, LAYERS, meta, two_rows, state_layers=(0,))

@@ -56,11 +56,14 @@ def assert_reference_answer(
     body: dict,
     images: Sequence[Image.Image],
     messages: list[dict],
+    template_kwargs: dict | None = None,
 ) -> Run:
     """Invariant: the engine's greedy answer to `body` equals the reference library's own
-    generate on `messages` (tests/reference.py): prompt ids, token ids, logprobs. Returns
-    the engine's run."""
-    ref = reference_generate(model_dir, messages, images, max_tokens=body["max_tokens"])
+    generate on `messages` (tests/reference.py; `template_kwargs` to its chat template):
+    prompt ids, token ids, logprobs. Returns the engine's run."""
+    ref = reference_generate(
+        model_dir, messages, images, max_tokens=body["max_tokens"], template_kwargs=template_kwargs
+    )
     assert list(engine_request(h, body, images).prompt_ids) == list(ref.prompt_ids)
     run = h.run(body, images)
     assert run.token_ids == list(ref.token_ids)

@@ -32,7 +32,8 @@ class Family:
     `media`: what /v1/models says; `image`: the image every question is about (None: a text
     model, asked in text only); `serve`: extra serve flags; `block`: exact-reuse block
     tokens (`--kv-block-tokens`, 32 by default); `refuses`: a media kind answered with 400;
-    `vision_cache`: its state in /v1/cache/stats (the prefix cache is on for all).
+    `vision_cache`: its state in /v1/cache/stats (the prefix cache is on for all);
+    `template`: variables the reference renders its chat template with.
     """
 
     arch: str
@@ -43,6 +44,9 @@ class Family:
     block: int
     refuses: str
     vision_cache: str = "on"
+    # chat-template variables the reference must render with to see the gateway's prompt
+    # (mlx-vlm renders thinking templates with thinking off; the gateway, their defaults)
+    template: tuple[tuple[str, object], ...] = ()
 
 
 FAMILIES = [
@@ -70,6 +74,18 @@ FAMILIES = [
         ("--no-warmup", "--kv-block-tokens", "8"),
         8,
         "video",
+    ),
+    # 448 x 448 -> 196 image tokens; hybrid: 3 recurrent layers per attention layer, prefix
+    # reuse by state snapshots at 64-token block ends; its template opens a think block.
+    Family(
+        "qwen3_5",
+        "qwen3_5",
+        ("image",),
+        _shapes,
+        ("--no-warmup", "--kv-block-tokens", "64"),
+        64,
+        "video",
+        template=(("enable_thinking", True),),
     ),
     # mlx-lm's own classes; Qwen 3's template (thinking) and no media at all.
     Family(

@@ -105,7 +105,8 @@ def test_openai_answer_is_the_references_streamed_and_cached(
     images = [fam.image()] if fam.image else []
     parts = [{"type": "image"}] * len(images) + [{"type": "text", "text": QUESTION}]
     messages = [{"role": "user", "content": parts if images else QUESTION}]
-    ref = reference_generate(tiny_model(fam.arch), messages, images, max_tokens=8)
+    template = dict(fam.template)
+    ref = reference_generate(tiny_model(fam.arch), messages, images, 8, template_kwargs=template)
     logprobs = [t.logprob for t in plain.choices[0].logprobs.content]
     assert logprobs == list(ref.logprobs)
     assert plain.usage.prompt_tokens == len(ref.prompt_ids)
@@ -251,15 +252,16 @@ def test_bench_repeat_image_runs_against_it(
     fam: Family, server: ServerProcess, tmp_path: Path
 ) -> None:
     """Invariant: `python -m bench repeat-image --base-url` completes one 5-turn conversation
-    about a 56 px image against the family (warm turns are cache hits; a smoke test of the
-    bench on the family, not a timing)."""
+    about a 56 px image (224 px where blocks are 64 tokens) against the family (warm turns
+    are cache hits; a smoke test of the bench on the family, not a timing)."""
     if fam.image is None:
         pytest.skip("repeat-image asks about images; a text model takes none")
     from bench.cli import main
 
     out = tmp_path / "repeat.json"
     argv = ["repeat-image", "--base-url", server.base_url, "--model", "test"]
-    main([*argv, "--images", "1", "--image-size", "56", "--max-tokens", "4", "--out", str(out)])
+    size = "56" if fam.block < 64 else "224"  # a prompt of at least one whole block
+    main([*argv, "--images", "1", "--image-size", size, "--max-tokens", "4", "--out", str(out)])
     data = json.loads(out.read_text())
     result = data["results"]["as served"]
     assert [len(result["ttft_ms"][str(turn)]) for turn in range(1, 6)] == [1] * 5

@@ -13,6 +13,7 @@ from support import tiny_model
 
 from gateway.engine.families import UnsupportedModel, load_model
 from gateway.engine.families.gemma3 import Gemma3
+from gateway.engine.families.qwen3_5 import Qwen35
 from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.families.registry import family_for, read_config
 from gateway.engine.families.text import TextModel
@@ -25,6 +26,11 @@ def test_qwen_vl_types_map_to_the_qwen_family(model_type: str) -> None:
 
 def test_gemma3_maps_to_the_gemma3_family() -> None:
     assert family_for({"model_type": "gemma3", "vision_config": {}}) is Gemma3
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5", "qwen3_5_moe"])
+def test_qwen3_5_types_map_to_the_hybrid_family(model_type: str) -> None:
+    assert family_for({"model_type": model_type, "vision_config": {}}) is Qwen35
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "llama", "mistral", "qwen2"])
