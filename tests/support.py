@@ -326,3 +326,33 @@ class ImageServer:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def thinking_model(arch: str = "qwen3") -> Path:
+    """The tiny `arch` checkpoint with Qwen3's Thinking template (the generation prompt opens
+    `<think>\\n`, as Qwen3-*-Thinking-2507 and Qwen3-VL-*-Thinking do): a copy of its files
+    whose weights are a link, built once per session root."""
+    import json
+    import shutil
+
+    from gateway.offline_model.chat_templates.qwen3 import THINKING_TEMPLATE
+
+    source = tiny_model(arch)
+    out = source.parent / f"{source.name}-thinking"
+    if not (out / "config.json").exists():
+        scratch = source.parent / f"{out.name}.{os.getpid()}"
+        scratch.mkdir(parents=True, exist_ok=True)
+        for item in source.iterdir():
+            if item.suffix == ".safetensors":
+                (scratch / item.name).symlink_to(item)
+            elif item.is_file():
+                shutil.copy(item, scratch / item.name)
+        config = json.loads((scratch / "tokenizer_config.json").read_text())
+        config["chat_template"] = THINKING_TEMPLATE
+        (scratch / "tokenizer_config.json").write_text(json.dumps(config))
+        (scratch / "chat_template.jinja").write_text(THINKING_TEMPLATE)
+        try:
+            scratch.rename(out)
+        except OSError:  # another process made it first
+            shutil.rmtree(scratch, ignore_errors=True)
+    return out

@@ -12,6 +12,7 @@ from typing import Any
 
 from gateway.api import fields
 from gateway.api.openai.tools import check_call_ids, parse_tools, tool_calls
+from gateway.api.thinking_fields import effort_switch, message_reasoning, template_kwargs
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, Part, TextPart, VideoPart
 from gateway.structured.response_format import response_format_grammar
@@ -72,6 +73,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
         grammar=response_format_grammar(body.get("response_format")),
         cache_salt=fields.cache_salt(body),
         tools=parse_tools(body),
+        thinking=effort_switch(body.get("reasoning_effort"), "reasoning_effort"),
+        thinking_field="reasoning_effort",
+        template_kwargs=template_kwargs(body),
     )
 
 
@@ -96,7 +100,8 @@ def _messages(raw: Any) -> tuple[ChatMessage, ...]:
         # Images in tool results: the screenshot an agent's tool returns.
         parts = _content(content, f"{where}.content", allow_images=role in ("user", "tool"))
         if role != "tool":
-            out.append(ChatMessage(role, parts, calls))
+            thought = message_reasoning(msg, where) if role == "assistant" else ""
+            out.append(ChatMessage(role, parts, calls, reasoning=thought))
             continue
         call_id = msg.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:

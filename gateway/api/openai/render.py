@@ -76,16 +76,26 @@ async def sse_stream(
         )
 
     def token_chunk(event: TokenEvent) -> str:
-        if not (event.text or event.logprobs):
-            return ""  # held back (a possible stop string, a partial character)
+        thought, logprobs = "", event.logprobs
+        if event.reasoning:  # vLLM's `delta.reasoning_content`; the token's logprobs ride on it
+            delta = {"reasoning_content": event.reasoning}
+            thought = sse_data(chunk_body(request_id, created, model, delta, None, list(logprobs)))
+            logprobs = ()
+        if not (event.text or logprobs):
+            return thought  # held back (a possible stop string, a partial character)
         if splitter is not None:
-            return split_chunks(event.text, list(event.logprobs))
+            return thought + split_chunks(event.text, list(logprobs))
         delta = {"content": event.text}
-        return sse_data(chunk_body(request_id, created, model, delta, None, list(event.logprobs)))
+        return thought + sse_data(
+            chunk_body(request_id, created, model, delta, None, list(logprobs))
+        )
 
     def final_chunks(event: FinishEvent) -> str:
         out = []
         reason: str = event.finish_reason
+        if event.reasoning:
+            delta = {"reasoning_content": event.reasoning}
+            out.append(sse_data(chunk_body(request_id, created, model, delta)))
         if splitter is not None:
             out.append(split_chunks(event.text, [], end=True))
             reason = finish_reason(event, splitter.calls)
@@ -128,19 +138,24 @@ async def collect(
     tool_format: ToolFormat | None = None,
 ) -> dict[str, Any]:
     pieces: list[str] = []
+    thoughts: list[str] = []
     logprobs: list[Any] = []
     while True:
         event = await stream.get()
         if isinstance(event, TokenEvent):
             pieces.append(event.text)
+            thoughts.append(event.reasoning)
             logprobs.extend(event.logprobs)
         elif isinstance(event, FinishEvent):
             pieces.append(event.text)
+            thoughts.append(event.reasoning)
             text = "".join(pieces)
             lps = logprobs if want_logprobs else None
             body = completion_body(
                 request_id, created, model, text, event.finish_reason, event.usage, lps
             )
+            if any(thoughts):  # vLLM's field: the model's thinking, apart from its answer
+                body["choices"][0]["message"]["reasoning_content"] = "".join(thoughts)
             if tool_format is not None:
                 splitter = CallSplitter(tool_format)
                 splitter.feed(text)

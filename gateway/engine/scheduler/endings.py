@@ -76,7 +76,7 @@ class Endings:
             if values is None:
                 values = row_values(logprobs, token, sampling.top_logprobs)
             lps = (job.output.logprob(token, values),)
-        job.sink(TokenEvent(text, (token,), lps))
+        job.sink(TokenEvent(text, (token,), lps, job.output.take_reasoning()))
 
     def finish(self, job: Job, reason: FinishReason | str, kv: object, all_tokens: object) -> None:
         """End the job normally with `reason` (STOP whenever a stop string ended it; mlx-lm's
@@ -95,7 +95,8 @@ class Endings:
             job.vision_hits,
             job.vision_misses,
         )
-        job.sink(FinishEvent(reason, usage, tail, job.output.stopped_by))
+        reasoning = job.output.take_reasoning()
+        job.sink(FinishEvent(reason, usage, tail, job.output.stopped_by, reasoning))
         self._metrics.requests.labels("ok").inc()
         self._metrics.prompt_tokens.inc(job.prompt_len)
         self._metrics.latency.observe(job.elapsed())

@@ -49,6 +49,7 @@ from gateway.engine.scheduler.prefill_stage import PrefillStage
 from gateway.engine.scheduler.step_trace import StepTrace
 from gateway.engine.tokens.output import OutputState
 from gateway.engine.tokens.sampling import make_sampler
+from gateway.engine.tokens.thinking import ThinkingRow, needs_row
 from gateway.metrics import Metrics
 
 log = logging.getLogger("gateway.engine.core")  # the engine's name (see endings.py)
@@ -151,6 +152,10 @@ class Scheduler:
         grammar = None
         if job.grammar is not None:
             grammar = grammars.start(job.grammar.result())  # raises a compile error
+        thinking = job.request.sampling.thinking
+        if needs_row(thinking, grammar is not None):
+            assert thinking is not None
+            grammar = ThinkingRow(thinking, grammar)  # type: ignore[assignment]
         job.sampler = make_sampler(job.request.sampling, grammar, grammars.masker)
         self.loaded.cache_ops.admit(job)
         if self.trace is not None:
