@@ -104,7 +104,8 @@ def reasoning_item(meta: ResponseMeta, status: str, text: str) -> dict[str, Any]
     """The `reasoning` output item: the model's thinking as `reasoning_text` content; with
     `reasoning.summary` asked, the same text as its one summary part (this server has no
     separate summarizer: the summary is the thinking itself)."""
-    summary = [{"type": "summary_text", "text": text}] if meta.request.reasoning_summary else []
+    asked = meta.request.reasoning_summary and text
+    summary = [{"type": "summary_text", "text": text}] if asked else []
     return {
         "type": "reasoning",
         "id": reasoning_id(meta),
