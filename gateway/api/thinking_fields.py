@@ -104,7 +104,10 @@ def responses_reasoning(body: dict[str, Any]) -> tuple[bool | None, str | None]:
         raise invalid(
             "`reasoning.summary` must be 'auto', 'concise' or 'detailed'", "reasoning.summary"
         )
-    return effort_switch(raw.get("effort"), "reasoning.effort"), summary
+    switch = effort_switch(raw.get("effort"), "reasoning.effort")
+    if switch is None and summary is not None:  # a summary of the thinking asks for one
+        switch = True
+    return switch, summary
 
 
 def message_reasoning(msg: dict[str, Any], where: str) -> str:
