@@ -133,6 +133,7 @@ class Usage:
     cached_tokens: int  # prompt tokens whose KV came from the prefix cache
     vision_hits: int = 0
     vision_misses: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens: the thinking's (markers not counted)
 
     @property
     def total_tokens(self) -> int:

@@ -53,6 +53,8 @@ def test_chat_completions_reasoning_content(thinking: LocalServer) -> None:
     message = plain.choices[0].message
     thought = message.reasoning_content  # type: ignore[attr-defined]
     assert thought and "<think>" not in thought and message.content == ""
+    assert plain.usage and plain.usage.completion_tokens_details
+    assert plain.usage.completion_tokens_details.reasoning_tokens == 10  # all of it
     stream = client.chat.completions.create(**kw, stream=True)  # type: ignore[arg-type]
     deltas = [c.choices[0].delta for c in stream if c.choices]
     streamed = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)

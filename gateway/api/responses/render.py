@@ -52,7 +52,7 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
             "images_cached": usage.vision_hits,
         },
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.total_tokens,
     }
 

@@ -94,6 +94,7 @@ class Endings:
             job.cached_tokens,
             job.vision_hits,
             job.vision_misses,
+            job.output.thinking_tokens,
         )
         reasoning = job.output.take_reasoning()
         job.sink(FinishEvent(reason, usage, tail, job.output.stopped_by, reasoning))

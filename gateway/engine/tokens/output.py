@@ -133,6 +133,11 @@ class OutputState:
             self._reasoning += self._think_lead.feed(self._think_detok.flush())
         self._answer_lead = _Lead()
 
+    @property
+    def thinking_tokens(self) -> int:
+        """Tokens of the thinking so far (0 for a model without one)."""
+        return self._phases.thought if self._phases is not None else 0
+
     def take_reasoning(self) -> str:
         """The thinking text produced since the last call ("" for a model without one)."""
         out, self._reasoning = self._reasoning, ""
