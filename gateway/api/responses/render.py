@@ -137,8 +137,8 @@ def response_body(
 ) -> dict[str, Any]:
     """The `response` object. `status`: in_progress, completed, incomplete, cancelled or
     failed; `text` None leaves `output` empty; `calls` follow the message (which, with tools
-    on or a model that thinks, is left out when `text` is only whitespace). `reasoning`:
-    the thinking ("" none; None: the model does not think), a `reasoning` item first."""
+    on, is left out when `text` is only whitespace, and after a thinking when it is empty).
+    `reasoning`: the thinking ("" none; None: the model does not think), an item first."""
     r = meta.request
     item_status = "completed" if status in ("completed", "cancelled") else status
     if status == "failed":
@@ -146,8 +146,8 @@ def response_body(
     output = []
     if reasoning:
         output.append(reasoning_item(meta, "completed" if text else item_status, reasoning))
-    lazy = tools_on(r) or reasoning is not None  # its stream opens the message at its text
-    if text is not None and not (lazy and not text.strip()):
+    blank = tools_on(r) and not text.strip() if text is not None else False
+    if text is not None and not blank and not (reasoning and not text):
         done = "completed" if calls else item_status  # a call after it closed it
         output.append(message_item(meta, done, text, logprobs))
     output += [call_item(c.call, "completed" if c.complete else "incomplete") for c in calls]

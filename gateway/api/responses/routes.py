@@ -183,7 +183,7 @@ class ResponsesAPI:
         # Tools or thinking: items open as the answer's parts come (gateway.api.responses.
         # tool_events), the thinking's `reasoning` item first.
         lazy = outcome.splitter is not None or outcome.thinks
-        tools = ToolEvents(writer) if lazy else None
+        tools = ToolEvents(writer, blank_opens=outcome.splitter is None) if lazy else None
         want_logprobs = run.meta.request.logprobs
         try:
             yield writer.opening() if tools is None else tools.opening()

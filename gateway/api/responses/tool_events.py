@@ -39,8 +39,12 @@ from gateway.tools.spec import ToolCall
 class ToolEvents:
     """Pieces -> events through `writer` (which numbers them)."""
 
-    def __init__(self, writer: EventWriter) -> None:
+    def __init__(self, writer: EventWriter, blank_opens: bool = False) -> None:
         self.writer = writer
+        # Without tools (a thinking model's answer) any text opens the message, as the
+        # plain stream's message holds whitespace too.
+        self.blank_opens = blank_opens
+        self.message_seen = False
         self.meta = writer.meta
         self.index = -1  # the open (or last) item's output_index
         self.message_open = False
@@ -90,6 +94,8 @@ class ToolEvents:
         """The open item's done events (if any) and the terminal event."""
         items = {item["type"]: item for item in final["output"]}
         out = self._close_reasoning(items.get("reasoning"))
+        if "message" in items and not self.message_seen:  # an answer that streamed no text
+            out += self._open_message()
         out += self._close_message(items["message"]) if self.message_open else ""
         terminal = {"incomplete": "response.incomplete", "failed": "response.failed"}.get(
             final["status"], "response.completed"
@@ -132,22 +138,23 @@ class ToolEvents:
         out = ""
         if not self.message_open:
             self.pending += text
-            if not self.pending.strip():
+            if not (self.pending.strip() or self.blank_opens):
                 return ""
             text, self.pending = self.pending, ""
-            out = self._close_reasoning()
-            self.index += 1
-            self.message_open = True
-            item = message_item(self.meta, "in_progress", None, None)
-            out += self.writer.event(
-                "response.output_item.added", output_index=self.index, item=item
-            )
-            out += self.writer.event(
-                "response.content_part.added", **self._at(), part=text_part("", [])
-            )
+            out = self._open_message()
         self.text += text
         delta = {"delta": text, "logprobs": logprob_list(logprobs)}
         return out + self.writer.event("response.output_text.delta", **self._at(), **delta)
+
+    def _open_message(self) -> str:
+        out = self._close_reasoning()
+        self.index += 1
+        self.message_open = self.message_seen = True
+        item = message_item(self.meta, "in_progress", None, None)
+        out += self.writer.event("response.output_item.added", output_index=self.index, item=item)
+        return out + self.writer.event(
+            "response.content_part.added", **self._at(), part=text_part("", [])
+        )
 
     def _close_message(self, item: dict[str, Any]) -> str:
         self.message_open = False

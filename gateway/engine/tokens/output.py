@@ -72,7 +72,8 @@ class _Lead:
         return out
 
     def flush(self) -> str:
-        out, self._held, self.done = self._held, "", True
+        """The end of the channel: text held back as a possible header is text after all."""
+        out, self._held, self.done = self._held.lstrip("\n"), "", True
         return out
 
 
@@ -131,6 +132,7 @@ class OutputState:
     def _end_thinking(self) -> None:
         if self._think_detok is not None:
             self._reasoning += self._think_lead.feed(self._think_detok.flush())
+        self._reasoning += self._think_lead.flush()
         self._answer_lead = _Lead()
 
     @property

@@ -69,8 +69,10 @@ def test_a_header_opens_the_thinking_and_a_cut_thinking_is_flushed() -> None:
     params = ThinkingParams(START, END, header="thought\n")
     text, reasoning = _run(_state(params), [START, *_ids("thought\nsee")])
     assert (text, reasoning) == ("", "see")
-    other, kept = _run(_state(params), [START, *_ids("though it")])
+    _, kept = _run(_state(params), [START, *_ids("though it")])
     assert kept == "though it"  # not the header: kept whole
+    _, cut = _run(_state(params), [START, *_ids("thou"), END])
+    assert cut == "thou"  # held as a possible header, then released when the thinking ends
 
 
 def _row(params: ThinkingParams, inner: GrammarRow | None = None) -> ThinkingRow:
