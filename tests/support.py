@@ -330,12 +330,11 @@ class ImageServer:
 
 def thinking_model(arch: str = "qwen3") -> Path:
     """The tiny `arch` checkpoint with Qwen3's Thinking template (the generation prompt opens
-    `<think>\\n`, as Qwen3-*-Thinking-2507 and Qwen3-VL-*-Thinking do): a copy of its files
+    `<think>\\n`, as Qwen3-*-Thinking-2507 do; `make-model --thinking`): a copy of its files
     whose weights are a link, built once per session root."""
-    import json
     import shutil
 
-    from gateway.offline_model.chat_templates.qwen3 import THINKING_TEMPLATE
+    from gateway.offline_model.qwen3 import use_thinking_template
 
     source = tiny_model(arch)
     out = source.parent / f"{source.name}-thinking"
@@ -347,10 +346,7 @@ def thinking_model(arch: str = "qwen3") -> Path:
                 (scratch / item.name).symlink_to(item)
             elif item.is_file():
                 shutil.copy(item, scratch / item.name)
-        config = json.loads((scratch / "tokenizer_config.json").read_text())
-        config["chat_template"] = THINKING_TEMPLATE
-        (scratch / "tokenizer_config.json").write_text(json.dumps(config))
-        (scratch / "chat_template.jinja").write_text(THINKING_TEMPLATE)
+        use_thinking_template(scratch)
         try:
             scratch.rename(out)
         except OSError:  # another process made it first

@@ -55,7 +55,7 @@ def test_chat_completions_reasoning_content(thinking: LocalServer) -> None:
     assert thought and "<think>" not in thought and message.content == ""
     assert plain.usage and plain.usage.completion_tokens_details
     assert plain.usage.completion_tokens_details.reasoning_tokens == 10  # all of it
-    stream = client.chat.completions.create(**kw, stream=True)  # type: ignore[arg-type]
+    stream = client.chat.completions.create(**kw, reasoning_effort="high", stream=True)  # type: ignore[arg-type]
     deltas = [c.choices[0].delta for c in stream if c.choices]
     streamed = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
     assert streamed == thought
@@ -137,6 +137,14 @@ def test_hybrid_switch_closes_the_thinking(hybrid: LocalServer) -> None:
     assert base.usage and off.usage and none.usage
     assert off.usage.prompt_tokens == none.usage.prompt_tokens == base.usage.prompt_tokens + 4
     assert getattr(off.choices[0].message, "reasoning_content", None) is None
+    for extra in ({"extra_body": {"chat_template_kwargs": {"enable_thinking": False}}},
+                  {"reasoning_effort": "none"}):  # fmt: skip
+        chunks = list(
+            client.chat.completions.create(
+                **kw, **extra, stream=True, stream_options={"include_usage": True}
+            )  # type: ignore[arg-type]
+        )
+        assert chunks[-1].usage and chunks[-1].usage.prompt_tokens == off.usage.prompt_tokens
     with pytest.raises(openai.BadRequestError) as bad:
         client.chat.completions.create(
             **kw, extra_body={"chat_template_kwargs": {"add_generation_prompt": False}}

@@ -102,10 +102,6 @@ class ThinkingRow:
         self._or_start = False  # the last mask lets `start_id` through besides the grammar
 
     @property
-    def grammar(self) -> GrammarRow | None:
-        return self.inner
-
-    @property
     def ready(self) -> bool:
         return self.consumed == self.drawn
 
@@ -123,11 +119,12 @@ class ThinkingRow:
             return None
         if inner is None:
             return None
-        if phases.phase is Phase.START:
-            if not phases.params.grammar_waits:
-                return inner.take_mask(out, eos_row)
-            self._or_start = True
-        return inner.take_mask(out, eos_row)
+        matcher = inner.take_mask(out, eos_row)
+        # Where the answer may still open a thinking, its opening marker is allowed too.
+        self._or_start = (
+            matcher is not None and phases.phase is Phase.START and phases.params.grammar_waits
+        )
+        return matcher
 
     def after_fill(self, out: np.ndarray) -> None:
         """After llguidance wrote the grammar's mask: let the thinking's opening through."""
