@@ -118,8 +118,9 @@ class PromptBuilder:
             tools = [tool.template_dict() for tool in chat.tools.tools]
         # An assistant prefill continues the assistant turn the template just opened.
         kwargs = template_kwargs(chat, self.reasoning)
-        text = self.model.render(template_messages(chat), tools, kwargs) + chat.prefill
+        text = self.model.render(template_messages(chat), tools, kwargs)
         thinking = self.reasoning.params(text, chat) if self.reasoning is not None else None
+        text += chat.prefill
         ids = self.model.tokenize(text)
         grids = [self._grid(index, item) for index, item in enumerate(media)]
         prompt, layouts = self.model.layout_prompt(ids, grids)

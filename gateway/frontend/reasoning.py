@@ -97,24 +97,38 @@ class Reasoning:
             return None
         return cls(fmt, start[0], end[0])
 
-    def params(self, prompt: str, chat: ChatRequest) -> ThinkingParams | None:
-        """How the answer to `prompt` (the rendered text) starts: None when the prompt
-        closed the thinking (it is off), else the markers, whether the prompt opened the
-        thinking, the request's budget, and whether a grammar waits for the thinking's end
-        (the thinking was asked for, or the template opened it)."""
-        tail = prompt.rstrip()
+    def params(self, rendered: str, chat: ChatRequest) -> ThinkingParams | None:
+        """How the answer to `rendered` (the template's text) and `chat.prefill` after it
+        starts: None when the thinking is closed (it is off, or a prefill closed it), else
+        the markers, whether the thinking is open (the template or the prefill opened it),
+        the request's budget, and whether a grammar waits for the thinking's end (the
+        thinking was asked for, or is open)."""
+        tail = rendered.rstrip()
         if tail.endswith(self.fmt.end):
-            return None
-        inside = tail.endswith(self.fmt.start) or tail.endswith(
+            state = "closed"
+        elif tail.endswith(self.fmt.start) or tail.endswith(
             self.fmt.start + self.fmt.header.rstrip()
-        )
-        asked = switch(chat) is True
+        ):
+            state = "inside"
+        else:
+            state = "start"
+        if chat.prefill:  # an Anthropic prefill continues the answer: its markers count
+            opened, closed = chat.prefill.rfind(self.fmt.start), chat.prefill.rfind(self.fmt.end)
+            if closed > opened or (closed >= 0 and opened < 0):
+                state = "closed"
+            elif opened >= 0:
+                state = "inside"
+            elif state == "start" and chat.prefill.strip():
+                state = "closed"  # the answer began without a thinking
+        if state == "closed":
+            return None
+        inside = state == "inside"
         return ThinkingParams(
             start_id=self.start_id,
             end_id=self.end_id,
             inside=inside,
             budget=chat.thinking_budget,
-            grammar_waits=inside or asked,
+            grammar_waits=inside or switch(chat) is True,
             header="" if inside else self.fmt.header,
         )
 

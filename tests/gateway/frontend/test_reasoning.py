@@ -78,3 +78,15 @@ def test_the_switch_and_its_errors() -> None:
     with pytest.raises(APIError) as reserved:
         template_kwargs(_chat(template_kwargs=(("add_generation_prompt", False),)), QWEN)
     assert reserved.value.param == "chat_template_kwargs.add_generation_prompt"
+
+
+def test_a_prefill_continues_the_thinking_or_the_answer() -> None:
+    """An Anthropic prefill after the template: one that opens a thinking starts the answer
+    inside it, one that closes it (or plain text after a hybrid opening) leaves none."""
+    hybrid, opened = _render(qwen3.TEMPLATE), _render(qwen3.THINKING_TEMPLATE)
+    inside = QWEN.params(hybrid, _chat(prefill="<think>\nLet me"))
+    assert inside is not None and inside.inside and inside.header == ""
+    assert QWEN.params(opened, _chat(prefill="hmm</think>\n\nYes")) is None
+    assert QWEN.params(hybrid, _chat(prefill="Yes")) is None
+    still = QWEN.params(opened, _chat(prefill="hmm"))
+    assert still is not None and still.inside
