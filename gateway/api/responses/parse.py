@@ -3,7 +3,8 @@
     input: "text" | [ {role, content: "text" | [input_text | input_image | output_text]}
                      | {type: function_call, call_id, name, arguments}
                      | {type: function_call_output, call_id, output: "text" | [input_text |
-                        input_image]} ]
+                        input_image]}
+                     | {type: reasoning, content | summary: [{text}]} (earlier thinking) ]
 
 `instructions` become a system message of this turn only (OpenAI does not carry them over
 a `previous_response_id`). `text.format` maps onto the structured output of Chat
@@ -192,8 +193,9 @@ def _item(item: Any, where: str) -> ChatMessage:
     kind = item.get("type", "message")
     if kind != "message":
         raise invalid(
-            f"`{where}.type` {kind!r}: this server accepts message, function_call and "
-            "function_call_output items (continue a conversation with `previous_response_id`)",
+            f"`{where}.type` {kind!r}: this server accepts message, function_call, "
+            "function_call_output and reasoning items (continue a conversation with "
+            "`previous_response_id`)",
             f"{where}.type",
         )
     role = item.get("role")
