@@ -116,3 +116,17 @@ def test_the_grammar_constrains_only_the_answer(harness: EngineHarness, end_id: 
             assert json.loads(run.text)["a"] in range(100)
         else:
             assert run.text.lstrip().startswith("{")
+
+
+def test_tool_calls_follow_the_thinking(harness: EngineHarness, end_id: int) -> None:
+    """Invariant: with tools required, the thinking is free and the call starts right after
+    `</think>` (the tool grammar waits for the thinking's end)."""
+    (call_id,) = harness.engine.model.tokenize("<tool_call>")
+    tool = {"type": "function", "function": {"name": "f", "parameters": SCHEMA}}
+    for seed in range(3):
+        body = chat_body("call f", max_tokens=40, temperature=1.0, seed=seed)
+        chat = parse_chat_request({**body, "tools": [tool], "tool_choice": "required"})
+        run = harness.submit_chat(replace(chat, thinking_budget=2)).wait()
+        at = run.token_ids.index(end_id)
+        assert at == 2 and run.token_ids[at + 1] == call_id
+        assert run.text.startswith('<tool_call>\n{"name": "f"')
