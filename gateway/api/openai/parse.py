@@ -47,6 +47,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise invalid("`top_logprobs` requires `logprobs: true`", "top_logprobs")
     stream = fields.opt_bool(body, "stream", False)
     ignore_eos = fields.opt_bool(body, "ignore_eos", False)
+    thinking = effort_switch(body.get("reasoning_effort"), "reasoning_effort")
     include_usage = False
     options = body.get("stream_options")
     if options is not None:
@@ -73,8 +74,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
         grammar=response_format_grammar(body.get("response_format")),
         cache_salt=fields.cache_salt(body),
         tools=parse_tools(body),
-        thinking=effort_switch(body.get("reasoning_effort"), "reasoning_effort"),
-        thinking_field="reasoning_effort",
+        thinking=thinking,
+        # The field a 400 names; the default unless the effort switched thinking.
+        thinking_field="thinking" if thinking is None else "reasoning_effort",
         template_kwargs=template_kwargs(body),
     )
 
