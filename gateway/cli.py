@@ -104,6 +104,12 @@ def _add_make_model_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--q-group-size", type=int, default=64, choices=[32, 64, 128], help="quantization groups"
     )
+    p.add_argument(
+        "--thinking",
+        action="store_true",
+        help="qwen3 only: Qwen3's Thinking template (the generation prompt opens <think>, as "
+        "Qwen3-*-Thinking-2507), to test thinking with",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,6 +133,8 @@ def _make_model(args: argparse.Namespace) -> None:
         check_arch_size(args.arch, args.size, args.dtype)
     except ValueError as exc:  # e.g. a size this arch has none of: a usage error, no traceback
         sys.exit(f"vision-gateway make-model: {exc}")
+    if args.thinking and args.arch != "qwen3":
+        sys.exit("vision-gateway make-model: --thinking is for --arch qwen3")
     out = build_model(
         args.out,
         args.arch,
@@ -137,6 +145,10 @@ def _make_model(args: argparse.Namespace) -> None:
         quantize=args.quantize,
         group_size=args.q_group_size,
     )
+    if args.thinking:
+        from gateway.offline_model.qwen3 import use_thinking_template
+
+        use_thinking_template(out)
     print(f"wrote {out}")
 
 

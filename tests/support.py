@@ -335,3 +335,29 @@ class ImageServer:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def thinking_model(arch: str = "qwen3") -> Path:
+    """The tiny `arch` checkpoint with Qwen3's Thinking template (the generation prompt opens
+    `<think>\\n`, as Qwen3-*-Thinking-2507 do; `make-model --thinking`): a copy of its files
+    whose weights are a link, built once per session root."""
+    import shutil
+
+    from gateway.offline_model.qwen3 import use_thinking_template
+
+    source = tiny_model(arch)
+    out = source.parent / f"{source.name}-thinking"
+    if not (out / "config.json").exists():
+        scratch = source.parent / f"{out.name}.{os.getpid()}"
+        scratch.mkdir(parents=True, exist_ok=True)
+        for item in source.iterdir():
+            if item.suffix == ".safetensors":
+                (scratch / item.name).symlink_to(item)
+            elif item.is_file():
+                shutil.copy(item, scratch / item.name)
+        use_thinking_template(scratch)
+        try:
+            scratch.rename(out)
+        except OSError:  # another process made it first
+            shutil.rmtree(scratch, ignore_errors=True)
+    return out

@@ -7,8 +7,10 @@ naming the field whenever it is present with anything but its neutral value). No
 client sends is accepted and silently ignored. `tests/gateway/api/test_accepted.py` walks
 these tables against the real parsers, and docs/api.md lists them.
 
-Fields owned elsewhere (OpenAI's `reasoning_effort`, Anthropic's `thinking`, Responses'
-`reasoning`, `chat_template_kwargs`) are OTHER: their parsers decide. Unknown fields: the
+The thinking fields (OpenAI's `reasoning_effort` and `chat_template_kwargs`, Anthropic's
+`thinking`, Responses' `reasoning`) are applied by their own parser (gateway/api/
+thinking_fields.py; docs/api.md, "Thinking"). OTHER remains for a field whose parser lives
+elsewhere and is walked by that parser's own tests. Unknown fields: the
 OpenAI and Responses parsers ignore them (clients send extras, as vLLM allows), Anthropic's
 refuses them (as the API itself does). Pure data and one pure check.
 """
@@ -77,8 +79,8 @@ OPENAI_CHAT: dict[str, tuple[str, str]] = {
     "min_p": (REFUSED, "min_p"),
     "stop_token_ids": (REFUSED, "stop_token_ids"),
     "prompt_logprobs": (REFUSED, "prompt_logprobs"),
-    "reasoning_effort": (OTHER, "the reasoning fields' parser"),
-    "chat_template_kwargs": (OTHER, "the reasoning fields' parser"),
+    "reasoning_effort": (APPLIED, "none: thinking off; any other effort: on (docs/api.md)"),
+    "chat_template_kwargs": (APPLIED, "vLLM: chat template variables, e.g. enable_thinking"),
 }
 
 # Values of a refused OpenAI field that ask for nothing beyond what is served.
@@ -110,7 +112,7 @@ ANTHROPIC_MESSAGES: dict[str, tuple[str, str]] = {
     "diagnostics": (REFUSED, "diagnostics"),
     "user_profile_id": (REFUSED, "user profiles"),
     "workspace_id": (REFUSED, "workspaces"),
-    "thinking": (OTHER, "the reasoning fields' parser"),
+    "thinking": (APPLIED, "enabled (budget_tokens: a thinking budget) / disabled / adaptive"),
 }
 
 RESPONSES: dict[str, tuple[str, str]] = {
@@ -149,7 +151,7 @@ RESPONSES: dict[str, tuple[str, str]] = {
     "moderation": (REFUSED, "moderation"),
     "image": (REFUSED, "image generation options"),
     "access_programs": (REFUSED, "access programs"),
-    "reasoning": (OTHER, "the reasoning fields' parser"),
+    "reasoning": (APPLIED, "effort: thinking on / off (none); summary: a summary part"),
 }
 
 

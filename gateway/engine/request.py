@@ -17,6 +17,27 @@ from gateway.engine.model.positions import ImageLayout
 
 
 @dataclass(frozen=True)
+class ThinkingParams:
+    """How a thinking model's answer is split into its thinking and the answer after it.
+
+    `start_id` / `end_id`: the one-token markers that open and close the thinking (Qwen3's
+    `<think>` / `</think>`, Gemma 4's `<|channel>` / `<channel|>`); `inside`: the prompt
+    already opened the thinking (the answer starts in it), else the answer may open it with
+    `start_id` as its first token. `budget`: at most this many thinking tokens, then `end_id`
+    is forced (None: no limit). `grammar_waits`: a grammar (structured output, tools)
+    constrains only what follows the thinking (False: it applies from the first token, so
+    thinking cannot start). `header`: text the thinking opens with that is not part of it
+    (Gemma 4's channel name, `thought\n`). Token ids of the served model's vocabulary."""
+
+    start_id: int
+    end_id: int
+    inside: bool = False
+    budget: int | None = None
+    grammar_waits: bool = False
+    header: str = ""
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling. temperature 0 means greedy (argmax)."""
 
@@ -42,6 +63,8 @@ class SamplingParams:
     # Choices: the prompt is prefilled once and its KV forked into `n` rows (at most the
     # engine's max_batch); with a seed, choice i draws as a request seeded `seed + i` would.
     n: int = 1
+    # A thinking model's markers (None: the answer is all answer, as for any other model).
+    thinking: ThinkingParams | None = None
 
     @property
     def greedy(self) -> bool:
@@ -115,12 +138,14 @@ class TokenLogprob:
 @dataclass(frozen=True)
 class TokenEvent:
     """New output: `text` may be empty (held back for a possible stop string or a partial
-    UTF-8 sequence) while `token_ids` is not."""
+    UTF-8 sequence) while `token_ids` is not. `reasoning`: new text of the model's thinking
+    (`SamplingParams.thinking`), which never appears in `text`."""
 
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprob, ...] = ()
     index: int = 0  # the choice it belongs to (`SamplingParams.n`)
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,6 +155,7 @@ class Usage:
     cached_tokens: int  # prompt tokens whose KV came from the prefix cache
     vision_hits: int = 0
     vision_misses: int = 0
+    reasoning_tokens: int = 0  # of completion_tokens: the thinking's (markers not counted)
 
     @property
     def total_tokens(self) -> int:
@@ -158,6 +184,7 @@ class FinishEvent:
     # prompt and its own completion); only the last one to end is `final`.
     index: int = 0
     final: bool = True
+    reasoning: str = ""  # any thinking text flushed at the end (the answer ended inside it)
 
     def __post_init__(self) -> None:
         if not isinstance(self.finish_reason, FinishReason):  # ValueError if it is none

@@ -49,6 +49,10 @@ class Admission:
     # The call syntax to split the answer by (gateway.tools.calls), when it was decoded
     # under a tool grammar; None: the answer is plain text.
     tool_format: ToolFormat | None = None
+    # The answer may hold thinking (the model thinks and the prompt left it open): its
+    # events' `reasoning` text is rendered as the API's thinking (reasoning_content,
+    # thinking blocks, reasoning items).
+    thinks: bool = False
 
     def headers(self) -> dict[str, str]:
         """x-request-id, x-cache (hits and cached tokens) and Server-Timing, the same for

@@ -48,6 +48,10 @@ class ChatMessage:
     tool_calls: tuple[ToolCall, ...] = ()
     tool_call_id: str | None = None
     name: str | None = None
+    # An assistant message's thinking, as the client sent it back (OpenAI-style
+    # `reasoning_content`, Anthropic `thinking` blocks, Responses `reasoning` items): given to
+    # the template as `reasoning_content`, which renders or drops it as the model was trained.
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,15 @@ class ChatRequest:
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
     n: int = 1  # choices (OpenAI chat only): one prefill, n decode rows
+    # Thinking (gateway.frontend.reasoning): True / False switch the template's thinking on
+    # or off (`enable_thinking`), None leaves the template's default. `thinking_field` names
+    # the field that asked, for errors. `thinking_budget`: at most this many thinking tokens
+    # (then the end of the thinking is forced). `template_kwargs`: the template's own
+    # variables (`chat_template_kwargs`), as (name, JSON value) pairs.
+    thinking: bool | None = None
+    thinking_field: str = "thinking"
+    thinking_budget: int | None = None
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
 
     @classmethod
     def greedy(

@@ -200,7 +200,8 @@ class ChatPipeline:
         self._live[request_id] = stream
         calls = chat.tools is not None and chat.tools.constrained
         fmt = prompts.tool_format if calls else None
-        return Admission(request_id, chat, first, stream, timings, fmt)
+        thinks = prepared.sampling.thinking is not None
+        return Admission(request_id, chat, first, stream, timings, fmt, thinks)
 
 
 async def _both(first: Awaitable[_A], second: Awaitable[_B]) -> tuple[_A, _B]:

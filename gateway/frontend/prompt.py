@@ -16,9 +16,10 @@ from caches.scope import scoped_hash
 from gateway.engine.families.family import ModelFamily
 from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.video_layout import VideoLayout
-from gateway.engine.request import EngineRequest, ImageInput, SamplingParams
+from gateway.engine.request import EngineRequest, ImageInput, SamplingParams, ThinkingParams
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatRequest, ImagePart, TextPart, VideoPart
+from gateway.frontend.reasoning import Reasoning, template_kwargs
 from gateway.media import DecodedImage, DecodedVideo
 from gateway.tools.formats import ToolFormat, resolve
 from gateway.tools.grammar import tool_grammar
@@ -62,6 +63,8 @@ def template_messages(chat: ChatRequest) -> list[dict[str, Any]]:
             entry["content"] = content
         if message.tool_calls:
             entry["tool_calls"] = [call.template_dict() for call in message.tool_calls]
+        if message.reasoning:  # the template keeps or drops it (Qwen3: after the last query)
+            entry["reasoning_content"] = message.reasoning
         if message.role == "tool":
             entry["tool_call_id"] = message.tool_call_id
             entry["name"] = message.name
@@ -98,6 +101,8 @@ class PromptBuilder:
         # The tool-call syntax of this checkpoint (None: requests with tools get a 400).
         self.tool_format: ToolFormat | None = resolve(tool_parser, model.chat_template)
         self._added = frozenset(model.tokenizer.get_added_vocab())
+        # The thinking markers of this checkpoint (None: it does not think; answers are whole).
+        self.reasoning: Reasoning | None = Reasoning.of(model.chat_template, model.tokenize)
 
     def count(self, chat: ChatRequest, media: Sequence[Media]) -> int:
         """The prompt's length in tokens, image and video tokens included (no pixel work)."""
@@ -105,18 +110,21 @@ class PromptBuilder:
 
     def _layout(
         self, chat: ChatRequest, media: Sequence[Media]
-    ) -> tuple[list[int], list[ImageLayout], list[Grid]]:
+    ) -> tuple[list[int], list[ImageLayout], list[Grid], ThinkingParams | None]:
         self._check_media_kinds(chat)
         tools = None
         if chat.tools is not None:
             self._check_tools(chat)
             tools = [tool.template_dict() for tool in chat.tools.tools]
         # An assistant prefill continues the assistant turn the template just opened.
-        text = self.model.render(template_messages(chat), tools) + chat.prefill
+        kwargs = template_kwargs(chat, self.reasoning)
+        text = self.model.render(template_messages(chat), tools, kwargs)
+        thinking = self.reasoning.params(text, chat) if self.reasoning is not None else None
+        text += chat.prefill
         ids = self.model.tokenize(text)
         grids = [self._grid(index, item) for index, item in enumerate(media)]
         prompt, layouts = self.model.layout_prompt(ids, grids)
-        return prompt, layouts, grids
+        return prompt, layouts, grids, thinking
 
     def _check_media_kinds(self, chat: ChatRequest) -> None:
         """Refuse a media part the model does not take (an image sent to a text model): the
@@ -178,7 +186,7 @@ class PromptBuilder:
     def build(
         self, chat: ChatRequest, media: Sequence[Media], request_id: str, arrival: float
     ) -> EngineRequest:
-        prompt, layouts, grids = self._layout(chat, media)
+        prompt, layouts, grids, thinking = self._layout(chat, media)
         # One entry per layout: (media index, temporal block of a Qwen3-VL video or None).
         owners: list[tuple[int, int | None]] = []
         for index, grid in enumerate(grids):
@@ -223,7 +231,7 @@ class PromptBuilder:
             request_id=request_id,
             prompt_ids=tuple(prompt),
             images=tuple(inputs),
-            sampling=self._sampling(chat, len(prompt)),
+            sampling=self._sampling(chat, len(prompt), thinking),
             arrival_time=arrival,
             cache_scope=chat.cache_scope,
         )
@@ -241,7 +249,9 @@ class PromptBuilder:
             raise RuntimeError(f"media grid {processed} != predicted {expected}")
         return values
 
-    def _sampling(self, chat: ChatRequest, prompt_len: int) -> SamplingParams:
+    def _sampling(
+        self, chat: ChatRequest, prompt_len: int, thinking: ThinkingParams | None
+    ) -> SamplingParams:
         room = self._max_context - prompt_len
         if room < 1:
             raise invalid(
@@ -288,6 +298,7 @@ class PromptBuilder:
             logit_bias=self._logit_bias(chat),
             min_tokens=chat.min_tokens,
             n=chat.n,
+            thinking=thinking,
         )
 
     def _logit_bias(self, chat: ChatRequest) -> tuple[tuple[int, float], ...]:

@@ -11,6 +11,7 @@ upstream's 151936 over 151669; the gap holds filler words. The chat template is 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,17 @@ def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
     }
     dump_json(out / "generation_config.json", generation)
     return model
+
+
+def use_thinking_template(out: Path) -> None:
+    """Make the checkpoint at `out` a Thinking one (Qwen3-*-Thinking-2507): Qwen3's template
+    with the generation prompt opening `<think>\n`, in tokenizer_config.json and
+    chat_template.jinja. The weights and tokenizer are unchanged."""
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["chat_template"] = template.THINKING_TEMPLATE
+    dump_json(config_path, config)
+    (out / "chat_template.jinja").write_text(template.THINKING_TEMPLATE, encoding="utf-8")
 
 
 FAMILY = Family("qwen3", "mlx-lm", tuple(_TEXT), "Qwen3 text (mlx-lm)", write_files)

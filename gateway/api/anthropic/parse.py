@@ -7,7 +7,10 @@ What is accepted: `system` (a string or text blocks), `messages` with text and i
 (required), `stop_sequences`, `temperature`, `top_p`, `top_k`, `metadata`, `stream`, and
 vLLM's `cache_salt` (scopes cache reuse). `tools` and `tool_choice` with `tool_use` and
 `tool_result` blocks (text and images) are accepted (gateway.api.anthropic.tools).
-Features this server cannot honour (documents, extended thinking, ...) are refused with
+`thinking` ({type: enabled, budget_tokens} / disabled / adaptive) switches a thinking
+model's thinking (gateway.api.thinking_fields), and an assistant's `thinking` blocks go
+back to the template as its earlier thinking (`redacted_thinking` blocks are dropped).
+Features this server cannot honour (documents, MCP servers, ...) are refused with
 a 400 that names the field, never ignored; so are unknown fields, as the API itself does.
 Parsing is pure; errors are rendered as Anthropic error objects.
 """
@@ -18,6 +21,7 @@ from typing import Any
 
 from gateway.api import fields
 from gateway.api.anthropic.tools import parse_tools, tool_result, tool_use
+from gateway.api.thinking_fields import anthropic_thinking
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, Part, TextPart
 
@@ -25,12 +29,11 @@ MAX_STOP_SEQUENCES = 16
 IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 _ACCEPTED = frozenset(
     {"model", "messages", "max_tokens", "system", "stop_sequences", "stream", "temperature",
-     "top_p", "top_k", "metadata", "service_tier", "tools", "tool_choice",
+     "top_p", "top_k", "metadata", "service_tier", "tools", "tool_choice", "thinking",
      "cache_control",  # automatic prompt caching: this server's caches are always automatic
      "cache_salt"}  # vLLM's extension: scopes cache reuse (docs/security.md)
 )  # fmt: skip
 _REFUSED = {
-    "thinking": "extended thinking",
     "mcp_servers": "MCP servers",
     "container": "code execution containers",
     "context_management": "context management",
@@ -39,8 +42,6 @@ _BLOCK_FEATURES = {
     "document": "documents",
     "search_result": "search results",
     "server_tool_use": "tool use",
-    "thinking": "extended thinking",
-    "redacted_thinking": "extended thinking",
     "container_upload": "code execution containers",
 }
 
@@ -65,6 +66,7 @@ def parse_messages_request(body: Any, count_only: bool = False) -> ChatRequest:
     top_p = fields.opt_num(body, "top_p", 0.0, 1.0, default=1.0)
     if top_p == 0.0:
         raise invalid("`top_p` must be greater than 0 (use temperature 0 for greedy)", "top_p")
+    thinking, budget = anthropic_thinking(body, max_tokens or 1_000_001)
     return ChatRequest(
         model=model,
         messages=system + messages,
@@ -83,6 +85,8 @@ def parse_messages_request(body: Any, count_only: bool = False) -> ChatRequest:
         prefill=prefill,
         cache_salt=fields.cache_salt(body),
         tools=parse_tools(body),
+        thinking=thinking,
+        thinking_budget=budget,
     )
 
 
@@ -145,6 +149,7 @@ def _message(raw: Any, where: str, role: str, made: dict[str, str]) -> list[Chat
     results: list[ChatMessage] = []
     calls = []
     rest: list[Any] = []
+    thoughts: list[str] = []
     for j, block in enumerate(raw):
         at = f"{where}[{j}]"
         kind = block.get("type") if isinstance(block, dict) else None
@@ -154,15 +159,28 @@ def _message(raw: Any, where: str, role: str, made: dict[str, str]) -> list[Chat
             content = block.get("content", "")
             parts = _content(content, f"{at}.content", "tool") if content != [] else ()
             results.append(tool_result(block, at, made, parts))
-        elif kind in ("tool_use", "tool_result"):
+        elif kind in ("thinking", "redacted_thinking") and role == "assistant":
+            thoughts.append(_thinking_text(block, at))
+        elif kind in ("tool_use", "tool_result", "thinking", "redacted_thinking"):
             raise invalid(f"`{at}`: {kind} blocks belong in {role!r} messages", f"{at}.type")
         else:
             rest.append((j, block))
     out = results
     if rest or not results:
         parts = _content_blocks(rest, where, role)
-        out.append(ChatMessage(role, parts, tuple(calls)))
+        out.append(ChatMessage(role, parts, tuple(calls), reasoning="".join(thoughts)))
     return out
+
+
+def _thinking_text(block: dict[str, Any], at: str) -> str:
+    """An assistant's earlier thinking: a `thinking` block's text ("" for a
+    `redacted_thinking` block: encrypted elsewhere, nothing a template can render)."""
+    if block.get("type") == "redacted_thinking":
+        return ""
+    text = block.get("thinking")
+    if not isinstance(text, str):
+        raise invalid(f"`{at}.thinking` must be a string", f"{at}.thinking")
+    return fields.text(text, f"{at}.thinking")
 
 
 def _content(raw: Any, where: str, role: str) -> tuple[Part, ...]:

@@ -14,7 +14,12 @@ from typing import Any
 
 from starlette.responses import Response
 
-from gateway.api.anthropic.tool_render import BlockStream, content_blocks, tool_stop
+from gateway.api.anthropic.tool_render import (
+    BlockStream,
+    content_blocks,
+    thinking_block,
+    tool_stop,
+)
 from gateway.api.http import json_response
 from gateway.api.sse import sse_data
 from gateway.engine.request import ErrorEvent, FinishEvent, TokenEvent
@@ -99,12 +104,15 @@ def message_body(
 async def collect(admission: Admission) -> dict[str, Any]:
     """The whole answer as one `message` (raises the APIError of an engine failure)."""
     pieces: list[str] = []
+    thoughts: list[str] = []
     while True:
         event = await admission.stream.get()
         if isinstance(event, TokenEvent):
             pieces.append(event.text)
+            thoughts.append(event.reasoning)
         elif isinstance(event, FinishEvent):
             pieces.append(event.text)
+            thoughts.append(event.reasoning)
             output = event.usage.completion_tokens
             body = message_body(admission, "".join(pieces), stop_reason(event), output)
             if admission.tool_format is not None:
@@ -113,6 +121,8 @@ async def collect(admission: Admission) -> dict[str, Any]:
                 splitter.finish()
                 body["content"] = content_blocks(splitter.text, splitter.calls)
                 body["stop_reason"] = tool_stop(event, splitter.calls, body["stop_reason"])
+            if any(thoughts):  # the thinking comes first, as its own block
+                body["content"].insert(0, thinking_block("".join(thoughts)))
             return body
         elif isinstance(event, ErrorEvent):
             raise engine_error(event)
@@ -142,6 +152,8 @@ async def sse_stream(admission: Admission, on_abandon: Callable[[], None]) -> As
     blocks = None
     if admission.tool_format is not None:  # blocks open as text and calls come
         blocks = BlockStream(CallSplitter(admission.tool_format, "toolu_"))
+    elif admission.thinks:  # blocks open as thinking and text come
+        blocks = BlockStream(None)
     try:
         opening = "" if blocks is not None else sse_data(block, "content_block_start")
         yield (sse_data(start, "message_start") + opening + sse_data({"type": "ping"}, "ping"))
@@ -149,6 +161,8 @@ async def sse_stream(admission: Admission, on_abandon: Callable[[], None]) -> As
             out: list[str] = []
             for event in await admission.stream.get_ready():
                 if isinstance(event, TokenEvent):
+                    if event.reasoning and blocks is not None:
+                        out.append(blocks.think(event.reasoning))
                     if event.text and blocks is not None:
                         out.append(blocks.feed(event.text))
                     elif event.text:  # empty: held back (a possible stop string, a partial char)
@@ -171,8 +185,9 @@ async def sse_stream(admission: Admission, on_abandon: Callable[[], None]) -> As
 def _final(event: FinishEvent, blocks: BlockStream | None = None) -> str:
     reason, sequence = stop_reason(event)
     if blocks is not None:
-        closing = blocks.feed(event.text, end=True)
-        reason = tool_stop(event, blocks.splitter.calls, reason)
+        thought = blocks.think(event.reasoning) if event.reasoning else ""
+        closing = thought + blocks.feed(event.text, end=True)
+        reason = tool_stop(event, blocks.calls, reason)
     else:
         closing = (_delta(event.text) if event.text else "") + sse_data(
             {"type": "content_block_stop", "index": 0}, "content_block_stop"

@@ -36,17 +36,38 @@ def tool_stop(event: FinishEvent, calls: Sequence[ToolCall], reason: str) -> str
     return "tool_use" if calls and event.finish_reason == "stop" else reason
 
 
-class BlockStream:
-    """The streamed content blocks of one answer split by `splitter`: text opens a text
-    block (when none is open), a call closes it and opens a `tool_use` block."""
+def thinking_block(text: str) -> dict[str, Any]:
+    """A `thinking` content block. Its `signature` is empty: this server does not sign
+    thinking (a client sends the block back as it got it; it is read as text)."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
 
-    def __init__(self, splitter: CallSplitter) -> None:
+
+class BlockStream:
+    """The streamed content blocks of one answer split by `splitter` (None: no tools, all
+    text): thinking opens a `thinking` block (`think`), text a text block (when none is
+    open), a call closes it and opens a `tool_use` block."""
+
+    def __init__(self, splitter: CallSplitter | None) -> None:
         self.splitter = splitter
         self._index = -1
-        self._open: str | None = None  # "text" | "tool_use" | None
+        self._open: str | None = None  # "thinking" | "text" | "tool_use" | None
+
+    @property
+    def calls(self) -> tuple[ToolCall, ...]:
+        return self.splitter.calls if self.splitter is not None else ()
+
+    def think(self, text: str) -> str:
+        """`thinking_delta`s of the model's thinking (a thinking block opens first)."""
+        out = ""
+        if self._open != "thinking":
+            out += self._close() + self._start(thinking_block(""), "thinking")
+        return out + _block_delta(self._index, {"type": "thinking_delta", "thinking": text})
 
     def feed(self, text: str, end: bool = False) -> str:
-        pieces = self.splitter.feed(text) + (self.splitter.finish() if end else [])
+        if self.splitter is None:
+            pieces: list[Piece] = [TextPiece(text)] if text else []
+        else:
+            pieces = self.splitter.feed(text) + (self.splitter.finish() if end else [])
         out = "".join(self._piece(p) for p in pieces)
         return out + (self._close() if end else "")
 
@@ -75,6 +96,13 @@ class BlockStream:
     def _close(self) -> str:
         if self._open is None:
             return ""
+        if self._open == "thinking":  # the block's (empty) signature, as the API sends it
+            signed = _block_delta(self._index, {"type": "signature_delta", "signature": ""})
+            self._open = None
+            return signed + self._close_open()
+        return self._close_open()
+
+    def _close_open(self) -> str:
         self._open = None
         body = {"type": "content_block_stop", "index": self._index}
         return sse_data(body, "content_block_stop")

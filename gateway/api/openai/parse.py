@@ -13,6 +13,7 @@ from typing import Any
 from gateway.api import fields
 from gateway.api.accepted import OPENAI_CHAT, refuse_unapplied
 from gateway.api.openai.tools import check_call_ids, parse_tools, tool_calls
+from gateway.api.thinking_fields import effort_switch, message_reasoning, template_kwargs
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, Part, TextPart, VideoPart
 from gateway.structured.response_format import response_format_grammar
@@ -48,6 +49,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         raise invalid("`top_logprobs` requires `logprobs: true`", "top_logprobs")
     stream = fields.opt_bool(body, "stream", False)
     ignore_eos = fields.opt_bool(body, "ignore_eos", False)
+    thinking = effort_switch(body.get("reasoning_effort"), "reasoning_effort")
     include_usage = False
     options = body.get("stream_options")
     if options is not None:
@@ -74,6 +76,10 @@ def parse_chat_request(body: Any) -> ChatRequest:
         tools=parse_tools(body),
         n=n,
         **fields.shaping(body, max_tokens),
+        thinking=thinking,
+        # The field a 400 names; the default unless the effort switched thinking.
+        thinking_field="thinking" if thinking is None else "reasoning_effort",
+        template_kwargs=template_kwargs(body),
     )
 
 
@@ -98,7 +104,8 @@ def _messages(raw: Any) -> tuple[ChatMessage, ...]:
         # Images in tool results: the screenshot an agent's tool returns.
         parts = _content(content, f"{where}.content", allow_images=role in ("user", "tool"))
         if role != "tool":
-            out.append(ChatMessage(role, parts, calls))
+            thought = message_reasoning(msg, where) if role == "assistant" else ""
+            out.append(ChatMessage(role, parts, calls, reasoning=thought))
             continue
         call_id = msg.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:

@@ -86,15 +86,23 @@ async def sse_stream(
         )
 
     def token_chunk(event: TokenEvent) -> str:
-        if not (event.text or event.logprobs):
-            return ""  # held back (a possible stop string, a partial character)
+        thought, logprobs = "", event.logprobs
+        if event.reasoning:  # vLLM's `delta.reasoning_content`; the token's logprobs ride on it
+            thought = chunk(
+                event.index, {"reasoning_content": event.reasoning}, None, list(logprobs)
+            )
+            logprobs = ()
+        if not (event.text or logprobs):
+            return thought  # held back (a possible stop string, a partial character)
         if splitters[event.index] is not None:
-            return split_chunks(event.index, event.text, list(event.logprobs))
-        return chunk(event.index, {"content": event.text}, None, list(event.logprobs))
+            return thought + split_chunks(event.index, event.text, list(logprobs))
+        return thought + chunk(event.index, {"content": event.text}, None, list(logprobs))
 
     def final_chunks(event: FinishEvent) -> str:
         out = []
         reason: str = event.finish_reason
+        if event.reasoning:
+            out.append(chunk(event.index, {"reasoning_content": event.reasoning}))
         splitter = splitters[event.index]
         if splitter is not None:
             out.append(split_chunks(event.index, event.text, [], end=True))
@@ -145,15 +153,18 @@ async def collect(
     """The `chat.completion` body: `choices` choices in index order; usage counts the prompt
     once and every choice's completion."""
     pieces: list[list[str]] = [[] for _ in range(choices)]
+    thoughts: list[list[str]] = [[] for _ in range(choices)]
     logprobs: list[list[Any]] = [[] for _ in range(choices)]
     ends: dict[int, FinishEvent] = {}
     while True:
         event = await stream.get()
         if isinstance(event, TokenEvent):
             pieces[event.index].append(event.text)
+            thoughts[event.index].append(event.reasoning)
             logprobs[event.index].extend(event.logprobs)
         elif isinstance(event, FinishEvent):
             pieces[event.index].append(event.text)
+            thoughts[event.index].append(event.reasoning)
             ends[event.index] = event
             if event.final:
                 break
@@ -165,6 +176,10 @@ async def collect(
         _choice(i, "".join(pieces[i]), ends[i], logprobs[i] if want_logprobs else None, tool_format)
         for i in sorted(ends)
     ]
+    for choice in body["choices"]:
+        thought = "".join(thoughts[choice["index"]])
+        if thought:  # vLLM's field: the model's thinking, apart from its answer
+            choice["message"]["reasoning_content"] = thought
     return body
 
 
@@ -199,7 +214,12 @@ def total_usage(ends: list[FinishEvent]) -> Usage:
     first = ends[0].usage
     completion = sum(e.usage.completion_tokens for e in ends)
     return Usage(
-        first.prompt_tokens, completion, first.cached_tokens, first.vision_hits, first.vision_misses
+        first.prompt_tokens,
+        completion,
+        first.cached_tokens,
+        first.vision_hits,
+        first.vision_misses,
+        sum(e.usage.reasoning_tokens for e in ends),
     )
 
 
@@ -209,6 +229,11 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+        **(
+            {"completion_tokens_details": {"reasoning_tokens": usage.reasoning_tokens}}
+            if usage.reasoning_tokens
+            else {}
+        ),
     }
 
 

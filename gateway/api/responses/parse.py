@@ -3,7 +3,8 @@
     input: "text" | [ {role, content: "text" | [input_text | input_image | output_text]}
                      | {type: function_call, call_id, name, arguments}
                      | {type: function_call_output, call_id, output: "text" | [input_text |
-                        input_image]} ]
+                        input_image]}
+                     | {type: reasoning, content | summary: [{text}]} (earlier thinking) ]
 
 `instructions` become a system message of this turn only (OpenAI does not carry them over
 a `previous_response_id`). `text.format` maps onto the structured output of Chat
@@ -14,7 +15,7 @@ names the field, never silently ignored.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.api import fields
@@ -26,6 +27,7 @@ from gateway.api.responses.tools import (
     tool_message,
     with_calls,
 )
+from gateway.api.thinking_fields import responses_reasoning
 from gateway.errors import APIError, invalid
 from gateway.frontend.chat import ChatMessage, ImagePart, TextPart
 from gateway.structured.response_format import response_format_grammar
@@ -65,6 +67,10 @@ class ResponsesRequest:
     # The `call_id` field path of each function_call_output of `input`, in order (for the
     # 400 when it answers no call; checked once the stored conversation is known).
     output_params: tuple[str, ...] = ()
+    # `reasoning`: the thinking switch (`effort`: "none" off, else on; None: the template's
+    # default) and the `summary` asked for (None: none); echoed in the body.
+    thinking: bool | None = None
+    reasoning_summary: str | None = None
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
@@ -100,6 +106,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     text_format, grammar = _text_format(body.get("text"))
     tools, tools_echo = parse_tools(body)
     messages, output_params = _input(body.get("input"))
+    thinking, summary = responses_reasoning(body)
     truncation = body.get("truncation") or "disabled"
     if truncation not in ("disabled", "auto"):
         raise invalid("`truncation` must be 'disabled' or 'auto'", "truncation")
@@ -125,6 +132,8 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         tools_echo=tuple(tools_echo),
         tool_choice_echo=body.get("tool_choice") or ("auto" if tools else "none"),
         output_params=output_params,
+        thinking=thinking,
+        reasoning_summary=summary,
     )
 
 
@@ -142,14 +151,42 @@ def _input(raw: Any) -> tuple[tuple[ChatMessage, ...], tuple[str, ...]]:
         kind = item.get("type", "message") if isinstance(item, dict) else None
         if kind == "function_call":
             with_calls(messages, function_call(item, where))
+        elif kind == "reasoning":  # earlier thinking: the assistant turn after it owns it
+            messages.append(ChatMessage("assistant", (), reasoning=_reasoning_item(item, where)))
         elif kind == "function_call_output":
             call_id = output_call_id(item, where)
             parts = _content(item.get("output"), f"{where}.output", "tool")
             messages.append(tool_message(call_id, parts))
             params.append(f"{where}.call_id")
         else:
-            messages.append(_item(item, where))
+            message = _item(item, where)
+            last = messages[-1] if messages else None
+            if last and message.role == "assistant" and last.role == "assistant" and not last.parts:
+                message = replace(message, reasoning=last.reasoning, tool_calls=last.tool_calls)
+                messages.pop()
+            messages.append(message)
+    for i, message in enumerate(messages):
+        if message.role == "assistant" and not message.parts:  # thinking without a turn after it
+            messages[i] = replace(message, parts=(TextPart(""),))
     return tuple(messages), tuple(params)
+
+
+def _reasoning_item(item: dict[str, Any], where: str) -> str:
+    """A `reasoning` input item's text: its `content` (reasoning_text parts), else its
+    `summary` (summary_text parts); `encrypted_content` is not readable here and dropped."""
+    for key in ("content", "summary"):
+        parts = item.get(key) or []
+        if not isinstance(parts, list):
+            raise invalid(f"`{where}.{key}` must be an array", f"{where}.{key}")
+        texts = []
+        for j, part in enumerate(parts):
+            text = part.get("text") if isinstance(part, dict) else None
+            if not isinstance(text, str):
+                raise invalid(f"`{where}.{key}[{j}].text` must be a string", f"{where}.{key}[{j}]")
+            texts.append(fields.text(text, f"{where}.{key}[{j}].text"))
+        if texts:
+            return "\n\n".join(texts)
+    return ""
 
 
 def _item(item: Any, where: str) -> ChatMessage:
@@ -158,8 +195,9 @@ def _item(item: Any, where: str) -> ChatMessage:
     kind = item.get("type", "message")
     if kind != "message":
         raise invalid(
-            f"`{where}.type` {kind!r}: this server accepts message, function_call and "
-            "function_call_output items (continue a conversation with `previous_response_id`)",
+            f"`{where}.type` {kind!r}: this server accepts message, function_call, "
+            "function_call_output and reasoning items (continue a conversation with "
+            "`previous_response_id`)",
             f"{where}.type",
         )
     role = item.get("role")
@@ -213,7 +251,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         ("background", "background responses"),
         ("conversation", "the Conversations API (use `previous_response_id`)"),
         ("prompt", "stored prompt templates"),
-        ("reasoning", "reasoning options"),
     ):
         if body.get(name) not in (None, False, {}):
             raise invalid(f"`{name}`: {why} are not supported by this server; omit it", name)

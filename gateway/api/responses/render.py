@@ -52,7 +52,7 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
             "images_cached": usage.vision_hits,
         },
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.total_tokens,
     }
 
@@ -100,6 +100,26 @@ def call_item(call: ToolCall, status: str) -> dict[str, Any]:
     }
 
 
+def reasoning_item(meta: ResponseMeta, status: str, text: str) -> dict[str, Any]:
+    """The `reasoning` output item: the model's thinking as `reasoning_text` content; with
+    `reasoning.summary` asked, the same text as its one summary part (this server has no
+    separate summarizer: the summary is the thinking itself)."""
+    asked = meta.request.reasoning_summary and text
+    summary = [{"type": "summary_text", "text": text}] if asked else []
+    return {
+        "type": "reasoning",
+        "id": reasoning_id(meta),
+        "status": status,
+        "summary": summary,
+        "content": [{"type": "reasoning_text", "text": text}],
+        "encrypted_content": None,
+    }
+
+
+def reasoning_id(meta: ResponseMeta) -> str:
+    return "rs_" + meta.message_id.removeprefix("msg_")
+
+
 def tools_on(request: ResponsesRequest) -> bool:
     """Whether the answer is decoded under the tool grammar (and split into calls)."""
     return request.tools is not None and request.tools.constrained
@@ -113,16 +133,21 @@ def response_body(
     usage: Usage | None = None,
     error: APIError | None = None,
     calls: Sequence[MadeCall] = (),
+    reasoning: str | None = None,
 ) -> dict[str, Any]:
     """The `response` object. `status`: in_progress, completed, incomplete, cancelled or
     failed; `text` None leaves `output` empty; `calls` follow the message (which, with tools
-    on, is left out when `text` is only whitespace)."""
+    on, is left out when `text` is only whitespace, and after a thinking when it is empty).
+    `reasoning`: the thinking ("" none; None: the model does not think), an item first."""
     r = meta.request
     item_status = "completed" if status in ("completed", "cancelled") else status
     if status == "failed":
         item_status = "incomplete"
     output = []
-    if text is not None and not (tools_on(r) and not text.strip()):
+    if reasoning:
+        output.append(reasoning_item(meta, "completed" if text else item_status, reasoning))
+    blank = tools_on(r) and not text.strip() if text is not None else False
+    if text is not None and not blank and not (reasoning and not text):
         done = "completed" if calls else item_status  # a call after it closed it
         output.append(message_item(meta, done, text, logprobs))
     output += [call_item(c.call, "completed" if c.complete else "incomplete") for c in calls]
@@ -141,7 +166,7 @@ def response_body(
         "output": output,
         "parallel_tool_calls": r.tools.parallel if r.tools is not None else True,
         "previous_response_id": r.previous_response_id,
-        "reasoning": {"effort": None, "summary": None},
+        "reasoning": {"effort": None, "summary": r.reasoning_summary},
         "store": r.store,
         "temperature": r.temperature,
         "text": {"format": r.text_format},

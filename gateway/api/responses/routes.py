@@ -41,7 +41,7 @@ from gateway.engine.request import ErrorEvent, Event, FinishEvent, TokenEvent, T
 from gateway.errors import APIError
 from gateway.frontend.admission import Admission
 from gateway.frontend.errors import ClientGone, engine_error
-from gateway.tools.calls import CallEnd, CallSplitter, Piece
+from gateway.tools.calls import CallEnd, CallSplitter, Piece, TextPiece
 
 CANCEL_WAIT_S = 30.0
 
@@ -60,6 +60,9 @@ class Outcome:
     splitter: CallSplitter | None = None
     split: list[Piece] = field(default_factory=list)
     complete: dict[int, bool] = field(default_factory=dict)  # by call index
+    thinks: bool = False  # the model may think: its thinking is a `reasoning` item
+    thoughts: list[str] = field(default_factory=list)
+    thought: str = ""  # the thinking of the last event
 
     def _split(self, text: str, end: bool) -> None:
         if self.splitter is None:
@@ -85,9 +88,12 @@ class Outcome:
     def add(self, event: Event) -> tuple[str, tuple[TokenLogprob, ...]]:
         """Fold `event` in; returns the text and logprobs it adds (a stream's delta)."""
         self.split = []
+        self.thought = event.reasoning if isinstance(event, (TokenEvent, FinishEvent)) else ""
+        self.thoughts.append(self.thought)
         if isinstance(event, TokenEvent):
             self.pieces.append(event.text)
-            self.logprobs.extend(event.logprobs)
+            if not event.reasoning:  # the message's logprobs: its own tokens' (and markers')
+                self.logprobs.extend(event.logprobs)
             self._split(event.text, end=False)
             return event.text, event.logprobs
         if isinstance(event, FinishEvent):
@@ -102,6 +108,11 @@ class Outcome:
     @property
     def text(self) -> str:
         return "".join(self.pieces)
+
+    @property
+    def reasoning(self) -> str | None:
+        """The thinking so far ("" none yet; None: the model does not think)."""
+        return "".join(self.thoughts) if self.thinks else None
 
 
 @dataclass
@@ -169,7 +180,10 @@ class ResponsesAPI:
     async def _stream(self, admission: Admission, turn: Turn, run: Running) -> AsyncIterator[str]:
         writer = EventWriter(run.meta)
         outcome = _outcome(admission)
-        tools = ToolEvents(writer) if outcome.splitter is not None else None
+        # Tools or thinking: items open as the answer's parts come (gateway.api.responses.
+        # tool_events), the thinking's `reasoning` item first.
+        lazy = outcome.splitter is not None or outcome.thinks
+        tools = ToolEvents(writer, blank_opens=outcome.splitter is None) if lazy else None
         want_logprobs = run.meta.request.logprobs
         try:
             yield writer.opening() if tools is None else tools.opening()
@@ -178,8 +192,12 @@ class ResponsesAPI:
                 for event in await admission.stream.get_ready():
                     text, logprobs = outcome.add(event)
                     logprobs = logprobs if want_logprobs else ()
+                    if tools is not None and outcome.thought:
+                        out.append(tools.think(outcome.thought))
                     if tools is not None:
-                        out.append(tools.pieces(outcome.split, logprobs))
+                        plain = [TextPiece(text)] if text else []
+                        split = outcome.split if outcome.splitter else plain
+                        out.append(tools.pieces(split, logprobs))
                     elif text or logprobs:
                         out.append(writer.delta(text, logprobs))
                     if outcome.done:
@@ -206,13 +224,19 @@ class ResponsesAPI:
         logprobs = outcome.logprobs if want else None
         answer, calls = outcome.answer, outcome.calls
         body = response_body(
-            run.meta, status, answer, logprobs, outcome.usage, outcome.error, calls
+            run.meta,
+            status,
+            answer,
+            logprobs,
+            outcome.usage,
+            outcome.error,
+            calls,
+            outcome.reasoning,
         )
         if request.store:
             made = tuple(c.call for c in calls)
-            entry = StoredResponse(
-                run.meta.response_id, run.owner, body, turn.conversation(answer, made)
-            )
+            said = turn.conversation(answer, made, outcome.reasoning or "")
+            entry = StoredResponse(run.meta.response_id, run.owner, body, said)
             self.store.put(entry, turn.image_map())
         run.body = body
         self.running.pop(run.meta.response_id, None)
@@ -263,7 +287,7 @@ class ResponsesAPI:
 def _outcome(admission: Admission) -> Outcome:
     """An empty outcome; it splits the answer when it is decoded under a tool grammar."""
     fmt = admission.tool_format
-    return Outcome(splitter=None if fmt is None else CallSplitter(fmt))
+    return Outcome(splitter=None if fmt is None else CallSplitter(fmt), thinks=admission.thinks)
 
 
 def _conflict(message: str) -> APIError:

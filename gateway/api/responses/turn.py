@@ -78,6 +78,8 @@ class Turn:
             include_usage=True,
             grammar=r.grammar,
             cache_salt=r.cache_salt,
+            thinking=r.thinking,
+            thinking_field="reasoning.effort",
             tools=r.tools,
         )
 
@@ -131,14 +133,15 @@ class Turn:
         return self.images
 
     def conversation(
-        self, answer: str, calls: tuple[ToolCall, ...] = ()
+        self, answer: str, calls: tuple[ToolCall, ...] = (), reasoning: str = ""
     ) -> tuple[ChatMessage, ...]:
         """Every message up to and including the answer (its text and the calls it made),
         instructions excluded, this turn's images replaced by their content hash (the store
         keeps the decoded images)."""
         hashes = iter(i.content_hash for i in self.images[self._held_count() :])
         new = tuple(replace(m, parts=tuple(_held(p, hashes) for p in m.parts)) for m in self.input)
-        return (*self.history, *new, ChatMessage("assistant", (TextPart(answer),), calls))
+        said = ChatMessage("assistant", (TextPart(answer),), calls, reasoning=reasoning)
+        return (*self.history, *new, said)
 
     def _held_count(self) -> int:
         return sum(isinstance(p, HeldImage) for m in self.history for p in m.parts)

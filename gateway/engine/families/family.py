@@ -170,18 +170,26 @@ class ModelFamily(ABC):
         return template if isinstance(template, str) else None
 
     def render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The checkpoint's own chat template over `messages` with the generation prompt
         opened. Media parts are `{"type": "image"}` / `{"type": "video"}` and stay in place;
-        `tools` (OpenAI-shaped function definitions) go to the template's tool section.
+        `tools` (OpenAI-shaped function definitions) go to the template's tool section;
+        `template_kwargs` are the template's own variables (`enable_thinking`, ...).
 
         Raises ValueError when the template refuses the conversation (its `raise_exception`,
         e.g. roles out of order or a role it does not know): the client's mistake, a 400."""
         with self._tokenizer_lock:
             try:
                 return self.tokenizer.apply_chat_template(
-                    messages, tools=tools, tokenize=False, add_generation_prompt=True
+                    messages,
+                    tools=tools,
+                    tokenize=False,
+                    add_generation_prompt=True,
+                    **(template_kwargs or {}),
                 )
             except TemplateError as exc:
                 raise ValueError(

@@ -117,7 +117,10 @@ class Mistral3(VlmFamily):
         return settings
 
     def render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """The checkpoint's template, with a leading system message's text given as one text
         part: Mistral Small 3.1's template reads a first system message as
@@ -128,7 +131,7 @@ class Mistral3(VlmFamily):
             if isinstance(content, str):
                 first = {**messages[0], "content": [{"type": "text", "text": content}]}
                 messages = [first, *messages[1:]]
-        return super().render(messages, tools)
+        return super().render(messages, tools, template_kwargs)
 
     def image_grid(self, width: int, height: int) -> Grid:
         """(1, rows, cols) in tower patches of the processor's output for this size (the

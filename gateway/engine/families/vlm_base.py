@@ -216,11 +216,14 @@ class VlmFamily(ModelFamily):
     # ----- prompt side (any thread) -----------------------------------------------------------
 
     def render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         if self.TEXT_AS_PARTS:
             messages = [_as_parts(m) for m in messages]
-        return super().render(messages, tools)
+        return super().render(messages, tools, template_kwargs)
 
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]

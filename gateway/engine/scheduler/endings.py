@@ -76,7 +76,8 @@ class Endings:
             if values is None:
                 values = row_values(logprobs, token, sampling.top_logprobs)
             lps = (job.output.logprob(token, values),)
-        job.sink(TokenEvent(text, (token,), lps, job.index))
+        reasoning = job.output.take_reasoning()
+        job.sink(TokenEvent(text, (token,), lps, index=job.index, reasoning=reasoning))
 
     def finish(self, job: Job, reason: FinishReason | str, kv: object, all_tokens: object) -> None:
         """End the job normally with `reason` (STOP whenever a stop string ended it; mlx-lm's
@@ -94,9 +95,16 @@ class Endings:
             job.cached_tokens,
             job.vision_hits,
             job.vision_misses,
+            job.output.thinking_tokens,
         )
         final = _last_to_end(job)
-        job.sink(FinishEvent(reason, usage, tail, job.output.stopped_by, job.index, final))
+        reasoning = job.output.take_reasoning()
+        stopped_by = job.output.stopped_by
+        job.sink(
+            FinishEvent(
+                reason, usage, tail, stopped_by, index=job.index, final=final, reasoning=reasoning
+            )
+        )
         if final:  # the request's counters: once, however many choices it had
             self._metrics.requests.labels("ok").inc()
             self._metrics.prompt_tokens.inc(job.prompt_len)

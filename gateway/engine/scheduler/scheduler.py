@@ -51,6 +51,7 @@ from gateway.engine.scheduler.step_trace import StepTrace
 from gateway.engine.tokens.output import OutputState
 from gateway.engine.tokens.penalties import RowShaping
 from gateway.engine.tokens.sampling import make_sampler
+from gateway.engine.tokens.thinking import ThinkingRow, needs_row
 from gateway.metrics import Metrics
 
 log = logging.getLogger("gateway.engine.core")  # the engine's name (see endings.py)
@@ -172,6 +173,10 @@ class Scheduler:
         grammar = None
         if job.grammar is not None:
             grammar = grammars.start(job.grammar.result())  # raises a compile error
+        thinking = job.request.sampling.thinking
+        if needs_row(thinking, grammar is not None):
+            assert thinking is not None
+            grammar = ThinkingRow(thinking, grammar)  # type: ignore[assignment]
         job.sampler = make_sampler(job.request.sampling, grammar, grammars.masker)
         job.shaping = RowShaping.from_params(job.request.sampling, job.request.prompt_ids)
         self.loaded.cache_ops.admit(job)

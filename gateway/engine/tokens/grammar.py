@@ -86,6 +86,18 @@ class GrammarRow:
         if self.consumed == self.drawn - 1:
             self.accept(self.consumed, fed_token)
 
+    def take_mask(self, out: np.ndarray, eos_row: np.ndarray) -> LLMatcher | None:
+        """Count one draw and return the matcher whose mask goes into `out` (a row of the
+        batch's bitmask, all ones on entry); after an error, end the row (`out` = EOS only)."""
+        self.drawn += 1
+        if self.error is not None:
+            out[:] = eos_row.view(np.int32)
+            return None
+        return self.matcher
+
+    def after_fill(self, out: np.ndarray) -> None:
+        """Called after llguidance wrote this row's mask (a `ThinkingRow` widens it)."""
+
 
 class Masker:
     """Computes the batch's bitmask and applies it to log-probabilities. Engine thread only.
@@ -108,7 +120,8 @@ class Masker:
 
     def bitmask(self, rows: Sequence[GrammarRow | None]) -> np.ndarray:
         """The (len(rows), words) int32 bitmask of the next token: all ones for None rows.
-        Counts one draw on every constrained row (each row's matcher must be `ready`)."""
+        Counts one draw on every constrained row (each row's matcher must be `ready`). A row
+        is a `GrammarRow` or anything with its protocol (`ThinkingRow`)."""
         started = time.perf_counter()
         mask = np.full((len(rows), self.words), -1, dtype=np.int32)
         live = []
@@ -117,14 +130,15 @@ class Masker:
                 continue
             if not row.ready:
                 raise RuntimeError("a grammar row is asked for a mask before reading its token")
-            row.drawn += 1
-            if row.error is None:
-                live.append((row.matcher, i))
-            else:  # ends the row at once; the engine fails the request when it sees the error
-                mask[i] = self._eos_row.view(np.int32)
+            # A row after an error is ended at once (EOS only); the engine fails the request
+            # when it sees the error. A thinking row writes its own mask while it thinks.
+            matcher = row.take_mask(mask[i], self._eos_row)
+            if matcher is not None:
+                live.append((matcher, i))
         if live:
             fill_next_token_bitmask_par(self._executor, live, mask)
             for _, i in live:
+                rows[i].after_fill(mask[i])  # type: ignore[union-attr]
                 if not mask[i].any():  # never leave a row without a token: end it instead
                     mask[i] = self._eos_row.view(np.int32)
         self.seconds += time.perf_counter() - started

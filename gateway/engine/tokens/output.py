@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from gateway.engine.request import SamplingParams, TokenLogprob
 from gateway.engine.tokens.detokenizer import Detokenizer
 from gateway.engine.tokens.logprobs import LogprobValues
+from gateway.engine.tokens.thinking import Kind, Phase, Phases
 
 Decode = Callable[[Sequence[int]], str]
 
@@ -47,11 +48,45 @@ class IncrementalDetokenizer:
         return new_text[len(prefix_text) :]
 
 
+class _Lead:
+    """Drops what opens a channel's text: `header` (when the text starts with it), then
+    newlines (Qwen3 writes `<think>\n` and `</think>\n\n`), holding text back only while
+    it could still be that opening."""
+
+    def __init__(self, header: str = "") -> None:
+        self._header = header
+        self._held = ""
+        self.done = False
+
+    def feed(self, text: str) -> str:
+        if self.done:
+            return text
+        self._held += text
+        if self._header and self._header.startswith(self._held):
+            return ""  # could still be the header
+        if self._header and self._held.startswith(self._header):
+            self._held = self._held[len(self._header) :]
+        self._header = ""
+        out, self._held = self._held.lstrip("\n"), ""
+        self.done = bool(out)
+        return out
+
+    def flush(self) -> str:
+        """The end of the channel: text held back as a possible header is text after all."""
+        out, self._held, self.done = self._held.lstrip("\n"), "", True
+        return out
+
+
 class OutputState:
     """Text, stop strings and logprobs of one request's completion.
 
     `push(token, logprobs)` returns (text to emit now, finished-by-stop-string). Text that could
     be the start of a stop string is held back until it cannot be.
+
+    With `params.thinking` (gateway.engine.tokens.thinking) the thinking's text goes to
+    `take_reasoning()` instead, through a detokenizer of its own; markers are dropped, and so
+    are the newlines that open each part. Stop strings apply to the answer only. Without it,
+    every token is answer text, as for any model.
     """
 
     def __init__(
@@ -67,14 +102,54 @@ class OutputState:
         self.completion_tokens = 0
         self.stopped = False
         self.stopped_by: str | None = None  # the stop string that ended the completion
+        thinking = params.thinking
+        self._phases = Phases(thinking) if thinking is not None else None
+        self._new_detokenizer = new_detokenizer
+        self._think_detok: Detokenizer | None = None
+        self._think_lead = _Lead(thinking.header if thinking is not None else "")
+        self._answer_lead: _Lead | None = None  # after a thinking: drops its newlines
+        self._reasoning = ""  # thinking text not yet taken
 
     def push(self, token: int) -> str:
         self.completion_tokens += 1
-        self._pending += self._detok.add(token)
+        if self._phases is not None:
+            kind = self._phases.step(token)
+            if kind is Kind.MARKER:
+                if self._phases.phase is Phase.ANSWER:  # the thinking closed
+                    self._end_thinking()
+                return ""
+            if kind is Kind.THINKING:
+                if self._think_detok is None:
+                    self._think_detok = self._new_detokenizer()
+                self._reasoning += self._think_lead.feed(self._think_detok.add(token))
+                return ""
+        text = self._detok.add(token)
+        if self._answer_lead is not None:
+            text = self._answer_lead.feed(text)
+        self._pending += text
         return self._release(final=False)
 
+    def _end_thinking(self) -> None:
+        if self._think_detok is not None:
+            self._reasoning += self._think_lead.feed(self._think_detok.flush())
+        self._reasoning += self._think_lead.flush()
+        self._answer_lead = _Lead()
+
+    @property
+    def thinking_tokens(self) -> int:
+        """Tokens of the thinking so far (0 for a model without one)."""
+        return self._phases.thought if self._phases is not None else 0
+
+    def take_reasoning(self) -> str:
+        """The thinking text produced since the last call ("" for a model without one)."""
+        out, self._reasoning = self._reasoning, ""
+        return out
+
     def finish(self) -> str:
-        """Flush held-back text at the end of generation (stop strings still apply)."""
+        """Flush held-back text at the end of generation (stop strings still apply); a
+        thinking cut short flushes into `take_reasoning()`."""
+        if self._phases is not None and self._phases.phase is Phase.THINKING:
+            self._end_thinking()
         if not self.stopped:
             self._pending += self._detok.flush()
         return self._release(final=True)

@@ -93,3 +93,12 @@ TEMPLATE = r"""{%- if tools %}
         {{- '<think>\n\n</think>\n\n' }}
     {%- endif %}
 {%- endif %}"""
+
+# Qwen3's Thinking checkpoints (Qwen3-4B-Thinking-2507, Qwen3-VL-*-Thinking) think always:
+# the same template, with the generation prompt opening the thinking itself (the answer
+# starts inside it and holds only its closing `</think>`).
+THINKING_TEMPLATE = TEMPLATE.replace(
+    "{{- '<|im_start|>assistant\\n' }}\n    {%- if enable_thinking is defined and enable_thinking is false %}\n        {{- '<think>\\n\\n</think>\\n\\n' }}\n    {%- endif %}",
+    "{{- '<|im_start|>assistant\\n<think>\\n' }}",
+)
+assert THINKING_TEMPLATE != TEMPLATE

@@ -30,6 +30,8 @@ LOGPROBS = "message.output_text.logprobs"
 # field -> (fields it needs beside it, the value tried); anything not listed: "x"
 OPENAI = {
     "model": ({}, "other"),
+    "reasoning_effort": ({}, "none"),
+    "chat_template_kwargs": ({}, {"enable_thinking": False}),
     "messages": ({}, [{"role": "user", "content": "bye"}]),
     "max_completion_tokens": ({}, 5),
     "max_tokens": ({}, 5),
@@ -69,6 +71,7 @@ OPENAI = {
     "prompt_logprobs": ({}, 1),
 }
 RESPONSES = {
+    "reasoning": ({}, {"effort": "none"}),
     "model": ({}, "other"),
     "input": ({}, "bye"),
     "previous_response_id": ({}, "resp_1"),
@@ -92,6 +95,7 @@ RESPONSES = {
     "max_tool_calls": ({}, 3),
 }
 ANTHROPIC = {
+    "thinking": ({}, {"type": "disabled"}),
     "model": ({}, "other"),
     "messages": ({}, [{"role": "user", "content": "bye"}]),
     "system": ({}, "be brief"),

@@ -88,3 +88,20 @@ def test_a_size_the_arch_lacks_is_a_clear_error(tmp_path) -> None:  # noqa: ANN0
         cli.main(["make-model", str(tmp_path / "m"), "--arch", "qwen3", "--size", "small"])
     assert "unknown size 'small' for qwen3; expected one of tiny" in str(done.value.code)
     assert not (tmp_path / "m").exists()
+
+
+def test_thinking_is_a_qwen3_template(tmp_path: Path) -> None:
+    """`--thinking` writes Qwen3's Thinking template (the prompt opens `<think>`) into a tiny
+    qwen3 checkpoint, and is refused for any other arch."""
+    from gateway.offline_model.chat_templates.qwen3 import THINKING_TEMPLATE
+
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["make-model", str(tmp_path / "x"), "--arch", "llama", "--thinking"])
+    assert "qwen3" in str(refused.value.code)
+    out = tmp_path / "thinking"
+    cli.main(["make-model", str(out), "--arch", "qwen3", "--thinking"])
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == THINKING_TEMPLATE
+    assert (out / "chat_template.jinja").read_text() == THINKING_TEMPLATE
+    assert THINKING_TEMPLATE.rstrip().endswith("{%- endif %}")
+    assert "'<|im_start|>assistant\\n<think>\\n'" in THINKING_TEMPLATE

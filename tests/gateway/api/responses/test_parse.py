@@ -127,7 +127,9 @@ def test_refusals_name_the_field() -> None:
     _refused("tools", tools=[FN, FN])
     _refused("tool_choice", tool_choice="required")
     _refused("tool_choice.name", tools=[FN], tool_choice={"type": "function", "name": "g"})
-    _refused("input[0].type", input=[{"type": "reasoning", "summary": []}])
+    _refused("input[0].type", input=[{"type": "web_search_call", "id": "ws_1"}])
+    _refused("reasoning.effort", reasoning={"effort": "max"})
+    _refused("input[0].summary[0]", input=[{"type": "reasoning", "summary": [{"text": 1}]}])
     _refused("input[0].output", input=[{"type": "function_call_output", "call_id": "c"}])
     _refused("input[0].arguments", input=[{**CALL, "arguments": {"x": 1}}])
     part = {"type": "input_image", "file_id": "file-1"}
