@@ -1,0 +1,276 @@
+"""Answer prefill: after an answer ends, its KV is computed again by prefill blocks and
+stored, so the next turn of the conversation finds prompt + answer in the prefix cache.
+
+Under the exact-reuse rule (docs/caching.md) only prefill-computed KV is stored: a finished
+request's answer was computed by decode steps (one row at a time, in batches of varying size),
+whose KV differs in the last bits from what a prefill of the same tokens gives, so it is never
+stored. Without this module turn N+1 therefore recomputes turn N's whole answer.
+
+Here, when a request finishes (its prompt's blocks just stored), an `AnswerStore` queues an
+answer job: a worker thread renders what the next turn's prompt will hold after this prompt
+(gateway.engine.tokens.answer_render: the answer as the chat template renders it, and the end
+of its turn); then the engine thread runs, over those tokens, exactly the block computation
+an uncached request for the next turn runs: a forward of `block` query rows at absolute
+positions [k*block, (k+1)*block), from the stored prompt blocks on (a prefix hit on the
+request's own prompt), and stores each whole block (memory tree and disk tier, under the
+request's cache scope). A block the next prompt turns out not to hold is never hit, so a
+wrong guess costs memory, never exactness. The next prompt's final partial block is left to
+the next turn (it is not stored by anyone); for a family that feeds a prompt's last token as
+a one-row step (`last_token_apart`) no stored block holds the rendered tail's last token.
+
+When it runs (`step`, called once per engine step after the decode, by the scheduler, only
+while no user request waits, encodes or prefills): idle (nothing decodes), block by block up
+to `cap` rows a step, stopping as soon as a message reaches the engine's inbox (`arrived`);
+while rows decode, only blocks whose estimated cost fits what is left of the step's time
+budget (`StepBudget`, never the first unit for free as admission gets: a running stream's
+gap never grows for it), none in a wave or under the fixed rule. A job interrupted keeps its
+private KV and resumes; what it computed so far is stored at once, so a next turn arriving
+early still uses it. Jobs are dropped (counted) when the queue is full (oldest first), under
+device memory pressure, on a cache reset, when their blocks are already stored, or on any
+error. Off with `--no-answer-prefill`, the prefix cache off, exact reuse off (then the answer's
+decode KV is stored, as before), or for requests with `use_caches` false.
+
+Engine thread only, except `stats` (any thread: it reads ints) and the rendering (its worker).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from gateway.engine.cache_ops import CacheOps, delta_before
+from gateway.engine.model.kv import assemble
+from gateway.engine.request import EngineRequest
+from gateway.engine.scheduler.budget import CostModel, StepBudget
+from gateway.engine.scheduler.job import Job
+from gateway.engine.tokens.answer_render import AnswerTemplate
+
+log = logging.getLogger(__name__)
+
+MAX_PENDING = 32  # answer jobs queued at most; the oldest goes first
+MEMORY_SHARE = 0.85  # of the device's memory: above it in use, queued answer jobs are dropped
+RENDER_WAIT_S = 0.002  # idle: how long a step waits for a render before yielding to the loop
+
+
+def memory_pressure() -> bool:
+    """Is MLX's active memory above MEMORY_SHARE of the device's (when the device reports
+    a size; a CPU does not, and its memory is bounded by the caches' budgets)?"""
+    info = mx.device_info()
+    size = info.get("max_recommended_working_set_size") or info.get("memory_size")
+    return isinstance(size, int) and mx.get_active_memory() > MEMORY_SHARE * size
+
+
+@dataclass
+class _Pending:
+    """One finished request's answer job: its next-turn tokens (rendering on the worker),
+    then, once started, the job whose private KV the blocks are fed into."""
+
+    request: EngineRequest  # the finished request (its images, scope, prompt)
+    encoded: list[Any]  # its image features (for images the answer's first block overlaps)
+    render: Future[list[int] | None]
+    job: Job | None = None
+    target: int = 0  # end of the last block to compute (a multiple of the block)
+    stored: int = 0  # tokens up to which its blocks were handed to the cache
+
+
+def _discard(event: object) -> None:
+    """The answer job's sink: it has no client."""
+
+
+class AnswerStore:
+    """The queue of answer jobs of one engine (module doc). `block`: the exact-reuse block
+    (0: exact reuse off, nothing is queued); `enabled`: `--answer-prefill`."""
+
+    def __init__(
+        self,
+        cache_ops: CacheOps,
+        block: int,
+        enabled: bool = True,
+        pressure: Callable[[], bool] = memory_pressure,
+    ) -> None:
+        self._ops = cache_ops
+        self._model = cache_ops.model
+        self.block = block
+        self.enabled = enabled and block > 0 and self._model.cache_policy.prefix_off is None
+        self._pressure = pressure
+        self._template = AnswerTemplate(self._model)
+        self._queue: deque[_Pending] = deque()
+        self._pool: ThreadPoolExecutor | None = None
+        self.counts = dict.fromkeys(
+            ("offered", "skipped", "dropped", "covered", "failed", "done", "blocks", "steps"), 0
+        )
+
+    @property
+    def pending(self) -> bool:
+        """Are answer jobs queued (the engine loop must keep stepping)?"""
+        return bool(self._queue)
+
+    def stats(self) -> dict[str, object]:
+        """Counters for /v1/cache/stats (any thread): jobs offered, skipped (not a chat turn,
+        or a template that does not render the answer as a continuation), dropped (queue
+        full, memory pressure, reset), covered (already stored), failed, done; block forwards
+        run (`blocks`, tokens = blocks x block_tokens) and steps that ran any."""
+        return {"enabled": self.enabled, "pending": len(self._queue), **self.counts}
+
+    def offer(self, job: Job, tokens: list[int]) -> None:
+        """A request finished with `tokens` (prompt + answer) and its prompt's blocks were just
+        stored: queue its answer job (the next-turn tokens render on the worker thread)."""
+        request = job.request
+        answer = tokens[job.prompt_len :]
+        if not (self.enabled and request.use_caches and answer and self._ops.prefix.capacity_bytes):
+            return
+        if len(self._queue) >= MAX_PENDING:
+            self._queue.popleft()
+            self.counts["dropped"] += 1
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="answer-render")
+        stop = job.output.stopped_by if job.output.stopped else None
+        render = self._pool.submit(self._next_tokens, request.prompt_ids, answer, stop)
+        self._queue.append(_Pending(request, list(job.encoded), render))
+        self.counts["offered"] += 1  # after the append: offered and pending read consistently
+
+    def _next_tokens(self, prompt: tuple[int, ...], answer: list[int], stop: str | None):
+        """(worker thread) The next turn's tokens after `prompt`, or None."""
+        if not self._template.ends_turn(prompt):
+            return None
+        text = self._model.decode(answer)  # the text the client received (specials skipped)
+        if stop is not None and stop in text:
+            text = text[: text.index(stop)]
+        return self._template.tail(text)
+
+    def clear(self) -> None:
+        """Drop every queued job (a cache reset: their hits came from the old caches)."""
+        self.counts["dropped"] += len(self._queue)
+        self._queue.clear()
+
+    def step(
+        self, budget: StepBudget, costs: CostModel, decoding: bool, arrived: Callable[[], bool]
+    ) -> int:
+        """Run answer blocks in this step's spare time (module doc); returns the query rows
+        fed. Their time is spent from `budget` and feeds `costs`' prefill estimate."""
+        if not self._queue:
+            return 0
+        if decoding and (budget.fixed or budget.wave or budget.limit is None):
+            return 0
+        cap = self.block * 8
+
+        def allow(rows: int) -> bool:
+            if arrived():
+                return False
+            if not decoding:
+                return True
+            per_row = costs.prefill_row.value
+            left = budget.left() or 0.0
+            return per_row is not None and rows * per_row <= left - (time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        rows = self._run(allow, cap, decoding)
+        if rows:
+            seconds = time.perf_counter() - t0
+            budget.spend(seconds)
+            costs.add_prefill(rows, seconds)
+            self.counts["steps"] += 1
+        return rows
+
+    def _run(self, allow: Callable[[int], bool], cap: int, decoding: bool) -> int:
+        rows = 0
+        while self._queue and rows + self.block <= cap:
+            head = self._queue[0]
+            if head.job is None:
+                if not head.render.done():
+                    if decoding or not wait([head.render], RENDER_WAIT_S).done:
+                        break
+                if not self._start(head):
+                    self._queue.popleft()
+                    continue
+            if self._pressure():
+                self.clear()
+                break
+            if not allow(self.block):
+                break
+            try:
+                self._block(head)
+            except Exception:
+                log.exception("answer prefill of %s failed", head.request.request_id)
+                self.counts["failed"] += 1
+                self._queue.popleft()
+                continue
+            rows += self.block
+            if head.job is not None and head.job.fed >= head.target:
+                self._store(head)
+                self.counts["done"] += 1
+                self._queue.popleft()
+        if self._queue and self._queue[0].job is not None:
+            self._store(self._queue[0])  # interrupted: what it has is usable at once
+        return rows
+
+    def _start(self, head: _Pending) -> bool:
+        """Set up the job's private KV from the stored blocks of its own prompt (False: skip
+        it, counted)."""
+        try:
+            tail = head.render.result()
+            if not tail:
+                self.counts["skipped"] += 1
+                return False
+            return self._setup(head, tail)
+        except Exception:
+            log.exception("starting the answer prefill of %s failed", head.request.request_id)
+            self.counts["failed"] += 1
+            return False
+
+    def _setup(self, head: _Pending, tail: list[int]) -> bool:
+        model, ops, block = self._model, self._ops, self.block
+        tokens = (*head.request.prompt_ids, *tail)
+        n = len(tokens)
+        # A family feeding a prompt's last token as a one-row step computes the plan's last
+        # row that way: it must not be in a stored block.
+        target = (n - 1 if model.last_token_apart else n) // block * block
+        request = dataclasses.replace(head.request, prompt_ids=tokens)
+        job = Job(request=request, sink=_discard, output=None)  # type: ignore[arg-type]
+        spans, scope = ops.spans(job), request.cache_scope
+        if ops.prefix.stored_blocks(tokens, spans, scope) * block >= target:
+            self.counts["covered"] += 1
+            return False
+        hit = ops.prefix.find(tokens, spans, block, scope)
+        start = hit.tokens if hit is not None else 0
+        layouts = [i.layout for i in request.images]
+        if any(lay.end > start and head.encoded[i] is None for i, lay in enumerate(layouts)):
+            self.counts["skipped"] += 1  # its features are gone (prompt blocks evicted)
+            return False
+        if hit is not None:
+            delta = delta_before(layouts, start)
+            job.cache = assemble(hit, delta, target - start, model.new_cache(delta))
+        else:
+            job.cache = model.new_cache()
+        job.cached_tokens = job.fed = start
+        job.encoded = head.encoded
+        job.plan = model.prefill_plan(tokens, layouts, head.encoded, start, n)
+        head.job, head.target, head.stored = job, target, start
+        return True
+
+    def _block(self, head: _Pending) -> None:
+        """One whole block forward [fed, fed + block), as the uncached path computes it."""
+        job = head.job
+        assert job is not None and job.plan is not None
+        lo, base = job.fed, job.cached_tokens
+        hi = lo + self.block
+        self._model.prefill(job.plan, job.cache, lo - base, hi - base, rows=self.block)  # type: ignore[arg-type]
+        job.fed = hi
+        self.counts["blocks"] += 1
+
+    def _store(self, head: _Pending) -> None:
+        """Hand the job's new whole blocks to the prefix cache (and its disk tier)."""
+        job = head.job
+        if job is None or job.fed <= head.stored:
+            return
+        # (`store_image_part` stores a job's blocks prefilled so far: here the answer job's)
+        self._ops.store_image_part(job)
+        head.stored = job.fed
