@@ -75,7 +75,7 @@ class _Pending:
 
     request: EngineRequest  # the finished request (its images, scope, prompt)
     encoded: list[Any]  # its image features (for images the answer's first block overlaps)
-    render: Future[list[int] | None]
+    render: Future[tuple[int, list[int]] | None]  # (prompt tokens dropped, tokens after)
     job: Job | None = None
     target: int = 0  # end of the last block to compute (a multiple of the block)
     stored: int = 0  # tokens up to which its blocks were handed to the cache
@@ -137,8 +137,11 @@ class AnswerStore:
         self._queue.append(_Pending(request, list(job.encoded), render))
         self.counts["offered"] += 1  # after the append: offered and pending read consistently
 
-    def _next_tokens(self, prompt: tuple[int, ...], answer: list[int], stop: str | None):
-        """(worker thread) The next turn's tokens after `prompt`, or None."""
+    def _next_tokens(
+        self, prompt: tuple[int, ...], answer: list[int], stop: str | None
+    ) -> tuple[int, list[int]] | None:
+        """(worker thread) The next turn's tokens in place of `prompt`'s end
+        (`AnswerTemplate.tail`), or None."""
         if not self._template.ends_turn(prompt):
             return None
         text = self._model.decode(answer)  # the text the client received (specials skipped)
@@ -216,19 +219,21 @@ class AnswerStore:
         """Set up the job's private KV from the stored blocks of its own prompt (False: skip
         it, counted)."""
         try:
-            tail = head.render.result()
-            if not tail:
+            rendered = head.render.result()
+            prompt = head.request.prompt_ids
+            if rendered is None or rendered[0] >= len(prompt):
                 self.counts["skipped"] += 1
                 return False
-            return self._setup(head, tail)
+            drop, tail = rendered
+            return self._setup(head, (*prompt[: len(prompt) - drop], *tail))
         except Exception:
             log.exception("starting the answer prefill of %s failed", head.request.request_id)
             self.counts["failed"] += 1
             return False
 
-    def _setup(self, head: _Pending, tail: list[int]) -> bool:
+    def _setup(self, head: _Pending, tokens: tuple[int, ...]) -> bool:
+        """Start a job over `tokens` (the next turn's, as far as they are known)."""
         model, ops, block = self._model, self._ops, self.block
-        tokens = (*head.request.prompt_ids, *tail)
         n = len(tokens)
         # A family feeding a prompt's last token as a one-row step computes the plan's last
         # row that way: it must not be in a stored block.
@@ -242,6 +247,9 @@ class AnswerStore:
         hit = ops.prefix.find(tokens, spans, block, scope)
         start = hit.tokens if hit is not None else 0
         layouts = [i.layout for i in request.images]
+        if any(lay.end > n for lay in layouts):  # never: only the generation prompt is dropped
+            self.counts["skipped"] += 1
+            return False
         if any(lay.end > start and head.encoded[i] is None for i, lay in enumerate(layouts)):
             self.counts["skipped"] += 1  # its features are gone (prompt blocks evicted)
             return False

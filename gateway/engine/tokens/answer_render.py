@@ -13,9 +13,11 @@ then `<|im_end|>\\n<|im_start|>user\\n`; Qwen3's strips a `<think>` part first),
 `[user Q]` (the base: what a first turn's prompt looks like) and `[user Q, assistant
 ANSWER, user F]` for two very different follow-ups F. The tokens both follow-ups share after
 the base are the answer as rendered plus the part of the next turn that does not depend on
-the next message: exactly what the next prompt holds. Probes that do not start with the base
-(a template that rewrites earlier history, or whose generation prompt is not what the history
-renders) give nothing: the answer is not prefilled.
+the next message: exactly what the next prompt holds. Where the generation prompt opens more
+than the history renders (Gemma 4's empty thought channel), the next prompt drops those
+tokens of this prompt's end first. Probes that differ from the base before its generation
+prompt (a template that rewrites earlier history) give nothing: the answer is not
+prefilled.
 
 A wrong guess costs only memory: KV blocks are keyed by their tokens (and everything before
 them), so a block the next prompt does not hold is never hit, and never changes an answer.
@@ -100,23 +102,28 @@ class AnswerTemplate:
         tail = self.generation_tail
         return tail is not None and tuple(prompt_ids[-len(tail) :]) == tail
 
-    def tail(self, answer: str) -> list[int] | None:
-        """Tokens the next turn's prompt holds after this prompt, for an answer whose text
-        (as the client received it) is `answer`; None when the template does not render the
-        probes as a continuation of the first turn (module doc) or refuses them."""
+    def tail(self, answer: str) -> tuple[int, list[int]] | None:
+        """What the next turn's prompt holds in place of this prompt's end, for an answer
+        whose text (as the client received it) is `answer`: (how many of the prompt's last
+        tokens it does not repeat, the tokens that follow instead). The first is 0 unless
+        the template's generation prompt opens more than its history renders (Gemma 4's
+        empty thought channel; at most the generation prompt). None when the template does
+        not render the probes as a continuation of the first turn (module doc) or refuses
+        them."""
         if not self._probed:
             self._probe()
-        base = self._base
-        if base is None:
+        base, gen = self._base, self.generation_tail
+        if base is None or gen is None:
             return None
-        tails = []
+        tails, keep = [], len(base)
         for follow in FOLLOW_UPS:
             try:
                 ids = self._ids(self._messages(answer, follow))
             except Exception:  # e.g. a template that refuses the answer's content
                 return None
-            if ids[: len(base)] != base:  # history before the answer rendered otherwise
-                return None
-            tails.append(ids[len(base) :])
-        tail = tails[0][: common_prefix(tails[0], tails[1])]
-        return tail or None
+            keep = min(keep, common_prefix(base, ids))
+            tails.append(ids)
+        if keep < len(base) - len(gen):  # history before the answer rendered otherwise
+            return None
+        tail = tails[0][keep : common_prefix(tails[0], tails[1])]
+        return (len(base) - keep, tail) if tail else None
