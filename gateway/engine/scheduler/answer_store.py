@@ -132,21 +132,16 @@ class AnswerStore:
             self.counts["dropped"] += 1
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="answer-render")
-        stop = job.output.stopped_by if job.output.stopped else None
-        render = self._pool.submit(self._next_tokens, request.prompt_ids, answer, stop)
+        # The text the client received (stop strings cut), which it sends back next turn.
+        render = self._pool.submit(self._next_tokens, request.prompt_ids, job.output.text)
         self._queue.append(_Pending(request, list(job.encoded), render))
         self.counts["offered"] += 1  # after the append: offered and pending read consistently
 
-    def _next_tokens(
-        self, prompt: tuple[int, ...], answer: list[int], stop: str | None
-    ) -> tuple[int, list[int]] | None:
+    def _next_tokens(self, prompt: tuple[int, ...], text: str) -> tuple[int, list[int]] | None:
         """(worker thread) The next turn's tokens in place of `prompt`'s end
         (`AnswerTemplate.tail`), or None."""
         if not self._template.ends_turn(prompt):
             return None
-        text = self._model.decode(answer)  # the text the client received (specials skipped)
-        if stop is not None and stop in text:
-            text = text[: text.index(stop)]
         return self._template.tail(text)
 
     def clear(self) -> None:

@@ -67,17 +67,28 @@ class OutputState:
         self.completion_tokens = 0
         self.stopped = False
         self.stopped_by: str | None = None  # the stop string that ended the completion
+        self._emitted: list[str] = []  # every piece of text returned so far
+
+    @property
+    def text(self) -> str:
+        """The completion's text as emitted so far (what the client received)."""
+        return "".join(self._emitted)
 
     def push(self, token: int) -> str:
         self.completion_tokens += 1
         self._pending += self._detok.add(token)
-        return self._release(final=False)
+        return self._emit(self._release(final=False))
 
     def finish(self) -> str:
         """Flush held-back text at the end of generation (stop strings still apply)."""
         if not self.stopped:
             self._pending += self._detok.flush()
-        return self._release(final=True)
+        return self._emit(self._release(final=True))
+
+    def _emit(self, out: str) -> str:
+        if out:
+            self._emitted.append(out)
+        return out
 
     def _release(self, final: bool) -> str:
         if self.stopped:
