@@ -23,7 +23,9 @@ while no user request waits, encodes or prefills): idle (nothing decodes), block
 to `cap` rows a step, stopping as soon as a message reaches the engine's inbox (`arrived`);
 while rows decode, only blocks whose estimated cost fits what is left of the step's time
 budget (`StepBudget`, never the first unit for free as admission gets: a running stream's
-gap never grows for it), none in a wave or under the fixed rule. A job interrupted keeps its
+gap never grows for it; starting a job, which copies its prompt's stored blocks, is
+estimated per prompt token and measured, so a never-measured start waits for idle time),
+none in a wave or under the fixed rule. A job interrupted keeps its
 private KV and resumes; what it computed so far is stored at once, so a next turn arriving
 early still uses it. Jobs are dropped (counted) when the queue is full (oldest first), under
 device memory pressure, on a cache reset, when their blocks are already stored, or on any
@@ -49,7 +51,7 @@ import mlx.core as mx
 from gateway.engine.cache_ops import CacheOps, delta_before
 from gateway.engine.model.kv import assemble
 from gateway.engine.request import EngineRequest
-from gateway.engine.scheduler.budget import CostModel, StepBudget
+from gateway.engine.scheduler.budget import CostModel, RunningMean, StepBudget
 from gateway.engine.scheduler.job import Job
 from gateway.engine.tokens.answer_render import AnswerTemplate
 
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 MAX_PENDING = 32  # answer jobs queued at most; the oldest goes first
 MEMORY_SHARE = 0.85  # of the device's memory: above it in use, queued answer jobs are dropped
 RENDER_WAIT_S = 0.002  # idle: how long a step waits for a render before yielding to the loop
+CAP_BLOCKS = 8  # block forwards one step runs at most (idle: the inbox is checked between)
 
 
 def memory_pressure() -> bool:
@@ -104,6 +107,9 @@ class AnswerStore:
         self._template = AnswerTemplate(self._model)
         self._queue: deque[_Pending] = deque()
         self._pool: ThreadPoolExecutor | None = None
+        # Seconds per prompt token of starting a job (the hit's copy): while rows decode a
+        # job starts only when that fits the step's budget (never measured: only when idle).
+        self._copy_per_token = RunningMean()
         self.counts = dict.fromkeys(
             ("offered", "skipped", "dropped", "covered", "failed", "done", "blocks", "steps"), 0
         )
@@ -152,48 +158,59 @@ class AnswerStore:
     def step(
         self, budget: StepBudget, costs: CostModel, decoding: bool, arrived: Callable[[], bool]
     ) -> int:
-        """Run answer blocks in this step's spare time (module doc); returns the query rows
-        fed. Their time is spent from `budget` and feeds `costs`' prefill estimate."""
+        """Run answer work in this step's spare time (module doc); returns the query rows
+        fed. Its time is spent from `budget`; the block forwards' feed `costs`' prefill
+        estimate (the same forwards a prompt's prefill runs)."""
         if not self._queue:
             return 0
         if decoding and (budget.fixed or budget.wave or budget.limit is None):
             return 0
-        cap = self.block * 8
+        t0 = time.perf_counter()
 
-        def allow(rows: int) -> bool:
+        def allow(estimate: float | None) -> bool:
+            """May work estimated at `estimate` seconds (None: unknown) start now?"""
             if arrived():
                 return False
             if not decoding:
                 return True
-            per_row = costs.prefill_row.value
-            left = budget.left() or 0.0
-            return per_row is not None and rows * per_row <= left - (time.perf_counter() - t0)
+            left = (budget.left() or 0.0) - (time.perf_counter() - t0)
+            return estimate is not None and estimate <= left
 
-        t0 = time.perf_counter()
-        rows = self._run(allow, cap, decoding)
+        per_row = costs.prefill_row.value
+        rows, forwards = self._run(allow, per_row, decoding)
+        if rows or forwards:
+            budget.spend(time.perf_counter() - t0)
         if rows:
-            seconds = time.perf_counter() - t0
-            budget.spend(seconds)
-            costs.add_prefill(rows, seconds)
+            costs.add_prefill(rows, forwards)
             self.counts["steps"] += 1
         return rows
 
-    def _run(self, allow: Callable[[int], bool], cap: int, decoding: bool) -> int:
-        rows = 0
-        while self._queue and rows + self.block <= cap:
+    def _run(
+        self, allow: Callable[[float | None], bool], per_row: float | None, decoding: bool
+    ) -> tuple[int, float]:
+        """Blocks of the oldest jobs while `allow`ed, at most CAP_BLOCKS; returns the rows
+        fed and the seconds their forwards took."""
+        rows, seconds = 0, 0.0
+        block_cost = None if per_row is None else per_row * self.block
+        while self._queue and rows < CAP_BLOCKS * self.block:
             head = self._queue[0]
             if head.job is None:
                 if not head.render.done():
                     if decoding or not wait([head.render], RENDER_WAIT_S).done:
                         break
+                # Starting copies the prompt's stored blocks into the job's own KV.
+                copy = self._copy_per_token.value
+                if not allow(None if copy is None else copy * len(head.request.prompt_ids)):
+                    break
                 if not self._start(head):
                     self._queue.popleft()
                     continue
             if self._pressure():
                 self.clear()
                 break
-            if not allow(self.block):
+            if not allow(block_cost):
                 break
+            started = time.perf_counter()
             try:
                 self._block(head)
             except Exception:
@@ -201,6 +218,7 @@ class AnswerStore:
                 self.counts["failed"] += 1
                 self._queue.popleft()
                 continue
+            seconds += time.perf_counter() - started
             rows += self.block
             if head.job is not None and head.job.fed >= head.target:
                 self._store(head)
@@ -208,7 +226,7 @@ class AnswerStore:
                 self._queue.popleft()
         if self._queue and self._queue[0].job is not None:
             self._store(self._queue[0])  # interrupted: what it has is usable at once
-        return rows
+        return rows, seconds
 
     def _start(self, head: _Pending) -> bool:
         """Set up the job's private KV from the stored blocks of its own prompt (False: skip
@@ -220,7 +238,11 @@ class AnswerStore:
                 self.counts["skipped"] += 1
                 return False
             drop, tail = rendered
-            return self._setup(head, (*prompt[: len(prompt) - drop], *tail))
+            started = time.perf_counter()
+            ok = self._setup(head, (*prompt[: len(prompt) - drop], *tail))
+            if ok:
+                self._copy_per_token.add((time.perf_counter() - started) / len(prompt))
+            return ok
         except Exception:
             log.exception("starting the answer prefill of %s failed", head.request.request_id)
             self.counts["failed"] += 1

@@ -162,7 +162,7 @@ def test_while_rows_decode_only_the_spare_budget_is_used() -> None:
     assert store.step(fixed, fixed.costs, True, never) == 0 and not ran
     wave = _budget(2.0, rows=2, admitting=8)
     assert store.step(wave, wave.costs, True, never) == 0 and not ran
-    spare = _budget(2.0, rows=4)  # 100 ms left, 1 ms a block: the whole job
+    spare = _budget(2.0, rows=4)  # 100 ms left, 1 ms a block: the whole job (started)
     assert store.step(spare, spare.costs, True, never) == 128
     assert spare.spent > 0 and spare.worked
 
@@ -239,3 +239,19 @@ def test_a_scoped_answer_is_stored_in_its_scope_only() -> None:
     assert shared.finish.usage.cached_tokens == 0  # another scope: nothing shared
     own = one.finish.usage.prompt_tokens // 32 * 32
     assert scoped.finish.usage.cached_tokens > own  # its own answer, in its scope
+
+
+def test_a_job_never_started_waits_for_idle_time_while_rows_decode() -> None:
+    """Starting a job copies its prompt's blocks: with no measured copy cost it is not
+    started while rows decode, whatever the budget left."""
+    from concurrent.futures import Future
+
+    store, ran = _store_with_job()
+    head = store._queue[0]
+    head.job = None
+    head.request = SimpleNamespace(prompt_ids=(1,) * 500, request_id="r")
+    head.render = Future()
+    head.render.set_result(None)
+    spare = _budget(2.0, rows=4)
+    assert store.step(spare, spare.costs, True, lambda: False) == 0
+    assert store.pending and head.job is None and not ran
