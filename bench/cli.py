@@ -113,7 +113,7 @@ def _client_parsers(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--max-tokens", type=int, default=64, help="per answer")
     p.add_argument("--think-ms", type=float, default=200, help="pause before each next turn")
     p.add_argument("--streams", type=int, default=4, help="text streams decoding meanwhile")
-    p.add_argument("--stream-tokens", type=int, default=600, help="per text stream")
+    p.add_argument("--stream-tokens", type=int, default=1500, help="per text stream")
     p.add_argument("--markdown", type=Path, help="write the markdown table")
     p.set_defaults(run=_multi_turn)
 

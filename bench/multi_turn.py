@@ -75,7 +75,9 @@ def run_config(server: Any, model: str, name: str, args: Any, log: Any) -> dict[
         t = StreamTiming(start=time.perf_counter())
         progress.append(t)
         messages = [{"role": "user", "content": f"Tell me a long story, number {i}."}]
-        timed_stream(client, model, messages, args.stream_tokens, t)
+        # ignore_eos: a random-weight model may end a stream before the conversation does
+        extra = {"extra_body": {"ignore_eos": True}}
+        timed_stream(client, model, messages, args.stream_tokens, t, **extra)
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(args.streams)]
     for t in threads:
