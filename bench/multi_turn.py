@@ -6,10 +6,12 @@ Per configuration (a fresh server each: `--answer-prefill`, the default, and
 - conversations: `--conversations` distinct images, `--turns` greedy turns each, the history
   (with the answers as received) resent every turn after `--think-ms` of think time; per turn
   the TTFT and cached / prompt tokens. Turn 1 is cold; turns 2.. are warm;
-- streams: `--streams` text streams decode while one more such conversation runs its turns,
-  so its answers end (and their answer prefills run) while rows decode; reported: the
-  streams' decode step before the conversation (per stream its mean gap, the median) and
-  their median / max inter-token gap while it runs, and the answer-prefill blocks run then
+- streams: `--streams` text streams of staggered lengths (stream i: (i+1)/streams of
+  `--stream-tokens`) decode while one more such conversation runs its turns, so its answers
+  and the shorter streams' own long answers end (and their answer prefills run) while rows
+  decode; reported: the streams' decode step before the conversation (per stream its mean
+  gap, the median) and their median / p99 / max inter-token gap from the conversation's
+  start to the last stream's end, and the answer-prefill blocks run meanwhile
   (/v1/cache/stats `answers`).
 
 The answers of both configurations must be identical (token strings and logprobs): answer
@@ -30,8 +32,8 @@ from bench.workload import image_uri
 CONFIGS = {"answer prefill": [], "prompt only": ["--no-answer-prefill"]}
 HEADER = (
     "| config | cold TTFT (ms) | warm TTFT median (ms) | warm cached / prompt | "
-    "decode step before (ms) | median gap (ms) | max gap (ms) | answer blocks during |\n"
-    "|---|---|---|---|---|---|---|---|"
+    "decode step before (ms) | median gap (ms) | p99 gap (ms) | max gap (ms) | "
+    "answer blocks during |\n|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -75,9 +77,12 @@ def run_config(server: Any, model: str, name: str, args: Any, log: Any) -> dict[
         t = StreamTiming(start=time.perf_counter())
         progress.append(t)
         messages = [{"role": "user", "content": f"Tell me a long story, number {i}."}]
-        # ignore_eos: a random-weight model may end a stream before the conversation does
+        # ignore_eos: a random-weight model may end a stream before the conversation does;
+        # staggered lengths: each stream's own (long) answer prefill runs while the longer
+        # ones still decode
         extra = {"extra_body": {"ignore_eos": True}}
-        timed_stream(client, model, messages, args.stream_tokens, t, **extra)
+        tokens = args.stream_tokens * (i + 1) // args.streams
+        timed_stream(client, model, messages, tokens, t, **extra)
 
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(args.streams)]
     for t in threads:
@@ -88,12 +93,11 @@ def run_config(server: Any, model: str, name: str, args: Any, log: Any) -> dict[
     start = time.perf_counter()
     image = image_uri(args.image_size, 999)
     during = conversation(client, model, image, args.turns, args.max_tokens, think)
-    end = time.perf_counter()
-    blocks = _answers(server).get("blocks", 0) - blocks
     for t in threads:
         t.join(600)
-    if any(p.token_times[-1] < end for p in progress):
-        log("  warning: a stream ended before the conversation (raise --stream-tokens)")
+    end = max(p.token_times[-1] for p in progress)
+    time.sleep(0.5)  # the last stream's own answer prefill
+    blocks = _answers(server).get("blocks", 0) - blocks
     steps, gaps, _ = window_gaps([p.token_times for p in progress], (start, end))
     return {
         "conversations": convs,
@@ -101,8 +105,16 @@ def run_config(server: Any, model: str, name: str, args: Any, log: Any) -> dict[
         "step_ms": 1000 * statistics.median(steps or [float("nan")]),
         "median_gap_ms": 1000 * statistics.median(gaps or [float("nan")]),
         "max_gap_ms": 1000 * max(gaps or [float("nan")]),
+        "p99_gap_ms": 1000 * _quantile(gaps, 0.99),
         "answer_blocks_during": blocks,
     }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
 def row(name: str, r: dict[str, Any]) -> str:
@@ -114,7 +126,8 @@ def row(name: str, r: dict[str, Any]) -> str:
         f"| {name} | {statistics.median(cold):.1f} | "
         f"{statistics.median(t.ttft_s * 1000 for t in warm):.1f} | "
         f"{cached} / {prompt} ({cached / max(prompt, 1):.1%}) | {r['step_ms']:.1f} | "
-        f"{r['median_gap_ms']:.1f} | {r['max_gap_ms']:.1f} | {r['answer_blocks_during']} |"
+        f"{r['median_gap_ms']:.1f} | {r['p99_gap_ms']:.1f} | {r['max_gap_ms']:.1f} | "
+        f"{r['answer_blocks_during']} |"
     )
 
 

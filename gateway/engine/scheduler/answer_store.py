@@ -150,10 +150,13 @@ class AnswerStore:
             return None
         return self._template.tail(text)
 
-    def clear(self) -> None:
-        """Drop every queued job (a cache reset: their hits came from the old caches)."""
+    def clear(self, reset: bool = False) -> None:
+        """Drop every queued job; `reset`: a cache reset (their hits came from the old
+        caches), whose fresh caches count from zero, as these counters then do."""
         self.counts["dropped"] += len(self._queue)
         self._queue.clear()
+        if reset:
+            self.counts = dict.fromkeys(self.counts, 0)
 
     def step(
         self, budget: StepBudget, costs: CostModel, decoding: bool, arrived: Callable[[], bool]

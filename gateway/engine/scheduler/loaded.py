@@ -103,4 +103,4 @@ class Loaded:
         self.cache_ops.activate_disk()
         self.grammars.reset()
         if self.answers is not None:
-            self.answers.clear()
+            self.answers.clear(reset=True)

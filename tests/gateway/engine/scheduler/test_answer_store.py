@@ -189,8 +189,9 @@ def _submit(h: EngineHarness, body: dict, **changes: object):  # noqa: ANN202
     """Submit `body` with the built request's or chat's fields changed (e.g. `use_caches`)."""
     from dataclasses import replace
 
-    from gateway.api.openai.parse import parse_chat_request
     from support import Run
+
+    from gateway.api.openai.parse import parse_chat_request
 
     chat = parse_chat_request(body)
     if "cache_scope" in changes:
