@@ -23,7 +23,8 @@ while no user request waits, encodes or prefills): idle (nothing decodes), block
 to `cap` rows a step, stopping as soon as a message reaches the engine's inbox (`arrived`);
 while rows decode, only blocks whose estimated cost fits what is left of the step's time
 budget (`StepBudget`, never the first unit for free as admission gets: a running stream's
-gap never grows for it; starting a job, which copies its prompt's stored blocks, is
+gap never grows for it; an answer block's cost is its own running mean, as it attends over
+a whole conversation and costs more than an average prefill row; starting a job, which copies its prompt's stored blocks, is
 estimated per prompt token and measured, so a never-measured start waits for idle time),
 none in a wave or under the fixed rule. A job interrupted keeps its
 private KV and resumes; what it computed so far is stored at once, so a next turn arriving
@@ -110,6 +111,7 @@ class AnswerStore:
         # Seconds per prompt token of starting a job (the hit's copy): while rows decode a
         # job starts only when that fits the step's budget (never measured: only when idle).
         self._copy_per_token = RunningMean()
+        self._block_cost = RunningMean()  # seconds per answer block forward
         self.counts = dict.fromkeys(
             ("offered", "skipped", "dropped", "covered", "failed", "done", "blocks", "steps"), 0
         )
@@ -194,7 +196,11 @@ class AnswerStore:
         """Blocks of the oldest jobs while `allow`ed, at most CAP_BLOCKS; returns the rows
         fed and the seconds their forwards took."""
         rows, seconds = 0, 0.0
-        block_cost = None if per_row is None else per_row * self.block
+        # An answer block's own measured cost (it attends over a whole conversation, so it
+        # costs more than the average prefill row says); before one is measured, the latter.
+        block_cost = self._block_cost.value
+        if block_cost is None and per_row is not None:
+            block_cost = per_row * self.block
         while self._queue and rows < CAP_BLOCKS * self.block:
             head = self._queue[0]
             if head.job is None:
@@ -221,7 +227,10 @@ class AnswerStore:
                 self.counts["failed"] += 1
                 self._queue.popleft()
                 continue
-            seconds += time.perf_counter() - started
+            took = time.perf_counter() - started
+            self._block_cost.add(took)
+            block_cost = self._block_cost.value
+            seconds += took
             rows += self.block
             if head.job is not None and head.job.fed >= head.target:
                 self._store(head)
