@@ -182,7 +182,7 @@ class AnswerStore:
             return estimate is not None and estimate <= left
 
         per_row = costs.prefill_row.value
-        rows, forwards = self._run(allow, per_row, decoding)
+        rows, forwards = self._run(allow, per_row, decoding, arrived)
         if rows or forwards:
             budget.spend(time.perf_counter() - t0)
         if rows:
@@ -191,7 +191,11 @@ class AnswerStore:
         return rows
 
     def _run(
-        self, allow: Callable[[float | None], bool], per_row: float | None, decoding: bool
+        self,
+        allow: Callable[[float | None], bool],
+        per_row: float | None,
+        decoding: bool,
+        arrived: Callable[[], bool],
     ) -> tuple[int, float]:
         """Blocks of the oldest jobs while `allow`ed, at most CAP_BLOCKS; returns the rows
         fed and the seconds their forwards took."""
@@ -205,7 +209,7 @@ class AnswerStore:
             head = self._queue[0]
             if head.job is None:
                 if not head.render.done():
-                    if decoding or not wait([head.render], RENDER_WAIT_S).done:
+                    if decoding or arrived() or not wait([head.render], RENDER_WAIT_S).done:
                         break
                 # Starting copies the prompt's stored blocks into the job's own KV.
                 copy = self._copy_per_token.value
