@@ -20,13 +20,14 @@ a one-row step (`last_token_apart`) no stored block holds the rendered tail's la
 
 When it runs (`step`, called once per engine step after the decode, by the scheduler, only
 while no user request waits, encodes or prefills): idle (nothing decodes), block by block up
-to `cap` rows a step, stopping as soon as a message reaches the engine's inbox (`arrived`);
+to CAP_BLOCKS a step, stopping as soon as a message reaches the engine's inbox (`arrived`);
 while rows decode, only blocks whose estimated cost fits what is left of the step's time
-budget (`StepBudget`, never the first unit for free as admission gets: a running stream's
-gap never grows for it; an answer block's cost is its own running mean, as it attends over
-a whole conversation and costs more than an average prefill row; starting a job, which copies its prompt's stored blocks, is
-estimated per prompt token and measured, so a never-measured start waits for idle time),
-none in a wave or under the fixed rule. A job interrupted keeps its
+budget (`StepBudget`; never the first unit for free as admission gets, so a running
+stream's gap never grows for it), none in a wave or under the fixed rule. An answer block's
+estimate is its own running mean (it attends over a whole conversation, so it costs more
+than an average prefill row); starting a job, which copies its prompt's stored blocks, is
+estimated per prompt token and measured, so a never-measured start waits for idle time.
+A job interrupted keeps its
 private KV and resumes; what it computed so far is stored at once, so a next turn arriving
 early still uses it. Jobs are dropped (counted) when the queue is full (oldest first), under
 device memory pressure, on a cache reset, when their blocks are already stored, or on any
