@@ -26,10 +26,9 @@ budget (`StepBudget`; never the first unit for free as admission gets, so a runn
 stream's gap never grows for it), none in a wave or under the fixed rule. An answer block's
 estimate is its own running mean (it attends over a whole conversation, so it costs more
 than an average prefill row); starting a job, which copies its prompt's stored blocks, is
-estimated per prompt token and measured, so a never-measured start waits for idle time.
-A job interrupted keeps its
-private KV and resumes; what it computed so far is stored at once, so a next turn arriving
-early still uses it. Jobs are dropped (counted) when the queue is full (oldest first), under
+estimated per prompt token and measured, so a never-measured start waits for idle time. A
+job interrupted keeps its private KV and resumes; what it computed so far is stored at once,
+so a next turn arriving early still uses it. Jobs are dropped (counted) when the queue is full (oldest first), under
 device memory pressure, on a cache reset, when their blocks are already stored, or on any
 error. Off with `--no-answer-prefill`, the prefix cache off, exact reuse off (then the answer's
 decode KV is stored, as before), or for requests with `use_caches` false.
