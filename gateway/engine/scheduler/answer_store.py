@@ -7,12 +7,12 @@ whose KV differs in the last bits from what a prefill of the same tokens gives, 
 stored. Without this module turn N+1 therefore recomputes turn N's whole answer.
 
 Here, when a request finishes (its prompt's blocks just stored), an `AnswerStore` queues an
-answer job: a worker thread renders what the next turn's prompt will hold after this prompt
-(gateway.engine.tokens.answer_render: the answer as the chat template renders it, and the end
-of its turn); then the engine thread runs, over those tokens, exactly the block computation
-an uncached request for the next turn runs: a forward of `block` query rows at absolute
-positions [k*block, (k+1)*block), from the stored prompt blocks on (a prefix hit on the
-request's own prompt), and stores each whole block (memory tree and disk tier, under the
+answer job. In spare time a worker thread renders what the next turn's prompt will hold after
+this prompt (gateway.engine.tokens.answer_render: the answer as the chat template renders it,
+and the end of its turn); then the engine thread runs, over those tokens, exactly the block
+computation an uncached request for the next turn runs: a forward of `block` query rows at
+absolute positions [k*block, (k+1)*block), from the stored prompt blocks on (a prefix hit on
+the request's own prompt), and stores each whole block (memory tree and disk tier, under the
 request's cache scope). A block the next prompt turns out not to hold is never hit, so a
 wrong guess costs memory, never exactness. The next prompt's final partial block is left to
 the next turn (it is not stored by anyone); for a family that feeds a prompt's last token as
@@ -28,10 +28,11 @@ estimate is its own running mean (it attends over a whole conversation, so it co
 than an average prefill row); starting a job, which copies its prompt's stored blocks, is
 estimated per prompt token and measured, so a never-measured start waits for idle time. A
 job interrupted keeps its private KV and resumes; what it computed so far is stored at once,
-so a next turn arriving early still uses it. Jobs are dropped (counted) when the queue is full (oldest first), under
-device memory pressure, on a cache reset, when their blocks are already stored, or on any
-error. Off with `--no-answer-prefill`, the prefix cache off, exact reuse off (then the answer's
-decode KV is stored, as before), or for requests with `use_caches` false.
+so a next turn arriving early still uses it. Jobs are dropped (counted) when the queue is
+full (oldest first), under device memory pressure, on a cache reset, when their blocks are
+already stored, or on any error. Off with `--no-answer-prefill`, the prefix cache off, exact
+reuse off (then the answer's decode KV is stored, as before), or for requests with
+`use_caches` false.
 
 Engine thread only, except `stats` (any thread: it reads ints) and the rendering (its worker).
 """
@@ -79,7 +80,9 @@ class _Pending:
 
     request: EngineRequest  # the finished request (its images, scope, prompt)
     encoded: list[Any]  # its image features (for images the answer's first block overlaps)
-    render: Future[tuple[int, list[int]] | None]  # (prompt tokens dropped, tokens after)
+    text: str  # the answer as the client received it
+    # (prompt tokens dropped, tokens after): rendering on the worker, once spare time came
+    render: Future[tuple[int, list[int]] | None] | None = None
     job: Job | None = None
     target: int = 0  # end of the last block to compute (a multiple of the block)
     stored: int = 0  # tokens up to which its blocks were handed to the cache
@@ -138,12 +141,17 @@ class AnswerStore:
         if len(self._queue) >= MAX_PENDING:
             self._queue.popleft()
             self.counts["dropped"] += 1
+        # The text the client received (stop strings cut), which it sends back next turn;
+        # rendered only in spare time (`_run`): a next request sent the moment this answer
+        # ends (an agent loop) does not share the CPU with the template.
+        self._queue.append(_Pending(request, list(job.encoded), job.output.text))
+        self.counts["offered"] += 1  # after the append: offered and pending read consistently
+
+    def _render(self, head: _Pending) -> Future[tuple[int, list[int]] | None]:
+        """Start rendering the job's next-turn tokens on the worker thread."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="answer-render")
-        # The text the client received (stop strings cut), which it sends back next turn.
-        render = self._pool.submit(self._next_tokens, request.prompt_ids, job.output.text)
-        self._queue.append(_Pending(request, list(job.encoded), render))
-        self.counts["offered"] += 1  # after the append: offered and pending read consistently
+        return self._pool.submit(self._next_tokens, head.request.prompt_ids, head.text)
 
     def _next_tokens(self, prompt: tuple[int, ...], text: str) -> tuple[int, list[int]] | None:
         """(worker thread) The next turn's tokens in place of `prompt`'s end
@@ -208,6 +216,10 @@ class AnswerStore:
         while self._queue and rows < CAP_BLOCKS * self.block:
             head = self._queue[0]
             if head.job is None:
+                if head.render is None:
+                    if not allow(0.0):
+                        break
+                    head.render = self._render(head)
                 if not head.render.done():
                     if decoding or arrived() or not wait([head.render], RENDER_WAIT_S).done:
                         break
@@ -248,6 +260,7 @@ class AnswerStore:
         """Set up the job's private KV from the stored blocks of its own prompt (False: skip
         it, counted)."""
         try:
+            assert head.render is not None
             rendered = head.render.result()
             prompt = head.request.prompt_ids
             if rendered is None or rendered[0] >= len(prompt):

@@ -253,6 +253,7 @@ def test_a_job_never_started_waits_for_idle_time_while_rows_decode() -> None:
     head.request = SimpleNamespace(prompt_ids=(1,) * 500, request_id="r")
     head.render = Future()
     head.render.set_result(None)
+    head.text = "an answer"
     spare = _budget(2.0, rows=4)
     assert store.step(spare, spare.costs, True, lambda: False) == 0
     assert store.pending and head.job is None and not ran
