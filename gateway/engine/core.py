@@ -177,9 +177,11 @@ class Engine:
     def clear_caches(self) -> None:
         """Empty the vision and prefix caches and this model's disk tier (a cleared server
         answers the next request cold, as `/v1/cache/clear` promises). Any thread."""
+        loaded = self.loaded
+        if loaded is not None and loaded.answers is not None:
+            loaded.answers.cancel()  # first: no answer block computed before lands after
         self.vision_cache.clear()
         self.prefix_cache.clear()
-        loaded = self.loaded
         if loaded is not None:
             loaded.clear_caches()
 

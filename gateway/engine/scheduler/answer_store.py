@@ -63,6 +63,7 @@ MAX_PENDING = 32  # answer jobs queued at most; the oldest goes first
 MEMORY_SHARE = 0.85  # of the device's memory: above it in use, queued answer jobs are dropped
 RENDER_WAIT_S = 0.002  # idle: how long a step waits for a render before yielding to the loop
 CAP_BLOCKS = 8  # block forwards one step runs at most (idle: the inbox is checked between)
+SPENT_S = 0.0002  # answer work below this in a step is not counted as admission work
 
 
 def memory_pressure() -> bool:
@@ -115,6 +116,7 @@ class AnswerStore:
         # job starts only when that fits the step's budget (never measured: only when idle).
         self._copy_per_token = RunningMean()
         self._block_cost = RunningMean()  # seconds per answer block forward
+        self._cancels = self._seen_cancels = 0  # `cancel` calls (any thread) / handled
         self.counts = dict.fromkeys(
             ("offered", "skipped", "dropped", "covered", "failed", "done", "blocks", "steps"), 0
         )
@@ -144,7 +146,15 @@ class AnswerStore:
         # The text the client received (stop strings cut), which it sends back next turn;
         # rendered only in spare time (`_run`): a next request sent the moment this answer
         # ends (an agent loop) does not share the CPU with the template.
-        self._queue.append(_Pending(request, list(job.encoded), job.output.text))
+        # Features only of images the answer's first blocks may hold (ending in the prompt's
+        # last two blocks): the job starts from the stored prompt blocks; were those evicted
+        # meanwhile, it is skipped rather than holding every image of every queued answer.
+        keep = (job.prompt_len // self.block - 1) * self.block
+        encoded = [
+            f if image.layout.end > keep else None
+            for f, image in zip(job.encoded, request.images, strict=False)
+        ]
+        self._queue.append(_Pending(request, encoded, job.output.text))
         self.counts["offered"] += 1  # after the append: offered and pending read consistently
 
     def _render(self, head: _Pending) -> Future[tuple[int, list[int]] | None]:
@@ -160,6 +170,16 @@ class AnswerStore:
             return None
         return self._template.tail(text)
 
+    def cancel(self) -> None:
+        """Any thread (`/v1/cache/clear`, before the caches are emptied): drop every queued
+        job; the engine thread sees it before its next store, so no answer block computed
+        from the old caches lands after the clear."""
+        self._cancels += 1
+
+    def _cancelled(self) -> bool:
+        """Has `cancel` been called since the engine thread last looked? (Engine thread.)"""
+        return self._seen_cancels != self._cancels
+
     def clear(self, reset: bool = False) -> None:
         """Drop every queued job; `reset`: a cache reset (their hits came from the old
         caches), whose fresh caches count from zero, as these counters then do."""
@@ -174,6 +194,9 @@ class AnswerStore:
         """Run answer work in this step's spare time (module doc); returns the query rows
         fed. Its time is spent from `budget`; the block forwards' feed `costs`' prefill
         estimate (the same forwards a prompt's prefill runs)."""
+        if self._cancelled():
+            self._seen_cancels = self._cancels
+            self.clear()
         if not self._queue:
             return 0
         if decoding and (budget.fixed or budget.wave or budget.limit is None):
@@ -191,8 +214,9 @@ class AnswerStore:
 
         per_row = costs.prefill_row.value
         rows, forwards = self._run(allow, per_row, decoding, arrived)
-        if rows or forwards:
-            budget.spend(time.perf_counter() - t0)
+        spent = time.perf_counter() - t0
+        if rows or spent > SPENT_S:  # (a step that only looked stays a plain decode step)
+            budget.spend(spent)
         if rows:
             costs.add_prefill(rows, forwards)
             self.counts["steps"] += 1
@@ -323,7 +347,7 @@ class AnswerStore:
     def _store(self, head: _Pending) -> None:
         """Hand the job's new whole blocks to the prefix cache (and its disk tier)."""
         job = head.job
-        if job is None or job.fed <= head.stored:
+        if job is None or job.fed <= head.stored or self._cancelled():
             return
         # (`store_image_part` stores a job's blocks prefilled so far: here the answer job's)
         self._ops.store_image_part(job)

@@ -257,3 +257,60 @@ def test_a_job_never_started_waits_for_idle_time_while_rows_decode() -> None:
     spare = _budget(2.0, rows=4)
     assert store.step(spare, spare.costs, True, lambda: False) == 0
     assert store.pending and head.job is None and not ran
+
+
+def test_answer_blocks_reach_the_disk_tier(tmp_path) -> None:  # noqa: ANN001
+    """A restarted engine on the same folder serves the next turn's prompt + answer from
+    disk, and answers as the engine that computed them."""
+    cache = CacheConfig(cache_dir=tmp_path)
+    first = "Tell me a long story about a cat, a dog and a bird, please."
+    h = EngineHarness("qwen2_vl", cache=cache, warmup=False)
+    try:
+        one = h.run(chat_body(first, max_tokens=40))
+        settle(h, 1)
+        follow = chat_body(first, max_tokens=8)
+        follow["messages"] += [
+            {"role": "assistant", "content": one.text},
+            {"role": "user", "content": "More."},
+        ]
+        h.engine.loaded.cache_ops.disk.writer.flush()
+    finally:
+        h.close()
+    again = EngineHarness("qwen2_vl", cache=cache, warmup=False)
+    try:
+        two = again.run(follow)
+    finally:
+        again.close()
+    own = one.finish.usage.prompt_tokens // 32 * 32
+    assert two.finish.usage.cached_tokens > own  # the answer's blocks, read from disk
+
+
+def test_a_cache_clear_drops_the_answer_jobs_in_flight() -> None:
+    """`clear_caches` (`POST /v1/cache/clear`) while an answer job waits for its render: the
+    job is dropped, nothing it computes lands in the cleared cache, the repeat is cold."""
+    import threading
+
+    h = EngineHarness("qwen2_vl")
+    store = h.engine.loaded.answers
+    release = threading.Event()
+    render = store._next_tokens
+
+    def slow(*args):  # noqa: ANN002, ANN202
+        release.wait(30)
+        return render(*args)
+
+    store._next_tokens = slow
+    body = chat_body("Tell me a long story about a cat, a dog and a bird, please.", max_tokens=40)
+    try:
+        one = h.run(body)
+        wait_until(lambda: answers_of(h)["offered"] == 1, 30)
+        h.engine.clear_caches()
+        release.set()
+        wait_until(lambda: answers_of(h)["pending"] == 0, 30)
+        assert answers_of(h)["done"] == 0 and answers_of(h)["dropped"] == 1
+        again = h.run(body)
+    finally:
+        release.set()
+        h.close()
+    assert again.finish.usage.cached_tokens == 0
+    assert again.token_ids == one.token_ids and again.logprobs == one.logprobs
