@@ -39,20 +39,14 @@ Engine thread only, except `stats` (any thread: it reads ints) and the rendering
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
-from typing import Any
 
-import mlx.core as mx
-
-from gateway.engine.cache_ops import CacheOps, delta_before
-from gateway.engine.model.kv import assemble
-from gateway.engine.request import EngineRequest
+from gateway.engine.cache_ops import CacheOps
+from gateway.engine.scheduler.answer_job import AnswerJob, memory_pressure
 from gateway.engine.scheduler.budget import CostModel, RunningMean, StepBudget
 from gateway.engine.scheduler.job import Job
 from gateway.engine.tokens.answer_render import AnswerTemplate
@@ -60,37 +54,9 @@ from gateway.engine.tokens.answer_render import AnswerTemplate
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 32  # answer jobs queued at most; the oldest goes first
-MEMORY_SHARE = 0.85  # of the device's memory: above it in use, queued answer jobs are dropped
 RENDER_WAIT_S = 0.002  # idle: how long a step waits for a render before yielding to the loop
 CAP_BLOCKS = 8  # block forwards one step runs at most (idle: the inbox is checked between)
 SPENT_S = 0.0002  # answer work below this in a step is not counted as admission work
-
-
-def memory_pressure() -> bool:
-    """Is MLX's active memory above MEMORY_SHARE of the device's (when the device reports
-    a size; a CPU does not, and its memory is bounded by the caches' budgets)?"""
-    info = mx.device_info()
-    size = info.get("max_recommended_working_set_size") or info.get("memory_size")
-    return isinstance(size, int) and mx.get_active_memory() > MEMORY_SHARE * size
-
-
-@dataclass
-class _Pending:
-    """One finished request's answer job: its next-turn tokens (rendering on the worker),
-    then, once started, the job whose private KV the blocks are fed into."""
-
-    request: EngineRequest  # the finished request (its images, scope, prompt)
-    encoded: list[Any]  # its image features (for images the answer's first block overlaps)
-    text: str  # the answer as the client received it
-    # (prompt tokens dropped, tokens after): rendering on the worker, once spare time came
-    render: Future[tuple[int, list[int]] | None] | None = None
-    job: Job | None = None
-    target: int = 0  # end of the last block to compute (a multiple of the block)
-    stored: int = 0  # tokens up to which its blocks were handed to the cache
-
-
-def _discard(event: object) -> None:
-    """The answer job's sink: it has no client."""
 
 
 class AnswerStore:
@@ -110,7 +76,7 @@ class AnswerStore:
         self.enabled = enabled and block > 0 and self._model.cache_policy.prefix_off is None
         self._pressure = pressure
         self._template = AnswerTemplate(self._model)
-        self._queue: deque[_Pending] = deque()
+        self._queue: deque[AnswerJob] = deque()
         self._pool: ThreadPoolExecutor | None = None
         # Seconds per prompt token of starting a job (the hit's copy): while rows decode a
         # job starts only when that fits the step's budget (never measured: only when idle).
@@ -154,10 +120,10 @@ class AnswerStore:
             f if image.layout.end > keep else None
             for f, image in zip(job.encoded, request.images, strict=False)
         ]
-        self._queue.append(_Pending(request, encoded, job.output.text))
+        self._queue.append(AnswerJob(request, encoded, job.output.text))
         self.counts["offered"] += 1  # after the append: offered and pending read consistently
 
-    def _render(self, head: _Pending) -> Future[tuple[int, list[int]] | None]:
+    def _render(self, head: AnswerJob) -> Future[tuple[int, list[int]] | None]:
         """Start rendering the job's next-turn tokens on the worker thread."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="answer-render")
@@ -261,7 +227,8 @@ class AnswerStore:
                 break
             started = time.perf_counter()
             try:
-                self._block(head)
+                head.feed_block(self._model, self.block)
+                self.counts["blocks"] += 1
             except Exception:
                 log.exception("answer prefill of %s failed", head.request.request_id)
                 self.counts["failed"] += 1
@@ -272,7 +239,7 @@ class AnswerStore:
             block_cost = self._block_cost.value
             seconds += took
             rows += self.block
-            if head.job is not None and head.job.fed >= head.target:
+            if head.done:
                 self._store(head)
                 self.counts["done"] += 1
                 self._queue.popleft()
@@ -280,7 +247,7 @@ class AnswerStore:
             self._store(self._queue[0])  # interrupted: what it has is usable at once
         return rows, seconds
 
-    def _start(self, head: _Pending) -> bool:
+    def _start(self, head: AnswerJob) -> bool:
         """Set up the job's private KV from the stored blocks of its own prompt (False: skip
         it, counted)."""
         try:
@@ -292,63 +259,18 @@ class AnswerStore:
                 return False
             drop, tail = rendered
             started = time.perf_counter()
-            ok = self._setup(head, (*prompt[: len(prompt) - drop], *tail))
-            if ok:
-                self._copy_per_token.add((time.perf_counter() - started) / len(prompt))
-            return ok
+            why_not = head.setup(self._ops, self.block, (*prompt[: len(prompt) - drop], *tail))
+            if why_not is not None:
+                self.counts[why_not] += 1
+                return False
+            self._copy_per_token.add((time.perf_counter() - started) / len(prompt))
+            return True
         except Exception:
             log.exception("starting the answer prefill of %s failed", head.request.request_id)
             self.counts["failed"] += 1
             return False
 
-    def _setup(self, head: _Pending, tokens: tuple[int, ...]) -> bool:
-        """Start a job over `tokens` (the next turn's, as far as they are known)."""
-        model, ops, block = self._model, self._ops, self.block
-        n = len(tokens)
-        # A family feeding a prompt's last token as a one-row step computes the plan's last
-        # row that way: it must not be in a stored block.
-        target = (n - 1 if model.last_token_apart else n) // block * block
-        request = dataclasses.replace(head.request, prompt_ids=tokens)
-        job = Job(request=request, sink=_discard, output=None)  # type: ignore[arg-type]
-        spans, scope = ops.spans(job), request.cache_scope
-        if ops.prefix.stored_blocks(tokens, spans, scope) * block >= target:
-            self.counts["covered"] += 1
-            return False
-        hit = ops.prefix.find(tokens, spans, block, scope)
-        start = hit.tokens if hit is not None else 0
-        layouts = [i.layout for i in request.images]
-        if any(lay.end > n for lay in layouts):  # never: only the generation prompt is dropped
-            self.counts["skipped"] += 1
-            return False
-        if any(lay.end > start and head.encoded[i] is None for i, lay in enumerate(layouts)):
-            self.counts["skipped"] += 1  # its features are gone (prompt blocks evicted)
-            return False
-        if hit is not None:
-            delta = delta_before(layouts, start)
-            job.cache = assemble(hit, delta, target - start, model.new_cache(delta))
-        else:
-            job.cache = model.new_cache()
-        job.cached_tokens = job.fed = start
-        job.encoded = head.encoded
-        job.plan = model.prefill_plan(tokens, layouts, head.encoded, start, n)
-        head.job, head.target, head.stored = job, target, start
-        return True
-
-    def _block(self, head: _Pending) -> None:
-        """One whole block forward [fed, fed + block), as the uncached path computes it."""
-        job = head.job
-        assert job is not None and job.plan is not None
-        lo, base = job.fed, job.cached_tokens
-        hi = lo + self.block
-        self._model.prefill(job.plan, job.cache, lo - base, hi - base, rows=self.block)  # type: ignore[arg-type]
-        job.fed = hi
-        self.counts["blocks"] += 1
-
-    def _store(self, head: _Pending) -> None:
-        """Hand the job's new whole blocks to the prefix cache (and its disk tier)."""
-        job = head.job
-        if job is None or job.fed <= head.stored or self._cancelled():
-            return
-        # (`store_image_part` stores a job's blocks prefilled so far: here the answer job's)
-        self._ops.store_image_part(job)
-        head.stored = job.fed
+    def _store(self, head: AnswerJob) -> None:
+        """Hand the job's new blocks to the cache, unless a clear cancelled it meanwhile."""
+        if not self._cancelled():
+            head.store(self._ops)

@@ -21,6 +21,7 @@ import pytest
 from support import EngineHarness, _image_turn, chat_body, noise_image, wait_until
 
 from gateway.config import CacheConfig
+from gateway.engine.scheduler.answer_job import AnswerJob
 from gateway.engine.scheduler.answer_store import AnswerStore
 from gateway.engine.scheduler.budget import CostModel, StepBudget
 
@@ -100,16 +101,15 @@ def test_an_answer_prefill_never_runs_ahead_of_a_user_request() -> None:
     (racing the answer prefill) and beside a running stream, so both cases occur."""
     h = EngineHarness("qwen2_vl", max_batch=4)
     scheduler = h.engine._scheduler
-    store = scheduler.loaded.answers
     seen: list[tuple[bool, bool, bool]] = []
-    block = store._block
+    feed = AnswerJob.feed_block
 
-    def spy(head):  # noqa: ANN001, ANN202
+    def spy(head, model, block):  # noqa: ANN001, ANN202
         busy = bool(scheduler.waiting or scheduler.encoding or scheduler.prefilling)
         seen.append((busy, not h.engine._inbox.empty(), bool(scheduler.batch.rows)))
-        return block(head)
+        return feed(head, model, block)
 
-    store._block = spy
+    AnswerJob.feed_block = spy  # type: ignore[method-assign]
     try:
         image = noise_image(12, 224, 224)
         stream = h.submit(chat_body("A long story, please.", max_tokens=200))
@@ -118,6 +118,7 @@ def test_an_answer_prefill_never_runs_ahead_of_a_user_request() -> None:
         runs += talk(h, None, turns=3, wait=False)
         settle(h, 8)
     finally:
+        AnswerJob.feed_block = feed  # type: ignore[method-assign]
         h.close()
     assert seen, "no answer prefill ran"
     assert not any(busy or inbox for busy, inbox, _ in seen)
@@ -130,17 +131,17 @@ def _store_with_job(budget_rows: int = 32) -> tuple[AnswerStore, list[int]]:
     model = SimpleNamespace(cache_policy=SimpleNamespace(prefix_off=None))
     ops = SimpleNamespace(model=model)
     store = AnswerStore(ops, 32, pressure=lambda: False)  # type: ignore[arg-type]
-    job = SimpleNamespace(fed=0)
-    head = SimpleNamespace(job=job, target=128, stored=0, request=None)
-    store._queue.append(head)  # type: ignore[arg-type]
     ran: list[int] = []
+    head = AnswerJob(None, [], "an answer")  # type: ignore[arg-type]
+    head.job, head.target = SimpleNamespace(fed=0), 128  # type: ignore[assignment]
 
-    def block(h):  # noqa: ANN001, ANN202
+    def block(model, size):  # noqa: ANN001, ANN202
         time.sleep(0.001)
-        h.job.fed += 32
-        ran.append(32)
+        head.job.fed += size  # type: ignore[union-attr]
+        ran.append(size)
 
-    store._block = block  # type: ignore[method-assign]
+    head.feed_block = block  # type: ignore[method-assign]
+    store._queue.append(head)
     store._store = lambda h: None  # type: ignore[method-assign]
     return store, ran
 
@@ -250,10 +251,9 @@ def test_a_job_never_started_waits_for_idle_time_while_rows_decode() -> None:
     store, ran = _store_with_job()
     head = store._queue[0]
     head.job = None
-    head.request = SimpleNamespace(prompt_ids=(1,) * 500, request_id="r")
+    head.request = SimpleNamespace(prompt_ids=(1,) * 500, request_id="r")  # type: ignore[assignment]
     head.render = Future()
     head.render.set_result(None)
-    head.text = "an answer"
     spare = _budget(2.0, rows=4)
     assert store.step(spare, spare.costs, True, lambda: False) == 0
     assert store.pending and head.job is None and not ran
