@@ -104,6 +104,19 @@ def _client_parsers(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--markdown", type=Path, help="write the markdown table")
     p.set_defaults(run=_stall)
 
+    p = kinds.add_parser("multi-turn", help="follow-up turns with and without answer prefill")
+    _common(p)
+    add_target_options(p)
+    p.add_argument("--conversations", type=int, default=3, help="distinct images")
+    p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--image-size", type=int, default=448)
+    p.add_argument("--max-tokens", type=int, default=64, help="per answer")
+    p.add_argument("--think-ms", type=float, default=200, help="pause before each next turn")
+    p.add_argument("--streams", type=int, default=4, help="text streams decoding meanwhile")
+    p.add_argument("--stream-tokens", type=int, default=1500, help="per text stream")
+    p.add_argument("--markdown", type=Path, help="write the markdown table")
+    p.set_defaults(run=_multi_turn)
+
     p = kinds.add_parser("load", help="N clients mixing text and image requests for M seconds")
     _common(p)
     add_target_options(p)
@@ -178,6 +191,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model dir or hub id (default: the embedded tiny model)")
     p.add_argument("--server-arg", action="append", default=[], help="extra serve flag")
     p.add_argument("--out", type=Path, help="write results as JSON")
+
+
+def _multi_turn(args: argparse.Namespace) -> None:
+    from bench.cli_client import multi_turn
+
+    multi_turn(args)
 
 
 def _repeat_image(args: argparse.Namespace) -> None:

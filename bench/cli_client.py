@@ -59,6 +59,33 @@ def repeat_image(args: argparse.Namespace) -> None:
         raise SystemExit("cached answers differ from uncached answers")
 
 
+def multi_turn(args: argparse.Namespace) -> None:
+    from bench import multi_turn as bench
+    from bench import report
+    from bench.target import open_target
+
+    log = report.progress("multi-turn: ")
+    results: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    names = ["as served"] if args.base_url else list(bench.CONFIGS)
+    for name in names:
+        log(f"config '{name}': starting")
+        with open_target(args, bench.CONFIGS.get(name, [])) as (target, backend, facts):
+            meta = meta or report.metadata("multi-turn", args, backend, facts)
+            results[name] = bench.run_config(target, backend.model, name, args, log)
+    table = "\n".join([bench.HEADER, *(bench.row(n, r) for n, r in results.items())])
+    differ = bench.answers_differ(*results.values()) if len(results) == 2 else 0
+    table += f"\n\nanswers differing between the configurations: {differ}"
+    rows = {
+        n: {**{k: v for k, v in r.items() if k not in ("conversations", "during")},
+            "turns": bench.per_turn(r)}
+        for n, r in results.items()
+    }  # fmt: skip
+    report.write_outputs({**meta, "results": rows, "answers_differ": differ}, table, args, None)
+    if differ:
+        raise SystemExit("answers differ between the configurations")
+
+
 def stall(args: argparse.Namespace) -> None:
     from bench import report
     from bench import stall as bench

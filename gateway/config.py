@@ -55,6 +55,16 @@ class CacheConfig:
         "0: 256 on a GPU, 32 on CPU",
         0,
     )
+    # After an answer ends, prefill its whole blocks exactly in spare time and store them, so
+    # the next turn reuses prompt + answer (gateway/engine/scheduler/answer_store.py).
+    answer_prefill: bool = flag(
+        "--answer-prefill",
+        "after an answer ends, recompute its KV in exact prefill blocks in idle time or the "
+        "step budget's spare share and store it, so the next turn reuses prompt + answer; "
+        "--no-answer-prefill: only the prompt is stored (docs/caching.md)",
+        True,
+        kind="both",
+    )
     grammar_cache_mb: float = flag(  # compiled structured-output grammars (estimated bytes)
         "--grammar-cache-mb",
         "compiled structured-output grammars cache budget, MiB (estimated sizes)",

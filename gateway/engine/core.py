@@ -2,7 +2,7 @@
 
 Every request, text or image, decodes in one shared mlx-lm BatchGenerator. Each loop iteration
 is one scheduling step (`Engine.step`): admit -> ship -> prefill -> ship -> encode -> decode ->
-ship -> store. The stages and the jobs they move are the `Scheduler`'s
+ship -> store -> answer. The stages and the jobs they move are the `Scheduler`'s
 (gateway.engine.scheduler.scheduler); shipping hands the step's events to the transport
 (`on_events`). While rows decode, a step's image work (tower units and prefill) is sized to
 `--admission-budget` x the measured decode step (at least one unit of each), so a running
@@ -179,9 +179,11 @@ class Engine:
     def clear_caches(self) -> None:
         """Empty the vision and prefix caches and this model's disk tier (a cleared server
         answers the next request cold, as `/v1/cache/clear` promises). Any thread."""
+        loaded = self.loaded
+        if loaded is not None and loaded.answers is not None:
+            loaded.answers.cancel()  # first: no answer block computed before lands after
         self.vision_cache.clear()
         self.prefix_cache.clear()
-        loaded = self.loaded
         if loaded is not None:
             loaded.clear_caches()
 
@@ -311,6 +313,8 @@ class Engine:
             self._ship()
             s.store_finished()
             mark("ship")
+            s.answer(self._arrived)
+            mark("answer")
         s.end_step()
         if trace is not None:
             trace.end(**s.step_counts())
@@ -319,6 +323,10 @@ class Engine:
         self.metrics.mlx_active_bytes.set(mx.get_active_memory())
         self.metrics.mlx_cache_bytes.set(mx.get_cache_memory())
         self.metrics.mlx_peak_bytes.set(mx.get_peak_memory())
+
+    def _arrived(self) -> bool:
+        """Has a message (a new request, say) reached the inbox? (Answer prefill yields.)"""
+        return not self._inbox.empty()
 
     def _ship(self) -> None:
         if self.on_events is not None:

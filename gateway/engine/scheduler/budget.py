@@ -182,6 +182,20 @@ class StepBudget:
         other rows decode under a time limit, outside waves and the old fixed rule."""
         return self.worked and self.limit is not None and not self.wave and not self.fixed
 
+    def record(self, wall: float, joined: bool) -> None:
+        """Feed the estimates with this step, which decoded rows in `wall` seconds: with no
+        admission work and no join (`joined`) it was a plain decode step (what a running
+        stream waits between tokens); under a time limit (no wave, not the fixed rule) one
+        that did either adds its overrun: its wall time beyond the decode step and the work
+        its stages measured."""
+        costs = self.costs
+        if not self.worked and not joined:
+            costs.decode_step.add(wall)
+            return
+        step = costs.decode_step.value
+        if step and self.limit is not None and not self.wave and not self.fixed:
+            costs.add_overrun(wall - step - self.spent, joined)
+
     def spend(self, seconds: float) -> None:
         self.spent += seconds
         self.worked = True

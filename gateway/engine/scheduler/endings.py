@@ -48,6 +48,9 @@ class Endings:
         self._metrics = metrics
         self._cache_ops = cache_ops
         self._release = release
+        # Called with (job, its tokens) after a finished job's KV was stored (the scheduler
+        # queues its answer prefill there: gateway.engine.scheduler.answer_store).
+        self.after_store: Callable[[Job, list[int]], None] | None = None
         # Finished this step: (job, its KV, the tokens that KV holds), stored after the
         # step's events have left (`store_finished`).
         self._to_store: list[tuple[Job, object, list[int]]] = []
@@ -119,6 +122,8 @@ class Endings:
             try:
                 delta = rope_delta_at([i.layout for i in job.request.images], job.prompt_len)
                 self._cache_ops.store_finished(job, kv, tokens, delta)  # type: ignore[arg-type]
+                if self.after_store is not None:
+                    self.after_store(job, tokens)
             except Exception:  # a cache is an optimisation: a failed store is a later miss
                 log.exception("storing the KV of %s failed", job.request_id)
 

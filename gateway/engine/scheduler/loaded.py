@@ -24,6 +24,7 @@ from caches.vision import VisionCache
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import CacheOps
 from gateway.engine.families.family import ModelFamily
+from gateway.engine.scheduler.answer_store import AnswerStore
 from gateway.engine.scheduler.decode_batch import DecodeBatch
 from gateway.engine.scheduler.group_check import towers_group_exactly
 from gateway.engine.scheduler.prefill import Prefiller
@@ -46,6 +47,8 @@ class Loaded:
     # Several images may share one tower call: only where that keeps every image's bits
     # (gateway.engine.scheduler.group_check; measured at load on this device).
     group_images: bool = True
+    # Answer prefill (gateway.engine.scheduler.answer_store); None: off (a Loaded built by hand)
+    answers: AnswerStore | None = None
 
     @classmethod
     def load(
@@ -73,7 +76,8 @@ class Loaded:
         )
         prefiller = Prefiller(model, cache_ops, block)
         group = towers_group_exactly(model)
-        return cls(model, on_gpu, cache_ops, prefiller, grammars, group)
+        answers = AnswerStore(cache_ops, block, config.cache.answer_prefill)
+        return cls(model, on_gpu, cache_ops, prefiller, grammars, group, answers)
 
     def new_batch(self, config: EngineConfig) -> DecodeBatch:
         """A fresh, empty decode batch (at start, and to replace one whose step raised)."""
@@ -91,6 +95,7 @@ class Loaded:
             "disk": self.cache_ops.disk_stats(),
             # vision_groups: whether images of several requests share a tower call here
             "family": {**self.model.describe(), "vision_groups": self.group_images, **off},
+            "answers": self.answers.stats() if self.answers is not None else {"enabled": False},
         }
 
     def clear_caches(self) -> None:
@@ -105,3 +110,5 @@ class Loaded:
         self.cache_ops.vision, self.cache_ops.prefix = vision, prefix
         self.cache_ops.activate_disk()
         self.grammars.reset()
+        if self.answers is not None:
+            self.answers.clear(reset=True)

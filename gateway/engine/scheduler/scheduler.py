@@ -12,6 +12,8 @@ counts, and moves jobs through them:
              only (a wave: all, see StepBudget), as many units as the step's time budget
              allows (gateway.engine.scheduler.encode_group)
     decode   one batched step of every running row; emit tokens; finish rows
+    answer   answer prefill in the step's spare time (gateway.engine.scheduler.answer_store):
+             a finished answer's KV recomputed in exact blocks and stored for the next turn
 
 The time budget (`--admission-budget` x the decode step, gateway.engine.scheduler.budget) is
 shared by the prefill and encode stages of a step; each stage with work pending does at
@@ -32,6 +34,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 
 import mlx.core as mx
@@ -83,6 +86,10 @@ class Scheduler:
         self.prefilling: deque[Job] = deque()  # holding a row, prompt being fed
         self._batch: DecodeBatch | None = loaded.new_batch(config)  # None once shut down
         self.endings = Endings(metrics, loaded.cache_ops, self.release)
+        self._answers = loaded.answers
+        if self._answers is not None:
+            self.endings.after_store = self._answers.offer
+        self._answer_rows = 0  # query rows of answer prefill in this step (for the trace)
         self._prefill = PrefillStage(
             config, metrics, loaded.prefiller, self.endings, trace, self.fork
         )
@@ -101,7 +108,8 @@ class Scheduler:
     @property
     def idle(self) -> bool:
         """Nothing waiting here and no request holding a row: the loop may block."""
-        return not (self.waiting or self.occupancy.active)
+        answers = self._answers is not None and self._answers.pending
+        return not (self.waiting or self.occupancy.active or answers)
 
     def enqueue(self, request: EngineRequest, sink: Sink) -> None:
         """A submitted request (already counted as queued) joins the waiting queue."""
@@ -286,6 +294,17 @@ class Scheduler:
         """Store the KV of the requests finished in this step (after their events left)."""
         self.endings.store_finished()
 
+    def answer(self, arrived: Callable[[], bool]) -> None:
+        """Answer prefill (gateway.engine.scheduler.answer_store) in this step's spare time,
+        only while no user request waits for a row, its images or its prefill; `arrived`:
+        has a message reached the engine's inbox since (then it stops)."""
+        self._answer_rows = 0
+        busy = self.waiting or self.encoding or self.prefilling or self.group is not None
+        if self._answers is None or busy:
+            return
+        decoding = bool(self.batch.rows)
+        self._answer_rows = self._answers.step(self.budget, self.costs, decoding, arrived)
+
     def release(self, job: Job) -> None:
         """Forget a job wherever it is and free its row (idempotent). The bookkeeping is
         undone before the batch is touched, so a failing batch cannot leave a half-released
@@ -347,26 +366,17 @@ class Scheduler:
         self._step_started = time.perf_counter()
         self._inserted = self.batch.inserted
         self._decoded = 0
+        self._answer_rows = 0
         admitting = len(self.waiting) + len(self.encoding) + len(self.prefilling)
         ratio = self.config.admission_budget
         rows, joining = len(self.batch.rows), self.batch.joins_pending
         self.budget = StepBudget(self.costs, ratio, rows, admitting, joining)
 
     def end_step(self) -> None:
-        """A step that decoded rows and did no admission work and no join is a plain decode
-        step: its wall time (what a running stream waits between tokens) feeds the estimate.
-        A step under a time limit that did either feeds the overrun estimates with its wall
-        time beyond the decode step and its measured work (gateway.engine.scheduler.budget)."""
-        if not self._decoded:
-            return
-        wall, budget = time.perf_counter() - self._step_started, self.budget
-        joined = self.batch.last_joined > 0
-        if not budget.worked and not joined:
-            self.costs.decode_step.add(wall)
-            return
-        step = self.costs.decode_step.value
-        if step and budget.limit is not None and not budget.wave and not budget.fixed:
-            self.costs.add_overrun(wall - step - budget.spent, joined)
+        """A step that decoded rows feeds the budget's estimates (`StepBudget.record`)."""
+        if self._decoded:
+            wall = time.perf_counter() - self._step_started
+            self.budget.record(wall, joined=self.batch.last_joined > 0)
 
     def step_counts(self) -> dict[str, int]:
         """The step trace's counts after a step (gateway.engine.scheduler.step_trace)."""
@@ -378,4 +388,5 @@ class Scheduler:
             "encoding": len(self.encoding),
             "waiting": len(self.waiting),
             "tokens": self._decoded,
+            "answer_rows": self._answer_rows,
         }

@@ -5,10 +5,12 @@
 
     {"t": 12.345678,        # step start, seconds since the trace opened (perf_counter)
      "admit": 0.02, "encode": 0.0, "prefill": 4.1, "decode": 9.8, "ship": 0.1,  # ms per stage
+     "answer": 0.0,         # ms of answer prefill (scheduler/answer_store.py)
      "rows": 16,            # rows decoding after the step
      "joined": 3,           # rows that joined the batch in this step
      "prefilling": 2, "encoding": 0, "waiting": 5,  # jobs in each queue after the step
      "tokens": 16,          # tokens emitted by the decode step
+     "answer_rows": 0,      # query rows of answer-prefill blocks run in this step
      "admitted": ["id", ...], "first": ["id", ...]}  # requests admitted / given their first
                             # token in this step (present when not empty)
 
@@ -27,7 +29,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-STAGES = ("admit", "encode", "prefill", "decode", "ship")
+STAGES = ("admit", "encode", "prefill", "decode", "ship", "answer")
 
 
 class StepTrace:

@@ -109,6 +109,13 @@ class OutputState:
         self._think_lead = _Lead(thinking.header if thinking is not None else "")
         self._answer_lead: _Lead | None = None  # after a thinking: drops its newlines
         self._reasoning = ""  # thinking text not yet taken
+        self._emitted: list[str] = []  # every piece of answer text returned so far
+
+    @property
+    def text(self) -> str:
+        """The completion's answer text as emitted so far (what the client received as
+        content; a thinking's text is not in it)."""
+        return "".join(self._emitted)
 
     def push(self, token: int) -> str:
         self.completion_tokens += 1
@@ -127,7 +134,7 @@ class OutputState:
         if self._answer_lead is not None:
             text = self._answer_lead.feed(text)
         self._pending += text
-        return self._release(final=False)
+        return self._emit(self._release(final=False))
 
     def _end_thinking(self) -> None:
         if self._think_detok is not None:
@@ -152,7 +159,12 @@ class OutputState:
             self._end_thinking()
         if not self.stopped:
             self._pending += self._detok.flush()
-        return self._release(final=True)
+        return self._emit(self._release(final=True))
+
+    def _emit(self, out: str) -> str:
+        if out:
+            self._emitted.append(out)
+        return out
 
     def _release(self, final: bool) -> str:
         if self.stopped:

@@ -47,11 +47,12 @@ def test_cached_output_equals_uncached_over_a_conversation(pair) -> None:  # noq
     assert usage[0].cached_tokens == 0 and usage[0].vision_misses == 1
     block = cached.engine.config.cache.kv_block_tokens
     for turn in range(1, 5):
-        # Turn N+1 reuses turn N's prompt in whole blocks (its answer's KV came from decode
-        # steps, so it is recomputed by prefill: see docs/caching.md).
+        # Turn N+1 reuses turn N's prompt in whole blocks, and its answer's where the answer
+        # prefill (recomputing it in prefill blocks: docs/caching.md) finished before the
+        # next turn arrived (test_answer_store.py pins that part).
         previous, current = usage[turn - 1], usage[turn]
         assert current.cached_tokens % block == 0
-        assert current.cached_tokens == previous.prompt_tokens // block * block
+        assert current.cached_tokens >= previous.prompt_tokens // block * block
     assert usage[-1].cached_tokens >= block  # the fresh question still reuses image blocks
     assert all(u.cached_tokens == 0 for u in (r.finish.usage for r in without))
 

@@ -27,6 +27,9 @@ IMAGE = noise_image(21, 84, 56)
 
 
 def _disk(folder: Path, **kwargs: object) -> CacheConfig:
+    # No answer prefill: these tests count the files their requests write, and an answer's
+    # blocks are written in the background after it (test_answer_store.py pins those).
+    kwargs = {"answer_prefill": False, **kwargs}
     return CacheConfig(kv_block_tokens=8, cache_dir=folder, **kwargs)  # type: ignore[arg-type]
 
 

@@ -119,6 +119,27 @@ def test_the_expected_overrun_comes_off_the_limit() -> None:
     assert costs.snapshot()["join_overrun_ms"] == 30.0
 
 
+def test_a_step_feeds_the_decode_estimate_or_an_overrun() -> None:
+    """Invariant: a plain decode step feeds the decode-step estimate; a step with work or a
+    join under a time limit feeds the matching overrun (its time beyond decode + work), a
+    wave nothing."""
+    plain = _budget()
+    plain.record(0.012, joined=False)
+    assert plain.costs.decode_step.value == pytest.approx(0.011)  # median of 0.010, 0.012
+    worked = _budget()
+    worked.spend(0.015)
+    worked.record(0.030, joined=False)
+    assert worked.costs.overrun.value == pytest.approx(0.005)
+    assert worked.costs.join_overrun.value is None
+    joining = _budget()
+    joining.record(0.022, joined=True)
+    assert joining.costs.join_overrun.value == pytest.approx(0.012)
+    wave = _budget(rows=3, admitting=13)
+    wave.spend(0.5)
+    wave.record(1.0, joined=True)
+    assert wave.costs.overrun.value is None and wave.costs.join_overrun.value is None
+
+
 def test_joins_are_held_only_after_admission_work_under_a_time_limit() -> None:
     """Invariant: rows whose prefill ends in a step join at the next one only when the step
     worked under a time limit (no wave, not the fixed rule); idle steps never hold them."""
