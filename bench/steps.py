@@ -46,7 +46,7 @@ def waves(steps: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
 
 
 def _step_ms(steps: Sequence[dict[str, Any]]) -> float:
-    return sum(s[k] for s in steps for k in STAGES)
+    return sum(s.get(k, 0.0) for s in steps for k in STAGES)  # older traces lack newer stages
 
 
 def summarize(wave: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -67,7 +67,7 @@ def summarize(wave: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "full_steps": len(full),
         "full_step_ms": round(statistics.median(_step_ms([s]) for s in full), 3) if full else None,
         "full_decode_ms": round(statistics.median(s["decode"] for s in full), 3) if full else None,
-        **{f"{k}_ms": round(sum(s[k] for s in wave), 2) for k in STAGES},
+        **{f"{k}_ms": round(sum(s.get(k, 0.0) for s in wave), 2) for k in STAGES},
     }
 
 
