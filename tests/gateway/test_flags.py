@@ -42,7 +42,8 @@ def test_every_serve_flag_is_declared_on_one_field() -> None:
     options = {o for a in parser._actions for o in a.option_strings} - {"-h", "--help"}
     declared = [spec.name for _, _, spec in _all_flags()]
     declared += [spec.off for _, _, spec in _all_flags() if spec.off]
-    declared += ["--no-exact-cache"]  # the "both" kind's negative form
+    # the "both" kind's negative forms (argparse's BooleanOptionalAction)
+    declared += ["--no-" + spec.name[2:] for _, _, spec in _all_flags() if spec.kind == "both"]
     assert len(declared) == len(set(declared))
     assert options == set(declared)
 
