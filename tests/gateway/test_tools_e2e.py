@@ -120,8 +120,10 @@ def test_anthropic_tool_use_streamed_and_tool_result_with_image(server: ServerPr
     client = anthropic.Anthropic(base_url=server.base_url, api_key="-", max_retries=0)
     tools = [{"name": n, "input_schema": s} for n, s in SCHEMAS.items()]
     ask = [{"role": "user", "content": "click it"}]
+    # Greedy (Anthropic's default temperature is 1): a sampled first call made the second
+    # prompt, and so whether its call closes within max_tokens, vary from run to run.
     with client.messages.stream(
-        model="test", max_tokens=80, messages=ask, tools=tools,
+        model="test", max_tokens=80, messages=ask, tools=tools, extra_body={"temperature": 0},
         tool_choice={"type": "any", "disable_parallel_tool_use": True},
     ) as stream:  # fmt: skip
         kinds = [event.type for event in stream]
@@ -138,7 +140,7 @@ def test_anthropic_tool_use_streamed_and_tool_result_with_image(server: ServerPr
     history = [*ask, {"role": "assistant", "content": [block]},
                {"role": "user", "content": [result]}]  # fmt: skip
     answer = client.messages.create(
-        model="test", max_tokens=80, messages=history, tools=tools,
+        model="test", max_tokens=80, messages=history, tools=tools, extra_body={"temperature": 0},
         tool_choice={"type": "tool", "name": "type_text"},
     )  # fmt: skip
     assert answer.stop_reason == "tool_use"
