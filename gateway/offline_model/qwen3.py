@@ -61,8 +61,9 @@ def spec() -> TokenizerSpec:
     )
 
 
-def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
-    """tokenizer files, config.json and generation_config.json; returns the config."""
+def write_tokenizer(out: Path, chat_template: str, max_length: int) -> Any:
+    """Write the Qwen-style tokenizer files (ChatML, `<|im_end|>` ends a turn) with
+    `chat_template`; returns the built tokenizer. Qwen3.5 writes the same with its own."""
     tok = build_tokenizer(spec())
     config = {
         "add_bos_token": False,
@@ -70,7 +71,7 @@ def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
         "additional_special_tokens": list(qwen_vl_tokenizer.SPECIAL_TOKENS[1:]),
         "clean_up_tokenization_spaces": False,
         "errors": "replace",
-        "model_max_length": 131072,
+        "model_max_length": max_length,
         "split_special_tokens": False,
         "tokenizer_class": "Qwen2Tokenizer",
     }
@@ -80,7 +81,13 @@ def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
         "pad_token": "<|endoftext|>",
         "unk_token": None,
     }
-    write_tokenizer_files(out, tok, config, named, template.TEMPLATE, vocab_merges=True)
+    write_tokenizer_files(out, tok, config, named, chat_template, vocab_merges=True)
+    return tok
+
+
+def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
+    """tokenizer files, config.json and generation_config.json; returns the config."""
+    tok = write_tokenizer(out, template.TEMPLATE, 131072)
     endoftext, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
     model = {
         "architectures": ["Qwen3ForCausalLM"],

@@ -19,12 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from . import qwen3
-from . import tokenizer as qwen_vl_tokenizer
-from .bpe import build_tokenizer
 from .chat_templates import qwen3_5 as template
 from .family import Family
 from .shapes import preprocessor_config
-from .tokenizer_files import dump_json, write_tokenizer_files
+from .tokenizer_files import dump_json
 
 # 3 gated-delta layers then 1 full-attention layer (upstream's 3:1), twice over.
 _TEXT = {
@@ -72,24 +70,7 @@ _VISION = {
 
 def write_files(arch: str, out: Path, size: str, dtype: str) -> dict[str, Any]:
     """Tokenizer files, config.json, generation_config.json, preprocessor_config.json."""
-    tok = build_tokenizer(qwen3.spec())
-    config = {
-        "add_bos_token": False,
-        "add_prefix_space": False,
-        "additional_special_tokens": list(qwen_vl_tokenizer.SPECIAL_TOKENS[1:]),
-        "clean_up_tokenization_spaces": False,
-        "errors": "replace",
-        "model_max_length": 262144,
-        "split_special_tokens": False,
-        "tokenizer_class": "Qwen2Tokenizer",
-    }
-    named = {
-        "bos_token": None,
-        "eos_token": "<|im_end|>",
-        "pad_token": "<|endoftext|>",
-        "unk_token": None,
-    }
-    write_tokenizer_files(out, tok, config, named, template.TEMPLATE, vocab_merges=True)
+    tok = qwen3.write_tokenizer(out, template.TEMPLATE, 262144)
     model = model_config(arch, size, dtype, tok.token_to_id)
     dump_json(out / "config.json", model)
     endoftext, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")

@@ -24,7 +24,21 @@ from mlx_vlm.models.cache import ArraysCache
 StateArrays = tuple[mx.array, ...]  # one snapshot: a layer's state arrays, (1, ...) each
 
 
-class RowStateCache(ArraysCache):
+class _StateArraysCache(ArraysCache):
+    """mlx-vlm's `ArraysCache` whose `state` (what the engine evaluates and what
+    `mx.eval([c.state ...])` waits for) leaves out the arrays not set yet."""
+
+    @property
+    def state(self) -> list[mx.array]:  # type: ignore[override]
+        """The arrays to evaluate (the unset ones left out)."""
+        return [c for c in self.cache if c is not None]
+
+    @state.setter
+    def state(self, value: list[mx.array]) -> None:
+        self.cache = list(value)
+
+
+class RowStateCache(_StateArraysCache):
     """One sequence's recurrent state: `size` arrays (None until the first forward), the
     number of tokens it has absorbed (`offset`) and the row's rope delta (unused by the
     recurrence; carried so the batch can hand it back on `extract`)."""
@@ -59,15 +73,6 @@ class RowStateCache(ArraysCache):
         self.marks = {(k + 1) * block: s for k, s in enumerate(snapshots)}
         self.restore(snapshots[-1], tokens)
 
-    @property
-    def state(self) -> list[mx.array]:  # type: ignore[override]
-        """The arrays to evaluate (the unset ones left out)."""
-        return [c for c in self.cache if c is not None]
-
-    @state.setter
-    def state(self, value: list[mx.array]) -> None:
-        self.cache = list(value)
-
     def trim(self, n: int) -> int:
         """A recurrent state cannot forget tokens: only `trim(0)` is allowed."""
         if n:
@@ -91,7 +96,7 @@ class RowStateCache(ArraysCache):
         return BatchStateCache.merge(caches)
 
 
-class BatchStateCache(ArraysCache):
+class BatchStateCache(_StateArraysCache):
     """Several rows' states stacked on axis 0, with each row's `offset` and rope delta as
     Python ints (no device read on `extract`). No left padding: a state has no time axis, so
     rows of different lengths line up as they are. Rows carry no marks (their prompt's
@@ -112,14 +117,6 @@ class BatchStateCache(ArraysCache):
             raise ValueError("a row joined the batch before its prompt filled its state")
         out.cache = [mx.concatenate([c.cache[e] for c in caches]) for e in range(n)]
         return out
-
-    @property
-    def state(self) -> list[mx.array]:  # type: ignore[override]
-        return [c for c in self.cache if c is not None]
-
-    @state.setter
-    def state(self, value: list[mx.array]) -> None:
-        self.cache = list(value)
 
     def advance(self, n: int) -> None:
         super().advance(n)
