@@ -204,6 +204,8 @@ class AnswerStore:
         if block_cost is None and per_row is not None:
             block_cost = per_row * self.block
         while self._queue and rows < CAP_BLOCKS * self.block:
+            if self._cancelled():  # a clear meanwhile: the next step drops the queue
+                break
             head = self._queue[0]
             if head.job is None:
                 if head.render is None:
@@ -213,6 +215,7 @@ class AnswerStore:
                 if not head.render.done():
                     if decoding or arrived() or not wait([head.render], RENDER_WAIT_S).done:
                         break
+                    continue  # rendered: look for a clear again before starting
                 # Starting copies the prompt's stored blocks into the job's own KV.
                 copy = self._copy_per_token.value
                 if not allow(None if copy is None else copy * len(head.request.prompt_ids)):
@@ -240,8 +243,7 @@ class AnswerStore:
             seconds += took
             rows += self.block
             if head.done:
-                self._store(head)
-                self.counts["done"] += 1
+                self.counts["done" if self._store(head) else "dropped"] += 1
                 self._queue.popleft()
         if self._queue and self._queue[0].job is not None:
             self._store(self._queue[0])  # interrupted: what it has is usable at once
@@ -270,7 +272,10 @@ class AnswerStore:
             self.counts["failed"] += 1
             return False
 
-    def _store(self, head: AnswerJob) -> None:
-        """Hand the job's new blocks to the cache, unless a clear cancelled it meanwhile."""
-        if not self._cancelled():
-            head.store(self._ops)
+    def _store(self, head: AnswerJob) -> bool:
+        """Hand the job's new blocks to the cache, unless a clear cancelled it meanwhile
+        (False)."""
+        if self._cancelled():
+            return False
+        head.store(self._ops)
+        return True
