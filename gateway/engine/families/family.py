@@ -230,19 +230,24 @@ class ModelFamily(ABC):
         """A PIL RGB image (or a `VideoFrames` clip) -> (pixel values as the tower takes
         them, grid); equal to the checkpoint's reference processor's output."""
 
-    @abstractmethod
+    def _no_video(self) -> ValueError:
+        """The error of the video methods below for a family without video (its own words
+        where it has no media at all)."""
+        return ValueError(f"{self.model_type} takes no video")
+
     def video_grid(self, frames: int, width: int, height: int) -> Grid:
         """The patch grid of a clip of `frames` sampled frames (ValueError: unsupported)."""
+        raise self._no_video()
 
-    @abstractmethod
     def video_layout(self, grid: Grid, times: Sequence[float]) -> VideoLayout:
         """How a clip with this grid and these frame times (seconds) sits in the prompt."""
+        raise self._no_video()
 
-    @abstractmethod
     def video_clip(
         self, frames: np.ndarray, times: Sequence[float], grid: Grid, block: int | None = None
     ) -> VideoFrames:
         """The frames `preprocess` takes for a clip (or for one of its placeholder blocks)."""
+        raise self._no_video()
 
     @abstractmethod
     def layout_prompt(

@@ -30,7 +30,6 @@ from gateway.engine.model.kv import RowBatchKVCache, RowKVCache, share_row_state
 from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan, join_caches, split_caches
 from gateway.engine.model.video_layout import VideoLayout
-from gateway.engine.model.video_processor import VideoFrames
 from gateway.engine.model.vision import EncodedImage, Unit
 
 
@@ -100,16 +99,8 @@ class TextModel(ModelFamily):
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         raise self._no_media()
 
-    def video_grid(self, frames: int, width: int, height: int) -> Grid:
-        raise self._no_media()
-
-    def video_layout(self, grid: Grid, times: Sequence[float]) -> VideoLayout:
-        raise self._no_media()
-
-    def video_clip(
-        self, frames: np.ndarray, times: Sequence[float], grid: Grid, block: int | None = None
-    ) -> VideoFrames:
-        raise self._no_media()
+    def _no_video(self) -> ValueError:
+        return self._no_media()
 
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]

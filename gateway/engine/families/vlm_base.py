@@ -49,7 +49,6 @@ from gateway.engine.model.prompt_forward import (
     split_caches,
 )
 from gateway.engine.model.video_layout import VideoLayout
-from gateway.engine.model.video_processor import VideoFrames
 from gateway.engine.model.vision import EncodedImage, Unit
 
 
@@ -247,20 +246,6 @@ class VlmFamily(ModelFamily):
             layouts.append(ImageLayout.flat(len(out), len(run)))
             out.extend(run)
         return out, layouts
-
-    def _no_video(self) -> ValueError:
-        return ValueError(f"{self.model_type} takes no video")
-
-    def video_grid(self, frames: int, width: int, height: int) -> Grid:
-        raise self._no_video()
-
-    def video_layout(self, grid: Grid, times: Sequence[float]) -> VideoLayout:
-        raise self._no_video()
-
-    def video_clip(
-        self, frames: np.ndarray, times: Sequence[float], grid: Grid, block: int | None = None
-    ) -> VideoFrames:
-        raise self._no_video()
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 
