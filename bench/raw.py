@@ -35,6 +35,9 @@ Log = Callable[[str], None]
 
 _QWEN2_ARCHS = ("qwen2_vl", "qwen2_5_vl")
 _QWEN3_ARCHS = ("qwen3_vl",)
+# Vision-language checkpoints whose mlx-lm model class drops the vision tower itself (its
+# `sanitize`) and runs the language model mlx-vlm's family runs: mlx-lm loads them as they are.
+_MLX_LM_VLM_ARCHS = ("gemma3", "mistral3")
 # Checkpoint key prefixes -> mlx-lm key prefixes. mlx-vlm conversions (our offline models,
 # mlx-community) use the first two; HF transformers >= 4.52 the third; older HF the last two.
 _PREFIXES = (
@@ -97,23 +100,34 @@ def is_vision_checkpoint(model_dir: str | Path) -> bool:
     return bool(config.get("vision_config"))
 
 
+def _mlx_lm_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    """What mlx-lm must be told beyond config.json: its gemma3 wrapper takes the vocabulary
+    size from the top level (default: the released 262,208), where mlx-vlm conversions of
+    smaller vocabularies keep it in `text_config` only."""
+    vocab = (config.get("text_config") or {}).get("vocab_size")
+    if config.get("model_type") == "gemma3" and "vocab_size" not in config and vocab:
+        return {"vocab_size": vocab}
+    return {}
+
+
 def load_text_model(model_dir: str | Path) -> nn.Module:
     """mlx-lm's text model for the checkpoint at `model_dir`, with its weights (quantized
     checkpoints: mlx's affine quantization as described by config.json's `quantization`).
 
     A text checkpoint (no `vision_config`: what the gateway serves through mlx-lm's own
-    model classes) is loaded by mlx-lm's own loader, exactly as `mlx_lm.load` does; a Qwen-VL
-    checkpoint's language model goes into mlx-lm's qwen2 / qwen3 (see the module doc)."""
+    model classes), Gemma 3 and Mistral 3 are loaded by mlx-lm's own loader, exactly as
+    `mlx_lm.load` does; a Qwen-VL checkpoint's language model goes into mlx-lm's qwen2 /
+    qwen3 (see the module doc)."""
     from mlx_lm.models import qwen2, qwen3
 
     root = Path(model_dir)
-    if not is_vision_checkpoint(root):
+    config = json.loads((root / "config.json").read_text())
+    if not is_vision_checkpoint(root) or config.get("model_type") in _MLX_LM_VLM_ARCHS:
         from mlx_lm.utils import load_model
 
-        model, _ = load_model(root)
+        model, _ = load_model(root, model_config=_mlx_lm_overrides(config))
         model.eval()
         return model
-    config = json.loads((root / "config.json").read_text())
     text = text_config(config)
     module = qwen2 if text["model_type"] == "qwen2" else qwen3
     model = module.Model(module.ModelArgs.from_dict(text))

@@ -13,7 +13,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 STEPS=${STEPS:-"hotpath tower engine exact"}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-if [ ! -f /tmp/m7b/config.json ]; then
+if [ "$STEPS" != gemma3 ] && [ ! -f /tmp/m7b/config.json ]; then  # every other step runs it
   python3 -m gateway make-model /tmp/m7b --arch qwen2_5_vl --size 7b >"$OUT/make-model.log" 2>&1 \
     || { tail -20 "$OUT/make-model.log"; exit 1; }
 fi
@@ -84,6 +84,19 @@ for step in $STEPS; do
     block_cost)  # one prefill forward by path (cold prefill: blocks vs one forward)
       timeout 200 python3 -m docs.investigations.block_cost --model /tmp/m7b --reps 4 \
         >"$OUT/block-cost.json" 2>"$OUT/block-cost.log"; cat "$OUT/block-cost.json" ;;
+    decode_alternate)  # issue 27 target 1: raw and the server alternated, round by round
+      timeout "${ALT_S:-420}" python3 -m docs.investigations.decode_alternate --model /tmp/m7b \
+        --rounds "${ALT_ROUNDS:-4}" --step-trace "$OUT/alt-steps.jsonl" 2>&1 | tee "$OUT/decode_alternate.log"
+      gzip -f "$OUT/alt-steps.jsonl" ;;
+    warm)  # issue 27 target 4: first requests and warm conversations against raw's floor
+      timeout "${HOTPATH_S:-400}" python3 -m bench hotpath --model /tmp/m7b --only first \
+        --only warm --out "$OUT/hotpath-warm.json" 2>&1 | tail -30 | tee "$OUT/hotpath-warm.log" ;;
+    gemma3)  # issue 24: Gemma 3 4B shapes (random bf16), latencies and decode against raw
+      [ -f /tmp/g4b/config.json ] || python3 -m gateway make-model /tmp/g4b --arch gemma3 \
+        --size 4b >"$OUT/make-g4b.log" 2>&1 || { tail -20 "$OUT/make-g4b.log"; exit 1; }
+      timeout "${HOTPATH_S:-480}" python3 -m bench hotpath --model /tmp/g4b --only first \
+        --only warm --only decode --out "$OUT/hotpath-gemma3.json" 2>&1 | tail -40 \
+        | tee "$OUT/hotpath-gemma3.log" ;;
     engine)
       timeout "${ENGINE_S:-150}" python3 -m bench engine --raw --model /tmp/m7b --image-size 1024 \
         --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" ;;

@@ -167,3 +167,27 @@ def test_raw_text_model_computes_the_text_familys_logits(arch: str) -> None:
     theirs = _logits_with_decode(raw, make_prompt_cache(raw), prompt, 4)
     for a, b in zip(ours, theirs, strict=True):
         assert mx.array_equal(a, b).item()
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "mistral3"])
+def test_raw_vlm_is_mlx_lms_own_class_with_the_familys_logits(arch: str) -> None:
+    """Gemma 3 and Mistral 3 checkpoints load into mlx-lm's own model class (which drops the
+    tower), and its logits are the gateway family's text core's: bit for bit over a prompt
+    that fills the tiny sliding window (48) and decode steps past it; for a longer prompt
+    mlx-lm's windowed prompt mask rounds the last prompt row differently from mlx-vlm's
+    (the gateway's reference), within 1e-5, same greedy tokens. The ceiling computes our
+    function."""
+    from gateway.engine.families.registry import load_model
+
+    root = tiny_model(arch)
+    raw = load_text_model(root)
+    gateway = load_model(str(root))
+    assert type(raw).__module__ == f"mlx_lm.models.{arch}"
+    for n, exact in ((48, True), (60, False)):
+        prompt = ([5, 100, 200, 300, 1500, 7, 8, 9, 10, 11, 12, 1999] * 5)[:n]
+        ours = _logits_with_decode(gateway.text_core, gateway.new_cache(), prompt, 6)
+        theirs = _logits_with_decode(raw, make_prompt_cache(raw), prompt, 6)
+        for a, b in zip(ours, theirs, strict=True):
+            assert mx.array_equal(a, b).item() or not exact
+            assert mx.allclose(a, b, atol=1e-5).item()
+            assert (mx.argmax(a, axis=-1) == mx.argmax(b, axis=-1)).all().item()

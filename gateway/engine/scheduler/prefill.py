@@ -32,7 +32,7 @@ last bits the way rows decoded in a batch do, but no stored KV ever comes from s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -46,6 +46,10 @@ from gateway.engine.scheduler.job import Job
 from gateway.engine.tokens.penalties import shape_first
 
 MIN_FINAL_ROWS = 32  # the smallest forward a final partial block is padded to
+
+
+def _no_lap(stage: str) -> None:
+    """The step trace's stage closer when nothing traces."""
 
 
 def final_rows(real: int, block: int) -> int:
@@ -76,6 +80,11 @@ class Prefiller:
         self.model = model
         self.cache_ops = cache_ops
         self.block = block
+        # The step trace's `stage` when tracing (set by the scheduler): the time since its
+        # last mark goes to the named stage, so a step's prefill splits into the forwards
+        # ("prefill"), storing the image part's blocks ("store") and the first token
+        # ("first_token").
+        self.lap: Callable[[str], None] = _no_lap
 
     @property
     def exact(self) -> bool:
@@ -112,7 +121,7 @@ class Prefiller:
             for layer in job.cache or []:
                 layer.rope_delta = delta
             job.plan = None
-            self.cache_ops.store_image_part(job)
+            self._store(job)
         return hi - lo
 
     def _feed_text(self, job: Job, budget: int) -> tuple[int, FirstToken | None]:
@@ -142,7 +151,7 @@ class Prefiller:
             hidden = self.model.prefill(job.plan, job.cache, lo - base, hi - base, rows=shape)
             job.fed, rows = hi, rows + shape
             if lo < job.split <= hi:
-                self.cache_ops.store_image_part(job)
+                self._store(job)
             if hi == n:
                 job.plan = None
                 return rows, self._first_token(job, hidden[:, hi - 1 - lo : hi - lo, :])
@@ -197,12 +206,18 @@ class Prefiller:
             job.fed, job.plan = hi, None
             try:
                 if lo < job.split <= hi:
-                    self.cache_ops.store_image_part(job)
+                    self._store(job)
                 last = hidden[i : i + 1, hi - 1 - lo : hi - lo, :]
                 firsts.append(self._first_token(job, last))
             except Exception as exc:  # noqa: BLE001 - reported per job by the caller
                 firsts.append(exc)
         return firsts
+
+    def _store(self, job: Job) -> None:
+        """Store the image part's blocks (`CacheOps.store_image_part`), timed apart."""
+        self.lap("prefill")
+        self.cache_ops.store_image_part(job)
+        self.lap("store")
 
     def _plan(self, job: Job) -> PrefillPlan:
         """The job's inputs from where its prefill started (its cached tokens) to its end."""
@@ -217,6 +232,7 @@ class Prefiller:
     def _first_token(self, job: Job, last_hidden: mx.array) -> FirstToken:
         """Sample from the prompt's last row (1, 1, hidden) and give the cache the prompt's
         rope delta, which the batch's decode positions read."""
+        self.lap("prefill")
         delta = rope_delta_at([i.layout for i in job.request.images], job.prompt_len)
         for layer in job.cache or []:
             layer.rope_delta = delta
@@ -228,4 +244,5 @@ class Prefiller:
         logprobs = last - mx.logsumexp(last, axis=-1, keepdims=True)
         token = job.sampler(logprobs)
         mx.eval(token, logprobs)
+        self.lap("first_token")
         return FirstToken(int(token.item()), logprobs[0])

@@ -176,6 +176,12 @@ class PrefillStage:
         """Emit the token sampled at the end of the prefill; finish, or join the batch. A
         request for n > 1 choices forks here (gateway.engine.scheduler.choices): the others
         draw their first tokens from the same logits and join (or finish) alike."""
+        try:
+            self._first_tokens(job, first, batch)
+        finally:
+            self._prefiller.lap("first_token")
+
+    def _first_tokens(self, job: Job, first: FirstToken, batch: DecodeBatch) -> None:
         siblings = self._fork(job)  # before job's KV moves into the batch
         if self._trace is not None:
             self._trace.note("first", job.request_id)

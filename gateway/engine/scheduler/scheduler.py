@@ -93,6 +93,8 @@ class Scheduler:
         self._prefill = PrefillStage(
             config, metrics, loaded.prefiller, self.endings, trace, self.fork
         )
+        if trace is not None:  # the prefill's forwards, stores and first tokens timed apart
+            loaded.prefiller.lap = trace.stage
         self._inserted = 0  # the batch's insert count when the step began (for the trace)
         self._decoded = 0  # tokens emitted by this step's decode (for the trace)
         self.costs = CostModel()  # running cost estimates (this engine: one model, one device)

@@ -6,6 +6,9 @@
     {"t": 12.345678,        # step start, seconds since the trace opened (perf_counter)
      "admit": 0.02, "encode": 0.0, "prefill": 4.1, "decode": 9.8, "ship": 0.1,  # ms per stage
      "answer": 0.0,         # ms of answer prefill (scheduler/answer_store.py)
+     "store": 0.0,          # ms of the prefill stage spent storing an image part's KV blocks
+     "first_token": 0.0,    # ms of the prefill stage spent on first tokens (the last row's
+                            # logits, sampling, emitting, joining the batch)
      "rows": 16,            # rows decoding after the step
      "joined": 3,           # rows that joined the batch in this step
      "prefilling": 2, "encoding": 0, "waiting": 5,  # jobs in each queue after the step
@@ -29,7 +32,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-STAGES = ("admit", "encode", "prefill", "decode", "ship", "answer")
+STAGES = ("admit", "encode", "prefill", "decode", "ship", "answer", "store", "first_token")
 
 
 class StepTrace:

@@ -3,7 +3,9 @@
 Pinned here: one JSON line per engine step, with every stage's time, and counts that add up
 to what was served (tokens emitted by decode steps + first tokens == completion tokens; rows
 joined == requests that decoded past their first token; each request admitted and given its
-first token once; idle wake-ups leave no record); a write failure never fails serving.
+first token once; idle wake-ups leave no record); a write failure never fails serving; an
+image request's prefill is split into its forwards, the store of its image part and its first
+token, in the step that gave it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from support import EngineHarness, chat_body
+from support import EngineHarness, chat_body, noise_image
 
 from gateway.config import CacheConfig
 from gateway.engine.scheduler.step_trace import STAGES, StepTrace
@@ -44,6 +46,21 @@ def test_trace_counts_add_up_to_what_was_served(tmp_path: Path) -> None:
     ids = {f"req-{i + 1}" for i in range(3)}
     assert {i for r in records for i in r.get("admitted", [])} == ids
     assert sorted(i for r in records for i in r.get("first", [])) == sorted(ids)
+
+
+def test_the_prefill_splits_into_forwards_store_and_first_token(tmp_path: Path) -> None:
+    path = tmp_path / "steps.jsonl"
+    harness = EngineHarness("qwen2_5_vl", max_batch=4, step_trace=path)
+    try:
+        harness.run(chat_body("what is it?", images=1, max_tokens=4), [noise_image(1, 112, 112)])
+    finally:
+        harness.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    [first] = [r for r in records if r.get("first")]
+    # The image part is stored in the step of its last block here (a tiny prompt): that
+    # step's forwards, store and first token are each timed apart.
+    assert first["prefill"] > 0 and first["store"] > 0 and first["first_token"] > 0
+    assert all(r["store"] == 0 and r["first_token"] == 0 for r in records if r is not first)
 
 
 def test_an_unwritable_trace_never_fails_serving(tmp_path: Path) -> None:
