@@ -22,12 +22,11 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
-from caches.disk_format import RawTensor
 from caches.prefix import ImageSpan, PrefixCache, PrefixHit, block_keys, key_items
 from caches.radix import Block
 from gateway.engine.disk.plan import BlockWant, ReadBlock
 from gateway.engine.disk.reader import Prefetched
-from gateway.engine.disk.tier import DiskTier, raw_tensor, to_array
+from gateway.engine.disk.tier import DiskTier, raw_tensors, to_array
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +59,9 @@ def queue_blocks(
         items = key_items(tokens, spans, scope)
         keys = block_keys(items, block, max(k for k, _ in made) + 1)
         for k, b in made:
-            tensors: dict[str, RawTensor] = {}
-            for layer, (kk, vv) in enumerate(b.value):
-                tensors[f"k.{layer}"] = raw_tensor(kk)
-                tensors[f"v.{layer}"] = raw_tensor(vv)
+            named = [(f"{kind}.{layer}", array) for layer, pair in enumerate(b.value)
+                     for kind, array in zip("kv", pair, strict=True)]  # fmt: skip
+            tensors = raw_tensors(named)
             starts = [s.content_hash for s in spans if k * block <= s.start < (k + 1) * block]
             meta = {
                 "block_index": str(k),

@@ -15,7 +15,11 @@ takes a `memoryview` of each (zero-copy: 0.35 us per array, measured on this CPU
 writer thread reads those views while the engine computes. Copying instead would cost the
 engine thread the bytes: 32 ms for one Qwen2.5-VL-7B-shaped 256-token block (56 bf16 arrays
 of (1, 4, 256, 128), 14 MiB) here. The view keeps its array alive until written. No MLX
-function is called off the engine thread.
+function is called off the engine thread. On CUDA an array's view is not free: MLX moves the
+device buffer to the host, array by array (a 1024 px image's 5 blocks, 280 arrays, took 28-42
+ms of the engine thread on the H200), so there the arrays of one entry are joined into one
+device array first and the writer gets byte slices of its one view (`raw_tensors`;
+docs/investigations/disk_save.py measures both ways).
 
 Getting bytes onto it: the files a request will need are read, verified and checked against
 the request by the reader thread (gateway/engine/disk/reader.py) while the request waits; at
@@ -226,6 +230,26 @@ class DiskTier:
 def raw_tensor(array: mx.array) -> RawTensor:
     """A zero-copy view of an evaluated, contiguous array (see the module docstring)."""
     return RawTensor(_TO_FILE[array.dtype], tuple(array.shape), memoryview(array))
+
+
+def raw_tensors(
+    named: Sequence[tuple[str, mx.array]], join: bool | None = None
+) -> dict[str, RawTensor]:
+    """Views of evaluated, contiguous arrays by name, for one entry. `join` (None: on CUDA,
+    module doc): arrays of one dtype are joined into one evaluated device array (a copy on
+    the device) and each tensor is a byte slice of its single view; else each array's own."""
+    if join is None:
+        join = mx.default_device().type == mx.DeviceType.gpu and not mx.metal.is_available()
+    if not join or len({a.dtype for _, a in named}) != 1:
+        return {name: raw_tensor(array) for name, array in named}
+    joined = mx.concatenate([array.reshape(-1) for _, array in named])
+    mx.eval(joined)
+    view, at, out = memoryview(joined).cast("B"), 0, {}
+    for name, array in named:
+        end = at + array.nbytes
+        out[name] = RawTensor(_TO_FILE[array.dtype], tuple(array.shape), view[at:end])
+        at = end
+    return out
 
 
 def to_array(tensor: RawTensor, dtype: mx.Dtype | None, rows: int | None = None) -> mx.array:

@@ -6,7 +6,8 @@ bit for bit equal to an engine without caches, on all three architectures (Qwen3
 deepstack features); damaged, truncated and foreign files are misses that are removed, and
 the answer is still exact; another weight dtype of the same model reads none of the files;
 the warm-up neither reads nor writes the disk; clearing the caches clears this model's disk
-entries too (the next request is cold, exactly as uncached).
+entries too (the next request is cold, exactly as uncached); joined views (how CUDA hands an
+entry to the writer) carry each tensor's own bytes.
 """
 
 from __future__ import annotations
@@ -291,3 +292,23 @@ def test_the_budget_holds_with_a_real_engine(tmp_path: Path) -> None:
     assert stats["evictions"] > 0 and stats["bytes"] <= 40_000
     assert stats["vision"]["corrupt"] == stats["vision"]["write_errors"] == 0
     assert 1 <= len(_files(tmp_path, "vision")) < 6
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_joined_views_write_the_same_bytes_as_one_view_per_array(dtype: str) -> None:
+    """The CUDA way of exposing an entry's arrays (joined on the device, byte slices of one
+    view: `raw_tensors(join=True)`) gives each tensor the dtype, shape and bytes of its own
+    array's view, so the files are those of the per-array way."""
+    import mlx.core as mx
+
+    from gateway.engine.disk.tier import raw_tensor, raw_tensors
+
+    arrays = [mx.random.normal((1, 2, 8, 4)).astype(getattr(mx, dtype)) for _ in range(6)]
+    mx.eval(arrays)
+    named = [(f"{'kv'[i % 2]}.{i // 2}", a) for i, a in enumerate(arrays)]
+    joined = raw_tensors(named, join=True)
+    assert list(joined) == [name for name, _ in named]
+    for name, array in named:
+        alone = raw_tensor(array)
+        assert (joined[name].dtype, joined[name].shape) == (alone.dtype, alone.shape)
+        assert bytes(memoryview(joined[name].data)) == bytes(memoryview(alone.data).cast("B"))
