@@ -22,7 +22,7 @@ from gateway.engine.model.kv import RowBatchKVCache, RowKVCache, share_row_state
 from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import PrefillPlan
 from gateway.engine.model.vision import EncodedImage, Unit
-from gateway.engine.model.window_kv import WindowKVCache, ring_phase
+from gateway.engine.model.window_kv import WindowKVCache, ring_phase, shared_ring
 
 
 def set_ring_phase(cache: Sequence[Any]) -> None:
@@ -139,6 +139,9 @@ class Gemma3Core(nn.Module):
             head = self.lm.model(inputs[:, :-1], cache=cache)
             set_ring_phase(cache)
             hidden = mx.concatenate([head, self.lm.model(inputs[:, -1:], cache=cache)], axis=1)
+        elif batch:
+            with shared_ring(cache, inputs.shape[1]):  # type: ignore[arg-type]
+                hidden = self.lm.model(inputs, cache=cache)
         else:
             hidden = self.lm.model(inputs, cache=cache)
         if batch:

@@ -22,8 +22,13 @@ When it runs (`step`, called once per engine step after the decode, by the sched
 while no user request waits, encodes or prefills): idle (nothing decodes), block by block up
 to CAP_BLOCKS a step, stopping as soon as a message reaches the engine's inbox (`arrived`);
 while rows decode, only blocks whose estimated cost fits what is left of the step's time
-budget (`StepBudget`; never the first unit for free as admission gets, so a running
-stream's gap never grows for it), none in a wave or under the fixed rule. An answer block's
+budget (`StepBudget`; never the first unit for free as admission gets) *and* at most
+DECODING_SHARE of a plain decode step, none in a wave or under the fixed rule. The budget is
+for users waiting to be admitted; this work is for a turn that may never come, so it may
+lengthen a running stream's step by a quarter at most. On the H200 at 7B shapes a 256-row
+block costs about a decode step (13-18 ms against 15): there it runs in idle time only (with
+the budget alone, 16- and 32-row steps that ran answer blocks took 24 and 34 ms against 15
+and 13: docs/performance.md, run 14). An answer block's
 estimate is its own running mean (it attends over a whole conversation, so it costs more
 than an average prefill row); starting a job, which copies its prompt's stored blocks, is
 estimated per prompt token and measured, so a never-measured start waits for idle time. A
@@ -57,6 +62,7 @@ MAX_PENDING = 32  # answer jobs queued at most; the oldest goes first
 RENDER_WAIT_S = 0.002  # idle: how long a step waits for a render before yielding to the loop
 CAP_BLOCKS = 8  # block forwards one step runs at most (idle: the inbox is checked between)
 SPENT_S = 0.0002  # answer work below this in a step is not counted as admission work
+DECODING_SHARE = 0.25  # while rows decode: a unit's estimate at most this x a decode step
 
 
 class AnswerStore:
@@ -168,6 +174,7 @@ class AnswerStore:
         if decoding and (budget.fixed or budget.wave or budget.limit is None):
             return 0
         t0 = time.perf_counter()
+        share = DECODING_SHARE * (costs.decode_step.value or 0.0)
 
         def allow(estimate: float | None) -> bool:
             """May work estimated at `estimate` seconds (None: unknown) start now?"""
@@ -176,7 +183,7 @@ class AnswerStore:
             if not decoding:
                 return True
             left = (budget.left() or 0.0) - (time.perf_counter() - t0)
-            return estimate is not None and estimate <= left
+            return estimate is not None and estimate <= min(left, share)
 
         per_row = costs.prefill_row.value
         rows, forwards = self._run(allow, per_row, decoding, arrived)

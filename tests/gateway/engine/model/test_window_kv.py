@@ -4,7 +4,8 @@ mlx-vlm's RotatingKVCache reads it.
 Pinned: after a prompt chunk and its last token fed alone (as mlx-vlm's generate feeds
 them), every one-row step sees exactly the keys and values of mlx-vlm's ring, in its slot
 order, for prompts shorter and longer than the window; a batch of rows with different
-phases and left padding gives each row's attention bit for bit; the ring order matters
+phases and left padding gives each row's attention bit for bit, and so does the gather
+index computed once for all sliding layers of a step (`shared_ring`); the ring order matters
 (temporal order changes the attention's last bits, which is why it is kept).
 """
 
@@ -14,7 +15,12 @@ import mlx.core as mx
 import pytest
 from mlx_vlm.models.cache import RotatingKVCache
 
-from gateway.engine.model.window_kv import WindowBatchKVCache, WindowKVCache, ring_phase
+from gateway.engine.model.window_kv import (
+    WindowBatchKVCache,
+    WindowKVCache,
+    ring_phase,
+    shared_ring,
+)
 
 WINDOW, HEADS, DIM = 8, 2, 4
 
@@ -76,6 +82,31 @@ def test_batch_rows_attend_as_alone() -> None:
         assert mx.array_equal(together[i : i + 1], out).item()
     extracted = batch.extract(1)
     assert isinstance(extracted, WindowKVCache) and extracted.phase == rows[1].phase
+
+
+def test_a_shared_ring_index_reads_what_each_layer_reads_alone() -> None:
+    """Invariant: one step's gather index and mask computed once (`shared_ring`, from the
+    first sliding layer) give every sliding layer of the batch the keys, values and mask it
+    computes alone, bit for bit; outside the context each layer computes its own again."""
+
+    def batch() -> list[WindowBatchKVCache]:
+        layers = []
+        for layer in range(3):
+            rows = [_fill(p, steps=1, seed=p + 100 * layer)[0] for p in (5, 20, 31)]
+            layers.append(WindowKVCache.merge(rows))
+        return layers
+
+    k_new, v_new = _kv(1, 7)
+    k_new, v_new = mx.concatenate([k_new] * 3), mx.concatenate([v_new] * 3)
+    alone = [(c.make_mask(1), *c.update_and_fetch(k_new, v_new)) for c in batch()]
+    shared_layers = batch()
+    with shared_ring(shared_layers, rows=1):
+        assert shared_layers[0].ring is not None
+        shared = [(c.make_mask(1), *c.update_and_fetch(k_new, v_new)) for c in shared_layers]
+    assert all(c.ring is None for c in shared_layers)
+    for mine, theirs in zip(shared, alone, strict=True):
+        for a, b in zip(mine, theirs, strict=True):
+            assert mx.array_equal(a, b).item()
 
 
 def test_ring_order_is_part_of_the_numerics() -> None:

@@ -8,7 +8,8 @@ reaches past the previous prompt's own blocks) and answers bit for bit as with n
 an aligned position; requests decoding together answer as alone with answer prefills
 between them; an answer prefill never runs while a user request waits, encodes or prefills
 (nor once one reached the inbox); while rows decode it runs only within the step's spare
-budget and never under the fixed rule or in a wave; `--no-answer-prefill`, `use_caches`
+budget, a block at most a quarter of a decode step, and never under the fixed rule or in a
+wave; `--no-answer-prefill`, `use_caches`
 false and a cache reset leave nothing queued; a tenant's answer blocks stay in its scope.
 """
 
@@ -173,6 +174,18 @@ def test_while_rows_decode_only_the_spare_budget_is_used() -> None:
     spare = _budget(2.0, rows=4)  # 100 ms left, 1 ms a block: the whole job (started)
     assert store.step(spare, spare.costs, True, never) == 128
     assert spare.spent > 0 and spare.worked
+
+
+def test_while_rows_decode_a_block_costing_over_a_quarter_step_waits_for_idle() -> None:
+    """However much budget is left, a block estimated above DECODING_SHARE of a decode step
+    never runs while rows decode (it would lengthen every running stream's step by more);
+    idle, it runs."""
+    never = lambda: False  # noqa: E731
+    store, ran = _store_with_job()
+    costly = _budget(8.0, rows=4, step=0.001)  # 8 ms left; a block (1 ms) > 0.25 x 1 ms
+    assert store.step(costly, costly.costs, True, never) == 0 and not ran
+    idle = _budget(2.0, rows=0)
+    assert store.step(idle, idle.costs, False, never) == 128
 
 
 def test_idle_it_yields_as_soon_as_a_message_arrives() -> None:
