@@ -54,15 +54,26 @@ def ring_positions(query: mx.array, phase: mx.array, window: int) -> mx.array:
     return q - mx.remainder(q - p - slots, window)
 
 
-def _gather(array: mx.array, index: mx.array) -> mx.array:
-    """Rows `index` (B, W) of a (B, heads, S, dim) array along its sequence axis."""
-    return mx.take_along_axis(array, _expand(index, array), axis=2)
+def _gather(buffer: mx.array, index: mx.array) -> mx.array:
+    """Slots `index` (B, W) of each row of a (B, heads, S, dim) KV buffer (a cache's whole,
+    contiguous allocation), as (B, heads, W, dim)."""
+    return _take(buffer, _flat_rows(index, buffer))
 
 
-def _expand(index: mx.array, array: mx.array) -> mx.array:
-    """`index` (B, W) broadcast to gather (B, heads, W, dim) rows of `array`."""
-    b, heads, _, dim = array.shape
-    return mx.broadcast_to(index[:, None, :, None], (b, heads, index.shape[1], dim))
+def _flat_rows(index: mx.array, buffer: mx.array) -> mx.array:
+    """`index` (B, W) as row numbers of `buffer` viewed as (B * heads * S, dim)."""
+    b, heads, size, _ = buffer.shape
+    base = (mx.arange(b * heads, dtype=mx.int32) * size).reshape(b, heads, 1)
+    return (base + index[:, None, :]).reshape(-1)
+
+
+def _take(buffer: mx.array, rows: mx.array) -> mx.array:
+    """Whole `dim`-long rows of `buffer` (B, heads, S, dim), by flat row number: one gather of
+    contiguous rows (an element-wise `take_along_axis` over a broadcast index cost the H200
+    17 ms a step at 16 rows, Gemma 3 4B shapes: docs/investigations/window_step.py)."""
+    b, heads, size, dim = buffer.shape
+    flat = mx.take(buffer.reshape(b * heads * size, dim), rows, axis=0)
+    return flat.reshape(b, heads, -1, dim)
 
 
 class WindowKVCache(RowKVCache):
@@ -90,7 +101,7 @@ class WindowKVCache(RowKVCache):
             return all_keys, all_values
         query = mx.array([self.offset - 1], dtype=mx.int32)
         index = mx.maximum(ring_positions(query, mx.array([self.phase]), self.window), 0)
-        return _gather(all_keys, index), _gather(all_values, index)
+        return _gather(self.keys, index), _gather(self.values, index)
 
     def make_mask(self, N: int, window_size: int | None = None, **_: Any) -> Any:  # noqa: N803
         """Rows >1: causal window mask over all cached keys; one row: which ring slots hold a
@@ -163,9 +174,9 @@ class WindowBatchKVCache(RowBatchKVCache):
         if keys.shape[2] != 1:
             return all_keys, all_values
         if self.ring is not None:
-            return self.ring.gather(all_keys), self.ring.gather(all_values)
+            return self.ring.gather(self.keys), self.ring.gather(self.values)
         index, _ = self._ring_index(self.offset - 1)
-        return _gather(all_keys, index), _gather(all_values, index)
+        return _gather(self.keys, index), _gather(self.values, index)
 
     def make_mask(self, N: int, window_size: int | None = None, **kwargs: Any) -> Any:  # noqa: N803
         if N == 1 and self.ring is not None:
@@ -181,19 +192,19 @@ class WindowBatchKVCache(RowBatchKVCache):
 
 class _Ring:
     """One one-row forward's ring slots for a batch: the gather index (B, W) into each
-    sliding layer's buffer, whether each slot holds a position, and the index broadcast to
-    each (B, heads, W, dim) shape the layers gather (made once per shape)."""
+    sliding layer's buffer, whether each slot holds a position, and the index as flat row
+    numbers of each buffer shape the layers gather from (made once per shape)."""
 
     def __init__(self, index: mx.array, valid: mx.array) -> None:
         self.index, self.valid = index, valid
-        self._expanded: dict[tuple[int, ...], mx.array] = {}
+        self._rows: dict[tuple[int, ...], mx.array] = {}
 
-    def gather(self, array: mx.array) -> mx.array:
-        key = (array.shape[0], array.shape[1], array.shape[3])
-        expanded = self._expanded.get(key)
-        if expanded is None:
-            expanded = self._expanded[key] = _expand(self.index, array)
-        return mx.take_along_axis(array, expanded, axis=2)
+    def gather(self, buffer: mx.array) -> mx.array:
+        shape = tuple(buffer.shape[:3])
+        rows = self._rows.get(shape)
+        if rows is None:
+            rows = self._rows[shape] = _flat_rows(self.index, buffer)
+        return _take(buffer, rows)
 
 
 @contextmanager
