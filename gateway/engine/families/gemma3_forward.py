@@ -102,7 +102,8 @@ class Gemma3Forward:
         if last:
             set_ring_phase(cache)
             one = plan.embeds[:, hi - 1 : hi]  # type: ignore[index]
-            states.append(self.lm(plan.ids[:, hi - 1 : hi], inputs_embeds=one, cache=cache))
+            with shared_ring(cache, 1):
+                states.append(self.lm(plan.ids[:, hi - 1 : hi], inputs_embeds=one, cache=cache))
             mx.eval([c.state for c in cache])
         return states[0] if len(states) == 1 else mx.concatenate(states, axis=1)
 
@@ -138,7 +139,9 @@ class Gemma3Core(nn.Module):
         if cache and not batch and inputs.shape[1] > 1:
             head = self.lm.model(inputs[:, :-1], cache=cache)
             set_ring_phase(cache)
-            hidden = mx.concatenate([head, self.lm.model(inputs[:, -1:], cache=cache)], axis=1)
+            with shared_ring(cache, 1):
+                last = self.lm.model(inputs[:, -1:], cache=cache)
+            hidden = mx.concatenate([head, last], axis=1)
         elif batch:
             with shared_ring(cache, inputs.shape[1]):  # type: ignore[arg-type]
                 hidden = self.lm.model(inputs, cache=cache)

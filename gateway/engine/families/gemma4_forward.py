@@ -30,6 +30,7 @@ import numpy as np
 from gateway.engine.families.gemma3_forward import set_ring_phase
 from gateway.engine.model.kv import RowKVCache
 from gateway.engine.model.prompt_forward import PrefillPlan
+from gateway.engine.model.window_kv import shared_ring
 
 Run = tuple[int, int]  # absolute [start, end) of one image's soft tokens
 
@@ -96,9 +97,10 @@ class Gemma4Forward:
             set_ring_phase(cache)
             raw = self.raw_layer_inputs(plan.layer_ids[:, hi - 1 : hi])  # type: ignore[index]
             one = plan.embeds[:, hi - 1 : hi]  # type: ignore[index]
-            out = self.lm(
-                plan.ids[:, hi - 1 : hi], inputs_embeds=one, cache=cache, per_layer_inputs=raw
-            )
+            with shared_ring(cache, 1):
+                out = self.lm(
+                    plan.ids[:, hi - 1 : hi], inputs_embeds=one, cache=cache, per_layer_inputs=raw
+                )
             mx.eval([c.state for c in cache])
         elif ends_prompt:
             set_ring_phase(cache)  # the first decode step is the ring's first one-row update

@@ -95,12 +95,20 @@ class WindowKVCache(RowKVCache):
         out.keys, out.values, out.offset = plain.keys, plain.values, plain.offset
         return out
 
+    ring: _Ring | None = None  # as `WindowBatchKVCache.ring`
+
+    def _ring_index(self, query: int) -> tuple[mx.array, mx.array]:
+        """The ring slots for a query at position `query`: buffer indices and validity."""
+        positions = ring_positions(mx.array([query]), mx.array([self.phase]), self.window)
+        return mx.maximum(positions, 0), positions >= 0
+
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         all_keys, all_values = super().update_and_fetch(keys, values)
         if keys.shape[2] != 1:
             return all_keys, all_values
-        query = mx.array([self.offset - 1], dtype=mx.int32)
-        index = mx.maximum(ring_positions(query, mx.array([self.phase]), self.window), 0)
+        if self.ring is not None:
+            return self.ring.gather(self.keys), self.ring.gather(self.values)
+        index, _ = self._ring_index(self.offset - 1)
         return _gather(self.keys, index), _gather(self.values, index)
 
     def make_mask(self, N: int, window_size: int | None = None, **_: Any) -> Any:  # noqa: N803
@@ -110,8 +118,7 @@ class WindowKVCache(RowKVCache):
             return create_causal_mask(N, self.offset, window_size=self.window)
         if self.offset + 1 >= self.window:
             return None
-        query = mx.array([self.offset], dtype=mx.int32)
-        valid = ring_positions(query, mx.array([self.phase]), self.window) >= 0
+        valid = self.ring.valid if self.ring is not None else self._ring_index(self.offset)[1]
         return valid[:, None, None, :]
 
 
@@ -209,10 +216,11 @@ class _Ring:
 
 @contextmanager
 def shared_ring(layers: Sequence[Any], rows: int) -> Iterator[None]:
-    """Around a forward of `rows` query rows over one batch's caches: when it is a one-row
-    step, its sliding layers share one gather index and mask (module doc: computed once from
-    the first sliding layer, whose offsets, left padding and phases all of them share)."""
-    sliding = [c for c in layers if isinstance(c, WindowBatchKVCache)]
+    """Around a forward of `rows` query rows over one sequence's or one batch's caches: when
+    it is a one-row step, its sliding layers share one gather index and mask (module doc:
+    computed once from the first sliding layer, whose offsets, left padding and phases all
+    of them share)."""
+    sliding = [c for c in layers if isinstance(c, (WindowKVCache, WindowBatchKVCache))]
     if rows != 1 or not sliding:
         yield
         return

@@ -109,6 +109,25 @@ def test_a_shared_ring_index_reads_what_each_layer_reads_alone() -> None:
             assert mx.array_equal(a, b).item()
 
 
+@pytest.mark.parametrize("prompt", [5, WINDOW + 3])
+def test_a_shared_ring_index_serves_one_sequence_too(prompt: int) -> None:
+    """Invariant: the same for one sequence's layers (a prompt's last token fed alone)."""
+    layers = [_fill(prompt, steps=0, seed=s)[0] for s in range(3)]
+    twins = [c.snapshot() for c in layers]
+    k_new, v_new = _kv(1, 7)
+
+    def read(c: WindowKVCache) -> list:
+        mask = c.make_mask(1)
+        return [mask, *c.update_and_fetch(k_new, v_new)]
+
+    alone = [read(c) for c in layers]
+    with shared_ring(twins, rows=1):
+        shared = [read(c) for c in twins]
+    for mine, theirs in zip(shared, alone, strict=True):
+        for a, b in zip(mine, theirs, strict=True):
+            assert (a is None and b is None) or mx.array_equal(a, b).item()
+
+
 def test_ring_order_is_part_of_the_numerics() -> None:
     """Invariant (why the order is kept): the same window in another order gives another
     attention output in the last bits for some query (CPU sums in slot order)."""
