@@ -59,8 +59,9 @@ class CacheConfig:
     # the next turn reuses prompt + answer (gateway/engine/scheduler/answer_store.py).
     answer_prefill: bool = flag(
         "--answer-prefill",
-        "after an answer ends, recompute its KV in exact prefill blocks in idle time or the "
-        "step budget's spare share and store it, so the next turn reuses prompt + answer; "
+        "after an answer ends, recompute its KV in exact prefill blocks in idle time (while "
+        "rows decode: blocks of at most a quarter of a decode step) and store it, so the next "
+        "turn reuses prompt + answer; "
         "--no-answer-prefill: only the prompt is stored (docs/caching.md)",
         True,
         kind="both",
