@@ -114,15 +114,17 @@ def _group(
     return group, list(failed.values())
 
 
-def step_group(ops: CacheOps, group: EncodeGroup, budget: StepBudget) -> bool:
-    """Run as many tower units as `budget` allows (at least one), measuring each into its
-    cost model. When the tower is done, hand each job its features, store them in the vision
-    cache and return True."""
+def step_group(
+    ops: CacheOps, group: EncodeGroup, budget: StepBudget, free_first: bool = True
+) -> bool:
+    """Run as many tower units as `budget` allows (the first one whatever its estimate when
+    `free_first`), measuring each into its cost model. When the tower is done, hand each job
+    its features, store them in the vision cache and return True."""
     costs = budget.costs
     ran = 0
     while True:
         unit = group.pending
-        if unit is not None and not budget.allows(costs.unit(unit), first=ran == 0):
+        if unit is not None and not budget.allows(costs.unit(unit), first=ran == 0 and free_first):
             return False
         started = time.perf_counter()
         try:

@@ -1,6 +1,7 @@
 """The admission time budget (gateway.engine.scheduler.budget) and what it sizes.
 
-Pinned: the budget's arithmetic (at least one unit per stage, never-measured units only first,
+Pinned: the budget's arithmetic (at least one unit per step: the tower's first unit is free
+only when no prefill block ran in the step; never-measured units only first,
 ratio 0 is the old one-unit rule, no limit when nothing decodes, the expected overrun of a step
 with admission work or a join comes off the limit, a join that fills it is the step's only
 work); the prefill rows it grants
@@ -62,6 +63,28 @@ def test_a_stage_always_gets_its_first_unit_and_then_only_what_fits() -> None:
     assert not b.allows(0.006, first=False) and b.allows(0.004, first=False)
     b.spend(1.0)
     assert b.left() == 0.0
+
+
+def test_after_a_prefill_block_the_tower_gets_only_what_the_budget_left() -> None:
+    """One free unit a step: a tower unit that does not fit what a prefill block left waits
+    for the next step (it would make the step prefill + unit + decode); with nothing run
+    before it in the step, it runs whatever its estimate."""
+    from types import SimpleNamespace
+
+    def group():  # noqa: ANN202 - a tower with units "u0", "u1" left
+        return SimpleNamespace(pending="u0", steps=iter(["u1"]))
+
+    after_prefill = _budget()  # 20 ms
+    after_prefill.costs.add_unit("u0", 0.015)
+    after_prefill.spend(0.015)  # the prefill block
+    g = group()
+    assert not encode_group.step_group(None, g, after_prefill, free_first=False)  # type: ignore[arg-type]
+    assert g.pending == "u0"  # nothing ran
+    alone = _budget()
+    alone.costs.add_unit("u0", 0.03)  # over the whole budget, but the step's first unit
+    g = group()
+    assert not encode_group.step_group(None, g, alone, free_first=True)  # type: ignore[arg-type]
+    assert g.pending == "u1"  # one unit ran, then the next did not fit
 
 
 def test_no_limit_when_nothing_decodes_and_one_unit_under_the_old_rule() -> None:
@@ -195,7 +218,7 @@ def _image_while_decoding(h: EngineHarness, seed: int) -> tuple[object, list[int
     units: list[int] = []
     step = encode_group.step_group
 
-    def counting(ops, group, budget):  # noqa: ANN001, ANN202
+    def counting(ops, group, budget, free_first=True):  # noqa: ANN001, ANN202
         ran = [0]
         add = budget.costs.add_unit
 
@@ -205,7 +228,7 @@ def _image_while_decoding(h: EngineHarness, seed: int) -> tuple[object, list[int
 
         budget.costs.add_unit = add_unit  # an instance attribute, removed below
         try:
-            return step(ops, group, budget)
+            return step(ops, group, budget, free_first)
         finally:
             del budget.costs.add_unit
             units.append(ran[0])
