@@ -116,6 +116,10 @@ class EngineRequest:
     # The cache scope tag (caches/scope.py: tenant and cache_salt; "" shared): part of every
     # cache key. Each image's content_hash must carry it (`scoped_hash`), checked here.
     cache_scope: str = ""
+    # The chat template's variables the prompt was rendered with (`enable_thinking`, ...), as
+    # a JSON object with sorted keys ("" for none): the answer prefill renders the next turn
+    # with the same ones (gateway.engine.tokens.answer_render).
+    template_vars: str = ""
 
     def __post_init__(self) -> None:
         for image in self.images:

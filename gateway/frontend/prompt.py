@@ -8,6 +8,7 @@ image's KV depend on the question that follows it).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -234,6 +235,7 @@ class PromptBuilder:
             sampling=self._sampling(chat, len(prompt), thinking),
             arrival_time=arrival,
             cache_scope=chat.cache_scope,
+            template_vars=_template_vars(template_kwargs(chat, self.reasoning)),
         )
 
     def _preprocess(self, item: Media, grid: Grid) -> Any:
@@ -318,3 +320,8 @@ def _block_hash(item: Media, block: int | None) -> str:
     """The content hash of one placeholder run: the medium's, or for one temporal block of a
     Qwen3-VL video the clip's hash and the block's index (blocks of one clip never collide)."""
     return item.content_hash if block is None else f"{item.content_hash}#{block}"
+
+
+def _template_vars(kwargs: dict[str, Any]) -> str:
+    """The template variables as `EngineRequest.template_vars` holds them."""
+    return json.dumps(kwargs, sort_keys=True) if kwargs else ""

@@ -44,6 +44,7 @@ Engine thread only, except `stats` (any thread: it reads ints) and the rendering
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import deque
@@ -62,6 +63,7 @@ MAX_PENDING = 32  # answer jobs queued at most; the oldest goes first
 RENDER_WAIT_S = 0.002  # idle: how long a step waits for a render before yielding to the loop
 CAP_BLOCKS = 8  # block forwards one step runs at most (idle: the inbox is checked between)
 SPENT_S = 0.0002  # answer work below this in a step is not counted as admission work
+MAX_VARS = 16  # answer templates kept, one per set of template variables
 DECODING_SHARE = 0.25  # while rows decode: a unit's estimate at most this x a decode step
 
 
@@ -81,7 +83,8 @@ class AnswerStore:
         self.block = block
         self.enabled = enabled and block > 0 and self._model.cache_policy.prefix_off is None
         self._pressure = pressure
-        self._template = AnswerTemplate(self._model)
+        # One template per set of template variables (worker thread only), at most MAX_VARS.
+        self._templates: dict[str, AnswerTemplate] = {}
         self._queue: deque[AnswerJob] = deque()
         self._pool: ThreadPoolExecutor | None = None
         # Seconds per prompt token of starting a job (the hit's copy): while rows decode a
@@ -133,14 +136,25 @@ class AnswerStore:
         """Start rendering the job's next-turn tokens on the worker thread."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="answer-render")
-        return self._pool.submit(self._next_tokens, head.request.prompt_ids, head.text)
+        request = head.request
+        return self._pool.submit(
+            self._next_tokens, request.prompt_ids, head.text, request.template_vars
+        )
 
-    def _next_tokens(self, prompt: tuple[int, ...], text: str) -> tuple[int, list[int]] | None:
+    def _next_tokens(
+        self, prompt: tuple[int, ...], text: str, template_vars: str = ""
+    ) -> tuple[int, list[int]] | None:
         """(worker thread) The next turn's tokens in place of `prompt`'s end
-        (`AnswerTemplate.tail`), or None."""
-        if not self._template.ends_turn(prompt):
+        (`AnswerTemplate.tail`, with the prompt's template variables), or None."""
+        template = self._templates.get(template_vars)
+        if template is None:
+            if len(self._templates) >= MAX_VARS:  # clients varying them freely: start over
+                self._templates.clear()
+            kwargs = json.loads(template_vars) if template_vars else None
+            template = self._templates[template_vars] = AnswerTemplate(self._model, kwargs)
+        if not template.ends_turn(prompt):
             return None
-        return self._template.tail(text)
+        return template.tail(text)
 
     def cancel(self) -> None:
         """Any thread (`/v1/cache/clear`, before the caches are emptied): drop every queued

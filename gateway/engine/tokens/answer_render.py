@@ -56,14 +56,16 @@ def common_suffix(a: Sequence[int], b: Sequence[int]) -> int:
 
 class AnswerTemplate:
     """The next-turn tokens of finished answers for one model (`model`: a ModelFamily, whose
-    `render` and `tokenize` are thread-safe). `generation_tail`: the tokens every chat prompt
-    ends with (the turn end and the opened assistant turn); a prompt without them (a raw
-    completion, an Anthropic prefill) is not a chat turn whose answer the template renders
-    as probed. Both are computed once, lazily, on the first call (None: the template cannot
-    be probed; then `tail` always gives None)."""
+    `render` and `tokenize` are thread-safe) and one set of template variables
+    (`template_kwargs`: a prompt rendered with `enable_thinking` off ends otherwise).
+    `generation_tail`: the tokens every chat prompt ends with (the turn end and the opened
+    assistant turn); a prompt without them (a raw completion, an Anthropic prefill) is not a
+    chat turn whose answer the template renders as probed. Both are computed once, lazily,
+    on the first call (None: the template cannot be probed; then `tail` always gives None)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, template_kwargs: dict[str, Any] | None = None) -> None:
         self._model = model
+        self._kwargs = template_kwargs  # the template's variables, as the prompts had them
         self._probed = False
         self._base: list[int] | None = None
         self.generation_tail: tuple[int, ...] | None = None
@@ -78,7 +80,7 @@ class AnswerTemplate:
         return messages
 
     def _ids(self, messages: list[dict[str, Any]]) -> list[int]:
-        return self._model.tokenize(self._model.render(messages))
+        return self._model.tokenize(self._model.render(messages, None, self._kwargs))
 
     def _probe(self) -> None:
         self._probed = True

@@ -10,7 +10,8 @@ between them; an answer prefill never runs while a user request waits, encodes o
 (nor once one reached the inbox); while rows decode it runs only within the step's spare
 budget, a block at most a quarter of a decode step, and never under the fixed rule or in a
 wave; `--no-answer-prefill`, `use_caches`
-false and a cache reset leave nothing queued; a tenant's answer blocks stay in its scope.
+false and a cache reset leave nothing queued; a tenant's answer blocks stay in its scope;
+a conversation's template variables (`chat_template_kwargs`) render its answers too.
 """
 
 from __future__ import annotations
@@ -46,14 +47,17 @@ def settle(h: EngineHarness, offered: int) -> dict:
     )
 
 
-def talk(h: EngineHarness, image: object, turns: int = 5, wait: bool = True) -> list:
+def talk(
+    h: EngineHarness, image: object, turns: int = 5, wait: bool = True, **extra: object
+) -> list:
     """A greedy conversation resending its history; `wait`: let each answer prefill end
-    before the next turn (a user's think time), so the test does not race it."""
+    before the next turn (a user's think time), so the test does not race it; `extra`: more
+    request fields."""
     first = "Tell me a long story about a cat, a dog and a bird."
     messages = [_image_turn(first) if image is not None else {"role": "user", "content": first}]
     runs = []
     for turn in range(turns):
-        body = {"model": "t", "temperature": 0, "max_tokens": 40, "logprobs": True}
+        body = {"model": "t", "temperature": 0, "max_tokens": 40, "logprobs": True, **extra}
         run = h.run({**body, "messages": messages}, [image] if image is not None else [])
         runs.append(run)
         if wait:
@@ -101,6 +105,29 @@ def test_follow_ups_reuse_the_answer_and_answer_as_uncached(arch: str) -> None:
     if not model.last_token_apart:  # (those feed a prompt's last token as a one-row step)
         # answer prefills are forwards of whole aligned blocks, as every prefill under the rule
         assert all(start % block == 0 and rows == block for start, rows in forwards)
+
+
+def test_answers_rendered_with_the_requests_template_variables_are_reused() -> None:
+    """A conversation sent with `chat_template_kwargs` (Qwen3's `enable_thinking` off, which
+    changes the generation prompt) gets its answers prefilled with those variables: each
+    follow-up hits past its previous prompt's own blocks and answers as uncached."""
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
+    cached = EngineHarness("qwen3")
+    plain = EngineHarness("qwen3", cache=CacheConfig(vision_enabled=False, prefix_enabled=False))
+    block = cached.engine.config.cache.exact_block_tokens(on_gpu=False)
+    try:
+        with_cache = talk(cached, None, turns=3, **kwargs)
+        without = talk(plain, None, turns=3, wait=False, **kwargs)
+        stats = answers_of(cached)
+    finally:
+        cached.close()
+        plain.close()
+    for a, b in zip(with_cache, without, strict=True):
+        assert (a.token_ids, a.logprobs) == (b.token_ids, b.logprobs)
+    for before, after in zip(with_cache, with_cache[1:], strict=False):
+        own_blocks = before.finish.usage.prompt_tokens // block * block
+        assert after.finish.usage.cached_tokens > own_blocks
+    assert stats["skipped"] == 0 and stats["done"] >= 2
 
 
 def test_an_answer_prefill_never_runs_ahead_of_a_user_request() -> None:
