@@ -16,7 +16,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 from PIL import Image
@@ -52,6 +52,21 @@ def tiny_model(arch: str = "qwen2_vl", weights: str = "float32") -> Path:
         if not (out / "vision_gateway_build.json").exists():
             build_model(out, arch, "tiny", 0, dtype=dtype, quantize=quantize, group_size=32)
     return out
+
+
+def record_prefill_forwards(model: Any) -> list[tuple[int, int]]:
+    """Replace `model.prefill` (an engine's family, for the rest of its life) by a spy that
+    records each prompt forward as (the cache's offset before it, query rows incl. padding);
+    returns the list it appends to."""
+    forwards: list[tuple[int, int]] = []
+    prefill = model.prefill
+
+    def spy(plan, cache, lo, hi, rows=0):  # noqa: ANN001, ANN202
+        forwards.append((cache[0].offset, max(rows, hi - lo)))
+        return prefill(plan, cache, lo, hi, rows)
+
+    model.prefill = spy
+    return forwards
 
 
 def wait_until(

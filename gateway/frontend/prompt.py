@@ -111,7 +111,9 @@ class PromptBuilder:
 
     def _layout(
         self, chat: ChatRequest, media: Sequence[Media]
-    ) -> tuple[list[int], list[ImageLayout], list[Grid], ThinkingParams | None]:
+    ) -> tuple[list[int], list[ImageLayout], list[Grid], ThinkingParams | None, str]:
+        """The prompt's ids, its media layouts and grids, its thinking parameters and the
+        template variables it was rendered with (`EngineRequest.template_vars`)."""
         self._check_media_kinds(chat)
         tools = None
         if chat.tools is not None:
@@ -125,7 +127,7 @@ class PromptBuilder:
         ids = self.model.tokenize(text)
         grids = [self._grid(index, item) for index, item in enumerate(media)]
         prompt, layouts = self.model.layout_prompt(ids, grids)
-        return prompt, layouts, grids, thinking
+        return prompt, layouts, grids, thinking, _template_vars(kwargs)
 
     def _check_media_kinds(self, chat: ChatRequest) -> None:
         """Refuse a media part the model does not take (an image sent to a text model): the
@@ -187,7 +189,7 @@ class PromptBuilder:
     def build(
         self, chat: ChatRequest, media: Sequence[Media], request_id: str, arrival: float
     ) -> EngineRequest:
-        prompt, layouts, grids, thinking = self._layout(chat, media)
+        prompt, layouts, grids, thinking, template_vars = self._layout(chat, media)
         # One entry per layout: (media index, temporal block of a Qwen3-VL video or None).
         owners: list[tuple[int, int | None]] = []
         for index, grid in enumerate(grids):
@@ -235,7 +237,7 @@ class PromptBuilder:
             sampling=self._sampling(chat, len(prompt), thinking),
             arrival_time=arrival,
             cache_scope=chat.cache_scope,
-            template_vars=_template_vars(template_kwargs(chat, self.reasoning)),
+            template_vars=template_vars,
         )
 
     def _preprocess(self, item: Media, grid: Grid) -> Any:

@@ -15,7 +15,14 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from support import EngineHarness, chat_body, conversation, noise_image, tiny_model
+from support import (
+    EngineHarness,
+    chat_body,
+    conversation,
+    noise_image,
+    record_prefill_forwards,
+    tiny_model,
+)
 
 from gateway.config import CacheConfig
 from gateway.engine.families.qwen_vl import QwenVL
@@ -82,19 +89,14 @@ def test_every_prefill_forward_is_one_aligned_block() -> None:
     h = EngineHarness("qwen3_vl", "q4", max_batch=4)
     block = h.engine.config.cache.exact_block_tokens(on_gpu=False)
     model = h.engine.model
-    forwards: list[tuple[int, int]] = []
+    forwards = record_prefill_forwards(model)
     batch_rows: list[int] = []
-    prefill, text_core = model.prefill, model.text_core.__call__
-
-    def spy_prefill(plan, cache, lo, hi, rows=0):  # noqa: ANN001, ANN202
-        forwards.append((cache[0].offset, max(rows, hi - lo)))
-        return prefill(plan, cache, lo, hi, rows)
+    text_core = model.text_core.__call__
 
     def spy_text_core(inputs, cache=None, **kw):  # noqa: ANN001, ANN003, ANN202
         batch_rows.append(inputs.shape[1])
         return text_core(inputs, cache, **kw)
 
-    model.prefill = spy_prefill
     type(model.text_core).__call__ = lambda self, *a, **kw: spy_text_core(*a, **kw)
     try:
         image = noise_image(61, 112, 112)

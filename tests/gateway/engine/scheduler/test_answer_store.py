@@ -20,7 +20,14 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from support import EngineHarness, _image_turn, chat_body, noise_image, wait_until
+from support import (
+    EngineHarness,
+    _image_turn,
+    chat_body,
+    noise_image,
+    record_prefill_forwards,
+    wait_until,
+)
 
 from gateway.config import CacheConfig
 from gateway.engine.scheduler.answer_job import AnswerJob
@@ -77,14 +84,7 @@ def test_follow_ups_reuse_the_answer_and_answer_as_uncached(arch: str) -> None:
     model = cached.engine.model
     block = cached.engine.config.cache.exact_block_tokens(on_gpu=False)
     block = -(-block // model.block_multiple) * model.block_multiple  # qwen3_5: 64
-    forwards: list[tuple[int, int]] = []
-    prefill = model.prefill
-
-    def spy(plan, cache, lo, hi, rows=0):  # noqa: ANN001, ANN202
-        forwards.append((cache[0].offset, max(rows, hi - lo)))
-        return prefill(plan, cache, lo, hi, rows)
-
-    model.prefill = spy
+    forwards = record_prefill_forwards(model)
     try:
         image = None if arch in TEXT_ONLY else noise_image(11, 224, 224)
         with_cache, without = talk(cached, image), talk(plain, image, wait=False)

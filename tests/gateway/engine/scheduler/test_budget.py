@@ -14,7 +14,7 @@ answer, with every prefill forward one aligned block.
 from __future__ import annotations
 
 import pytest
-from support import EngineHarness, chat_body, noise_image
+from support import EngineHarness, chat_body, noise_image, record_prefill_forwards
 
 from gateway.config import CacheConfig
 from gateway.engine.scheduler import encode_group
@@ -256,14 +256,7 @@ def test_budgets_size_the_tower_work_and_never_change_an_answer(ratio: float) ->
         admission_budget=0,
         cache=CacheConfig(vision_enabled=False, prefix_enabled=False),
     )
-    model, forwards = h.engine.model, []
-    prefill = model.prefill
-
-    def spy_prefill(plan, cache, lo, hi, rows=0):  # noqa: ANN001, ANN202
-        forwards.append((cache[0].offset, max(rows, hi - lo)))
-        return prefill(plan, cache, lo, hi, rows)
-
-    model.prefill = spy_prefill
+    forwards = record_prefill_forwards(h.engine.model)
     try:
         _image_while_decoding(h, 17)  # measures the tower units of a 224 px image
         run, units = _image_while_decoding(h, 18)  # another one: sized by the estimates
