@@ -55,6 +55,17 @@ def steady_window(rows: Sequence[Sequence[float]], skip: int) -> tuple[int, floa
     return (tokens, closed - opened) if closed > opened else (0, 0.0)
 
 
+def wave_window(rows: Sequence[Sequence[float]]) -> tuple[int, float]:
+    """(tokens, seconds) of a whole wave, ramp included: every token of every row over the
+    time from the first row's first token to the last row's last token (how a server's
+    `aggregate_tok_s` measures a wave of streams). (0, 0.0) for an empty wave."""
+    rows = [r for r in rows if r]
+    if not rows:
+        return 0, 0.0
+    seconds = max(r[-1] for r in rows) - min(r[0] for r in rows)
+    return (sum(len(r) for r in rows), seconds) if seconds > 0 else (0, 0.0)
+
+
 def median_wave(waves: Sequence[T], key: Callable[[T], Any] | None = None) -> T:
     """The middle of `waves` ordered by `key` (default: the waves themselves, e.g. tuples
     led by tok/s): the one figure reported of several decode waves. A lent GPU VM moves
@@ -106,9 +117,11 @@ def warm_ttft_ms(model: Any, settings: RawSettings, vocab: int) -> float:
     return 1000 * statistics.median(times)
 
 
-def decode(model: Any, batch: int, settings: RawSettings, vocab: int) -> tuple[float, float]:
-    """(aggregate tok/s, ms per step) of mlx-lm's BatchGenerator decoding `batch` rows of
-    `prompt_tokens`-token prompts for `skip + decode_tokens` tokens each (`steady_window`)."""
+def decode(model: Any, batch: int, settings: RawSettings, vocab: int) -> tuple[float, float, float]:
+    """(aggregate tok/s, ms per step, whole-wave tok/s) of mlx-lm's BatchGenerator decoding
+    `batch` rows of `prompt_tokens`-token prompts for `skip + decode_tokens` tokens each: the
+    first two over the `steady_window`, the third over the `wave_window` (its prefill ramp
+    included, as a server's wave of new streams is measured)."""
     from mlx_lm.generate import BatchGenerator
 
     gen = BatchGenerator(model, completion_batch_size=batch, prefill_batch_size=min(batch, 8))
@@ -122,11 +135,14 @@ def decode(model: Any, batch: int, settings: RawSettings, vocab: int) -> tuple[f
                 arrivals[r.uid].append(now)
     finally:
         gen.close()
-    tokens, seconds = steady_window(list(arrivals.values()), settings.skip_tokens)
+    rows = list(arrivals.values())
+    tokens, seconds = steady_window(rows, settings.skip_tokens)
+    wave_tokens, wave_seconds = wave_window(rows)
+    wave = wave_tokens / wave_seconds if wave_tokens else 0.0
     if not tokens:
-        return 0.0, 0.0
+        return 0.0, 0.0, wave
     # Every step inside the window decodes the full batch, so ms/step = batch / (tok/s).
-    return tokens / seconds, 1000 * seconds * batch / tokens
+    return tokens / seconds, 1000 * seconds * batch / tokens, wave
 
 
 def measure(model: Any, settings: RawSettings, log: Log) -> dict[str, Any]:
@@ -138,9 +154,10 @@ def measure(model: Any, settings: RawSettings, log: Log) -> dict[str, Any]:
     for batch in settings.batches:
         decode(model, batch, settings, vocab)  # warm-up: this batch's shapes
         waves = sorted(decode(model, batch, settings, vocab) for _ in range(settings.decode_reps))
-        tok_s, step_ms = median_wave(waves)
+        tok_s, step_ms, wave = median_wave(waves)
         out[f"decode_tok_s_b{batch}"] = tok_s
         out[f"decode_step_ms_b{batch}"] = step_ms
+        out[f"decode_wave_tok_s_b{batch}"] = wave
         out[f"decode_tok_s_b{batch}_waves"] = [w[0] for w in waves]
         spread = f"waves {waves[0][0]:.0f}..{waves[-1][0]:.0f}"
         log(

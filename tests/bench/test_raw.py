@@ -17,7 +17,7 @@ from support import tiny_model
 
 from bench.hotpath import image_prompt_tokens
 from bench.raw import load_text_model, text_config, text_key
-from bench.raw_measure import RawSettings, measure, steady_window
+from bench.raw_measure import RawSettings, measure, steady_window, wave_window
 
 
 def _logits_with_decode(model, cache, prompt: list[int], steps: int) -> list[mx.array]:
@@ -106,6 +106,15 @@ def test_steady_window() -> None:
     assert steady_window([], skip=2) == (0, 0.0)
 
 
+def test_wave_window_counts_the_ramp() -> None:
+    """Invariant: a whole wave runs from the first row's first token to the last row's last
+    token and counts every token (what a server's wave aggregate counts)."""
+    a = [0.00, 0.01, 0.02]
+    b = [0.05, 0.06, 0.07]  # admitted later: its wait is inside the wave
+    assert wave_window([a, b]) == (6, pytest.approx(0.07))
+    assert wave_window([]) == (0, 0.0) and wave_window([[0.1]]) == (0, 0.0)
+
+
 def test_image_prompt_tokens(tmp_path) -> None:
     root = tiny_model("qwen2_vl")  # max_pixels 200704: a 1024 image becomes 448 x 448
     assert image_prompt_tokens(root, 1024) == (448 // 28) ** 2 + 24
@@ -121,7 +130,8 @@ def test_measure_gives_every_figure() -> None:
     )  # fmt: skip
     lines: list[str] = []
     out = measure(load_text_model(tiny_model("qwen2_vl")), settings, lines.append)
-    for key in ("text_first_token_ms", "warm_ttft_ms", "prefill_ms", "decode_tok_s_b2"):
+    for key in ("text_first_token_ms", "warm_ttft_ms", "prefill_ms", "decode_tok_s_b2",
+                "decode_wave_tok_s_b2"):
         assert out[key] > 0, key
     assert out["decode_step_ms_b1"] > 0 and len(lines) == 5
     assert out["settings"]["batches"] == [1, 2]
