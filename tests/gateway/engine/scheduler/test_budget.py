@@ -72,7 +72,7 @@ def test_after_a_prefill_block_the_tower_gets_only_what_the_budget_left() -> Non
     from types import SimpleNamespace
 
     def group():  # noqa: ANN202 - a tower with units "u0", "u1" left
-        return SimpleNamespace(pending="u0", steps=iter(["u1"]))
+        return SimpleNamespace(pending="u0", built=True, steps=iter(["u1"]))
 
     after_prefill = _budget()  # 20 ms
     after_prefill.costs.add_unit("u0", 0.015)
@@ -85,6 +85,30 @@ def test_after_a_prefill_block_the_tower_gets_only_what_the_budget_left() -> Non
     g = group()
     assert not encode_group.step_group(None, g, alone, free_first=True)  # type: ignore[arg-type]
     assert g.pending == "u1"  # one unit ran, then the next did not fit
+
+
+def test_building_a_groups_graph_is_a_unit_of_its_own() -> None:
+    """The first call of a group's tower (the graph's build: pixels to the device, indices
+    that wait for queued work) is budgeted like a tower unit: after a prefill block it waits
+    for a step with room (H200: built untimed after a block, it made 63-83 ms steps against a
+    20 ms decode), and as a step's free unit it leaves the next unit to the budget."""
+    from types import SimpleNamespace
+
+    build = "build"
+
+    def group():  # noqa: ANN202 - an unbuilt tower: its build yields "u0", then "u1"
+        return SimpleNamespace(pending=None, built=False, build=build, steps=iter(["u0", "u1"]))
+
+    after_prefill = _budget()  # 20 ms
+    after_prefill.spend(0.015)  # the prefill block; the build never measured
+    g = group()
+    assert not encode_group.step_group(None, g, after_prefill, free_first=False)  # type: ignore[arg-type]
+    assert not g.built and g.pending is None
+    alone = _budget()
+    alone.costs.add_unit("u0", 0.025)  # over the budget: free only as a step's first unit
+    g = group()
+    assert not encode_group.step_group(None, g, alone, free_first=True)  # type: ignore[arg-type]
+    assert g.built and g.pending == "u0"  # built (the free unit); u0 waits
 
 
 def test_no_limit_when_nothing_decodes_and_one_unit_under_the_old_rule() -> None:
