@@ -130,8 +130,13 @@ def test_measure_gives_every_figure() -> None:
     )  # fmt: skip
     lines: list[str] = []
     out = measure(load_text_model(tiny_model("qwen2_vl")), settings, lines.append)
-    for key in ("text_first_token_ms", "warm_ttft_ms", "prefill_ms", "decode_tok_s_b2",
-                "decode_wave_tok_s_b2"):
+    for key in (
+        "text_first_token_ms",
+        "warm_ttft_ms",
+        "prefill_ms",
+        "decode_tok_s_b2",
+        "decode_wave_tok_s_b2",
+    ):
         assert out[key] > 0, key
     assert out["decode_step_ms_b1"] > 0 and len(lines) == 5
     assert out["settings"]["batches"] == [1, 2]
