@@ -97,6 +97,20 @@ for step in $STEPS; do
       timeout "${HOTPATH_S:-480}" python3 -m bench hotpath --model /tmp/g4b --only first \
         --only warm --only decode --out "$OUT/hotpath-gemma3.json" 2>&1 | tail -40 \
         | tee "$OUT/hotpath-gemma3.log" ;;
+    one_row)  # issue 27 target 1: where a one-row decode step goes, the server's engine
+      # process against raw mlx-lm (py-spy, idle samples included: waiting on the GPU shows)
+      ( python3 -m gateway serve --model /tmp/m7b --served-model-name bench --port 8010 \
+          >"$OUT/one-row-server.log" 2>&1 & )
+      for _ in $(seq 300); do python3 -c "import httpx,sys; sys.exit(httpx.get('http://127.0.0.1:8010/health').status_code != 200)" \
+        2>/dev/null && break; sleep 1; done
+      python3 -c "import httpx; httpx.post('http://127.0.0.1:8010/v1/chat/completions', timeout=300, json={'model': 'bench', 'messages': [{'role': 'user', 'content': 'Tell a long story.'}], 'max_tokens': 1400, 'ignore_eos': True, 'temperature': 0, 'stream': True})" &
+      sleep 6
+      py-spy record -p "$(pgrep -f spawn_main | head -1)" --threads --idle --rate 250 --duration 8 \
+        --format raw -o "$OUT/one-row-engine.txt" >/dev/null 2>&1
+      wait; pkill -f "gateway serve"; sleep 2
+      timeout 120 py-spy record --threads --idle --rate 250 --format raw -o "$OUT/one-row-raw.txt" \
+        -- python3 -m bench.raw --model /tmp/m7b --decode-only --batch 1 --decode-tokens 1000 \
+        --decode-reps 2 2>&1 | tail -3 ;;
     engine)
       timeout "${ENGINE_S:-150}" python3 -m bench engine --raw --model /tmp/m7b --image-size 1024 \
         --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" ;;
