@@ -13,7 +13,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -67,6 +67,16 @@ def record_prefill_forwards(model: Any) -> list[tuple[int, int]]:
 
     model.prefill = spy
     return forwards
+
+
+def block_shaped(forwards: Iterable[tuple[int, int]], block: int) -> bool:
+    """Is every (start, rows) prompt forward one the exact-reuse rule allows: it starts at a
+    block boundary and has `block` query rows, or the padded shape of a final partial block
+    (`gateway.engine.scheduler.prefill.final_rows`)?"""
+    from gateway.engine.scheduler.prefill import final_rows
+
+    shapes = {final_rows(real, block) for real in range(1, block + 1)}
+    return all(start % block == 0 and rows in shapes for start, rows in forwards)
 
 
 def wait_until(

@@ -50,7 +50,7 @@ from gateway.engine.model.snapshots import drop_marks
 from gateway.engine.scheduler.job import Job
 from gateway.engine.tokens.penalties import shape_first
 
-MIN_FINAL_ROWS = 32  # the smallest forward a final partial block is padded to
+MIN_FINAL_ROWS = 32  # the most a final partial block's smallest forward is padded to
 
 
 def _no_lap(stage: str) -> None:
@@ -59,11 +59,14 @@ def _no_lap(stage: str) -> None:
 
 def final_rows(real: int, block: int) -> int:
     """Query rows of a block forward holding `real` (1..block) prompt tokens: a whole block
-    is `block` rows; a final partial block the next power of two from MIN_FINAL_ROWS, at
-    most `block` (module doc)."""
+    is `block` rows; a final partial block the next power of two from a quarter block, at
+    most MIN_FINAL_ROWS (so 32 for a GPU's 256-token block, 8 for the CPU's 32), at most
+    `block` (module doc). Padding costs rows on a CPU, where a forward's time grows with
+    them: a warm turn's final block of a dozen tokens padded to 32 rows was most of that
+    turn for Mistral 3's 560-token prompts."""
     if real >= block:
         return block
-    rows = MIN_FINAL_ROWS
+    rows = min(MIN_FINAL_ROWS, max(block // 4, 1))
     while rows < real:
         rows *= 2
     return min(rows, block)

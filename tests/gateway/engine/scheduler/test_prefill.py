@@ -14,7 +14,7 @@ decoding meanwhile.
 from __future__ import annotations
 
 import pytest
-from support import EngineHarness, chat_body, noise_image
+from support import EngineHarness, block_shaped, chat_body, noise_image
 
 from gateway.config import CacheConfig
 from gateway.engine.scheduler.prefill import Prefiller
@@ -28,7 +28,9 @@ def test_final_rows_pads_a_partial_final_block_to_a_power_of_two() -> None:
     shapes = {real: prefiller.final_rows(real) for real in (1, 27, 32, 33, 100, 129, 255, 256)}
     assert shapes == {1: 32, 27: 32, 32: 32, 33: 64, 100: 128, 129: 256, 255: 256, 256: 256}
     small = Prefiller(model=None, cache_ops=None, block=8)  # type: ignore[arg-type]
-    assert [small.final_rows(n) for n in (1, 8)] == [8, 8]  # never more than a block
+    assert [small.final_rows(n) for n in (1, 3, 8)] == [2, 4, 8]  # from a quarter block
+    cpu = Prefiller(model=None, cache_ops=None, block=32)  # type: ignore[arg-type]
+    assert [cpu.final_rows(n) for n in (1, 8, 9, 17, 32)] == [8, 8, 16, 32, 32]
 
 
 def _burst(h: EngineHarness, image: object, together: bool) -> list:
@@ -80,7 +82,7 @@ def test_final_blocks_share_a_forward_and_answer_as_alone(arch: str, weights: st
         plain.close()
     block = cached.engine.config.cache.exact_block_tokens(on_gpu=False)
     assert shared and max(n for n, _, _ in shared) >= 2  # a forward was shared
-    assert all(rows == block and offset % block == 0 for _, rows, offset in shared)
+    assert block_shaped([(offset, rows) for _, rows, offset in shared], block)
     # Requests join with their first token; none hands a prompt to the generator's prefill.
     assert len(joined) >= 6 and not inserted
     assert any(r.finish.usage.cached_tokens > 0 for r in together[3:])  # repeats were hits
