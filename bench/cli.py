@@ -79,6 +79,13 @@ def _client_parsers(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=int, default=448)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument(
+        "--think-ms",
+        type=float,
+        default=0.0,
+        help="pause between a turn's last token and the next turn (a person reading; default 0: "
+        "the next turn at once, as an agent loop sends it)",
+    )
+    p.add_argument(
         "--configs",
         default="none,vision only,prefix only,both",
         help="comma-separated cache configurations to run: none, vision only, prefix only, both "

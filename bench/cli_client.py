@@ -30,8 +30,9 @@ def repeat_image(args: argparse.Namespace) -> None:
         with open_target(args, flags) as (target, backend, facts):
             meta = meta or report.metadata("repeat-image", args, backend, facts)
             results[name] = bench.run_config(
-                target, backend.model, name, args.images, args.image_size, args.max_tokens, log
-            )
+                target, backend.model, name, args.images, args.image_size, args.max_tokens, log,
+                think_s=args.think_ms / 1000,
+            )  # fmt: skip
     reference = results.get("none")
     mismatches = (
         {n: bench.compare_answers(reference, r) for n, r in results.items()} if reference else {}
@@ -41,6 +42,7 @@ def repeat_image(args: argparse.Namespace) -> None:
     payload = {
         **meta,
         "image_size": args.image_size,
+        "think_ms": args.think_ms,
         "results": {
             n: {
                 "ttft_ms": r.ttft_ms,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,8 +55,17 @@ class ConfigResult:
 
 
 def run_config(
-    server: Any, model: str, name: str, images: int, image_size: int, max_tokens: int, log: Any
+    server: Any,
+    model: str,
+    name: str,
+    images: int,
+    image_size: int,
+    max_tokens: int,
+    log: Any,
+    think_s: float = 0.0,
 ) -> ConfigResult:
+    """`images` 5-turn conversations, each turn sent `think_s` after the last one's answer
+    ended (0: at once)."""
     client = server.client()
     result = ConfigResult(name)
     # Untimed requests at the measured size (and a follow-up turn) so one-time kernel
@@ -73,6 +83,7 @@ def run_config(
                 messages.append(image_message(uri, question))
             else:
                 messages.append({"role": "user", "content": question})
+                time.sleep(think_s)
             timing = timed_stream(client, model, messages, max_tokens)
             messages.append({"role": "assistant", "content": timing.text})
             answers.append((timing.token_ids, timing.logprobs))
