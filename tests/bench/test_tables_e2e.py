@@ -96,10 +96,12 @@ def test_repeat_image_and_stall_through_base_url(server, tmp_path) -> None:
     remote = _remote(server)[:4]
     data = _run(
         tmp_path,
-        ["repeat-image", *remote, "--images", "1", "--image-size", "56", "--max-tokens", "4"],
-    )
+        ["repeat-image", *remote, "--images", "1", "--image-size", "56", "--max-tokens", "4",
+         "--think-ms", "20"],
+    )  # fmt: skip
     result = data["results"]["as served"]
     assert result["cached_tokens"]["2"][0] > 0 and data["mismatches"] == {}
+    assert data["think_ms"] == 20.0  # turns 2-5 paced as a person reads
     assert data["backend"]["ours"] is True and "as served" in data["table"]
     data = _run(
         tmp_path,
