@@ -147,7 +147,7 @@ def step_group(
             seconds = time.perf_counter() - started
             budget.spend(seconds)
             group.built = True
-            if unit is not None:  # None: the rest ran as one graph (nothing to decode)
+            if unit is not None:
                 ran += 1
                 if budget.limit is not None:  # else it ran the rest as one graph
                     costs.add_unit(unit, seconds)
