@@ -69,7 +69,12 @@ from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.model.video_layout import VideoLayout
 from gateway.engine.model.video_processor import VideoFrames
 from gateway.engine.model.vision import EncodedImage, Unit
-from gateway.engine.tokens.detokenizer import ByteStreamDetokenizer, Detokenizer, byte_table
+from gateway.engine.tokens.detokenizer import (
+    ByteStreamDetokenizer,
+    Detokenizer,
+    byte_table,
+    token_bytes,
+)
 from gateway.engine.tokens.output import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
@@ -217,6 +222,14 @@ class ModelFamily(ABC):
         """One token's text, special tokens included (for logprobs)."""
         with self._tokenizer_lock:
             return self.tokenizer.decode([token_id])
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's raw bytes (a logprob's `bytes`: part of a character for byte tokens)."""
+        table = self._byte_table
+        entry = table[token_id] if table is not None and 0 <= token_id < len(table) else None
+        with self._tokenizer_lock:
+            piece = self.tokenizer.convert_ids_to_tokens(token_id)
+        return token_bytes(entry, piece, self.token_text(token_id))
 
     # ----- prompt side, per family (any thread) -----------------------------------------------
 

@@ -41,7 +41,7 @@ def fork(job: Job, loaded: Loaded) -> list[Job]:
         sibling = Job(
             request=request,
             sink=job.sink,
-            output=OutputState(params, model.new_detokenizer, model.token_text),
+            output=OutputState(params, model.new_detokenizer, model.token_text, model.token_bytes),
             stage=Stage.PREFILL,
             cached_tokens=job.cached_tokens,
             vision_hits=job.vision_hits,

@@ -116,7 +116,9 @@ class Scheduler:
     def enqueue(self, request: EngineRequest, sink: Sink) -> None:
         """A submitted request (already counted as queued) joins the waiting queue."""
         model, ops = self.loaded.model, self.loaded.cache_ops
-        output = OutputState(request.sampling, model.new_detokenizer, model.token_text)
+        output = OutputState(
+            request.sampling, model.new_detokenizer, model.token_text, model.token_bytes
+        )
         job = Job(request=request, sink=sink, output=output, rows=request.sampling.n)
         if request.sampling.grammar is not None:
             # Compiled on a worker thread while the request waits; admitted once it is ready.

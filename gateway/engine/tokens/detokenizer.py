@@ -14,6 +14,7 @@ from __future__ import annotations
 import codecs
 import logging
 import random
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -105,3 +106,20 @@ def _agrees(
         if text != decode(ids):
             return False
     return True
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def token_bytes(entry: bytes | None, piece: str | None, text: str) -> bytes:
+    """One token's bytes as an OpenAI logprob's `bytes` field wants them: the raw bytes it
+    adds to the output, so a client can join a character split over several tokens (its
+    `text` alone is U+FFFD there). `entry`: the token's `byte_table` entry (None: no table,
+    or b"" for a special token); `piece`: its vocabulary piece (a SentencePiece byte fallback
+    such as `<0xD1>` is that byte); `text`: its decoded text (UTF-8 otherwise)."""
+    if entry:
+        return entry
+    match = _BYTE_PIECE.fullmatch(piece or "")
+    if match:
+        return bytes([int(match.group(1), 16)])
+    return text.encode("utf-8")

@@ -12,7 +12,7 @@ import random
 import pytest
 from support import tiny_model
 
-from gateway.engine.tokens.detokenizer import ByteStreamDetokenizer, byte_table
+from gateway.engine.tokens.detokenizer import ByteStreamDetokenizer, byte_table, token_bytes
 
 
 @pytest.fixture(scope="module")
@@ -53,3 +53,22 @@ def test_a_table_that_disagrees_is_refused(tokenizer) -> None:  # noqa: ANN001
         assert byte_table(tokenizer, len(tokenizer)) is None
     finally:
         tokenizer.clean_up_tokenization_spaces = False
+
+
+def test_a_tokens_bytes_rebuild_a_character_split_over_tokens(tokenizer) -> None:  # noqa: ANN001
+    """Invariant: a logprob's `bytes` are the token's raw bytes, so the bytes of the tokens
+    of a multi-byte character join into it (their text alone is U+FFFD each), for a byte
+    table, a SentencePiece byte-fallback piece and plain text alike."""
+    table = byte_table(tokenizer, len(tokenizer))
+    assert table is not None
+    ids = tokenizer.encode("日本語 🎉")
+    split = [i for i in ids if "\ufffd" in tokenizer.decode([i])]
+    assert split, "no token of this text is part of a character: the test would be moot"
+    joined = b"".join(
+        token_bytes(table[i], p, tokenizer.decode([i]))
+        for i, p in zip(ids, tokenizer.convert_ids_to_tokens(ids), strict=True)
+    )
+    assert joined.decode("utf-8") == tokenizer.decode(ids)
+    assert token_bytes(None, "<0xD1>", "\ufffd") == b"\xd1"  # SentencePiece byte fallback
+    assert token_bytes(None, "▁word", " word") == b" word"
+    assert token_bytes(b"", "<|im_end|>", "<|im_end|>") == b"<|im_end|>"  # a special token
