@@ -57,7 +57,8 @@ def _add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
         help=f"run the server ({APIS} APIs)",
-        description=f"Serve a Qwen2/2.5/3-VL model with the {APIS} APIs.",
+        description="Serve a vision-language or text model (see make-model --help for the "
+        f"families) with the {APIS} APIs.",
         formatter_class=DefaultsFormatter,
     )
     add_serve_flags(p)

@@ -25,7 +25,7 @@ def prompt_error(exc: ValueError, chat: ChatRequest) -> APIError:
     """400 for a prompt that cannot be built: an image the processor refuses (named by its
     field), else e.g. an image placeholder typed into the text."""
     if isinstance(exc, UnsupportedImage):
-        return invalid(str(exc), chat.media[exc.index].param, "unsupported_image")
+        return invalid(str(exc), chat.media[exc.index].param, f"unsupported_{exc.kind}")
     return invalid(f"could not build the prompt: {exc}", "messages")
 
 

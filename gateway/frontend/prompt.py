@@ -34,9 +34,10 @@ class UnsupportedImage(ValueError):
     its place among the request's media (`ChatRequest.media`), so the caller can name the
     field it came from."""
 
-    def __init__(self, index: int, message: str) -> None:
+    def __init__(self, index: int, message: str, kind: str = "image") -> None:
         super().__init__(message)
         self.index = index
+        self.kind = kind  # "image" or "video"
 
 
 def template_messages(chat: ChatRequest) -> list[dict[str, Any]]:
@@ -137,11 +138,13 @@ class PromptBuilder:
             kind = "video" if isinstance(part, VideoPart) else "image"
             if kind not in self.model.media:
                 model = self.model
+                instead = "images or text" if "image" in model.media else "text only"
                 raise UnsupportedImage(
                     index,
                     f"{part.param}: this model ({model.model_type}, family {model.family}) "
-                    f"does not take {kind} input; send text only, or serve a model that reads "
+                    f"does not take {kind} input; send {instead}, or serve a model that reads "
                     f"{kind}s",
+                    kind,
                 )
 
     def _check_tools(self, chat: ChatRequest) -> None:
@@ -153,7 +156,8 @@ class PromptBuilder:
                 f"this model ({model.model_type}, family {model.family}) has no tool-call "
                 "format this server knows in its chat template (hermes <tool_call>, Llama 3 "
                 "JSON); send the request without `tools`, or start the server with "
-                "--tool-call-parser",
+                "--tool-call-parser hermes (or llama3_json) to force one the model may not "
+                "have been trained on",
                 "tools",
             )
         if chat.grammar is not None and chat.tools is not None and chat.tools.constrained:

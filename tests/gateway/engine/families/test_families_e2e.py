@@ -217,6 +217,9 @@ def test_a_media_kind_it_does_not_take_is_a_400_naming_the_part(
     field = "image_url" if fam.refuses == "image" else "video_url"
     assert error["param"] == f"messages[0].content[1].{field}.url"
     assert f"does not take {fam.refuses} input" in error["message"]
+    assert error["code"] == f"unsupported_{fam.refuses}"  # a video is not called an image
+    if fam.refuses == "video":  # the family reads images: the message says so
+        assert "send images or text" in error["message"]
     claude = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
     if fam.refuses == "image":  # (Anthropic's Messages carry no video)
         data = data_uri(png("gemma3")).split(",")[1]
