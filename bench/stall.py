@@ -29,6 +29,7 @@ from typing import Any
 from bench.report import fmt
 from bench.timing import StreamTiming, image_message, timed_stream
 from bench.workload import image_uri
+from gateway.heap import freeze_startup_objects
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,9 @@ def run_stall(
     # Warm-up at the measured image size, so one-time kernel compilation is not counted.
     warm = image_uri(image_size, 424242)
     timed_stream(client, model, [image_message(warm, "warm-up")], 2)
+    # The client's own full garbage-collector passes (~50 ms here over the openai SDK's
+    # objects) would stop every reader thread at once and count as a gap of all streams.
+    freeze_startup_objects("stall client")
     before = server.metrics()
     timings: list[StreamTiming | None] = [None] * streams
     progress: list[StreamTiming] = []

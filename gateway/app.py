@@ -41,6 +41,7 @@ from gateway.frontend.errors import engine_unavailable
 from gateway.frontend.pipeline import ChatPipeline
 from gateway.frontend.prompt import PromptBuilder
 from gateway.frontend.streams import LoopDelivery
+from gateway.heap import freeze_startup_objects
 from gateway.media import MediaLoader
 from gateway.metrics import EdgeMetrics, Metrics
 from gateway.warmup import Warmup
@@ -113,6 +114,7 @@ class Gateway:
             self.pipeline.open(prompts, delivery)  # from here on /health says ready
             if self.engine_config.warmup:
                 await self._warm_http(app)
+            freeze_startup_objects("HTTP process, ready")
             log.info(
                 "serving %s as %r", self.engine_config.model, self.engine_config.served_model_name
             )

@@ -43,6 +43,7 @@ from gateway.engine.scheduler.occupancy import Occupancy
 from gateway.engine.scheduler.scheduler import Scheduler
 from gateway.engine.scheduler.step_trace import StepTrace
 from gateway.engine.wire import Cancel, Enqueue, Message, ResetCaches, Stop
+from gateway.heap import freeze_startup_objects
 from gateway.metrics import CacheCollector, Metrics
 
 log = logging.getLogger(__name__)
@@ -212,6 +213,7 @@ class Engine:
             self._ready.set()
             return
         self._scheduler = scheduler
+        freeze_startup_objects("engine, loaded")
         self._ready.set()
         log.info("engine ready: %s (%s)", self.config.model, loaded.model.arch)
         try:
@@ -267,6 +269,7 @@ class Engine:
                 case ResetCaches():
                     self._new_caches()
                     self.metrics.reset_request_timings()  # the warm-up's are not the users'
+                    freeze_startup_objects("engine, warmed up")  # (the only reset: start-up)
                 case Enqueue(request, sink):
                     self._serving.enqueue(request, sink)
             try:
