@@ -45,8 +45,15 @@ class MediaConfig:
     max_images_per_request: int = flag(
         "--max-images-per-request", "images in one request (more: 400)", 16
     )
-    connect_timeout_s: float = 5.0
-    read_timeout_s: float = 15.0
+    connect_timeout_s: float = flag(
+        "--url-connect-timeout", "seconds to connect to an image or video URL's host", 5.0
+    )
+    read_timeout_s: float = flag(
+        "--url-read-timeout",
+        "seconds an image or video URL may go without sending bytes (a whole fetch: at most "
+        "connect + read timeout)",
+        15.0,
+    )
     max_redirects: int = flag("--max-redirects", "redirects followed per image URL", 3)
     decode_memo_mb: int = 64  # encoded-bytes hash -> decoded image memo
     # Video (the `video_url` part): the encoded clip's size, its length, and how many frames
@@ -79,7 +86,10 @@ class MediaConfig:
             "--max-request-pixels must be > 0",
         )
         _require(self.max_images_per_request >= 0, "--max-images-per-request must be >= 0")
-        _require(self.connect_timeout_s > 0 and self.read_timeout_s > 0, "timeouts must be > 0")
+        _require(
+            self.connect_timeout_s > 0 and self.read_timeout_s > 0,
+            "--url-connect-timeout and --url-read-timeout must be > 0",
+        )
         _require(0 <= self.max_redirects <= 10, "--max-redirects must be in 0..10")
         _require(self.decode_memo_mb >= 0, "decode memo size must be >= 0")
         object.__setattr__(

@@ -118,7 +118,8 @@ class UrlFetcher:
             self._counts["failed"] += 1
             raise invalid(
                 f"{self._kind} URL {shorten(url)} did not finish within "
-                f"{self._total_timeout_s:g} s",
+                f"{self._total_timeout_s:g} s (the server's --url-connect-timeout + "
+                "--url-read-timeout)",
                 code=TIMEOUT_CODE,
             ) from None
 
@@ -170,9 +171,15 @@ class UrlFetcher:
 
     def _timeout_error(self, exc: httpx.TimeoutException, url: str) -> APIError:
         if isinstance(exc, httpx.ConnectTimeout | httpx.PoolTimeout):
-            what = f"did not accept a connection within {self._config.connect_timeout_s:g} s"
+            what = (
+                f"did not accept a connection within {self._config.connect_timeout_s:g} s "
+                "(the server's --url-connect-timeout)"
+            )
         else:
-            what = f"did not answer within {self._config.read_timeout_s:g} s"
+            what = (
+                f"did not answer within {self._config.read_timeout_s:g} s "
+                "(the server's --url-read-timeout)"
+            )
         return invalid(f"{self._kind} URL {shorten(url)} {what}", code=TIMEOUT_CODE)
 
     def _check_url(self, current: str, original: str, hop: int) -> tuple[httpx.URL, str, int, str]:

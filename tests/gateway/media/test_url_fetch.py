@@ -499,6 +499,7 @@ def test_a_url_that_never_answers_fails_within_the_read_timeout() -> None:
         elapsed = time.monotonic() - start
     assert (err.status, err.code) == (400, TIMEOUT_CODE)
     assert "0.2 s" in err.message and elapsed < 2
+    assert "--url-read-timeout" in err.message  # what an operator would change
 
 
 def test_a_slow_drip_body_fails_at_the_overall_deadline() -> None:
