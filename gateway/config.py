@@ -183,6 +183,13 @@ class EngineConfig:
     # cuDNN attention builds one plan per (query, key) length pair (tens of ms each); serving
     # meets new lengths on almost every request (prompts, turns, image grids), so MLX's own
     # attention kernels are used unless this is set.
+    admission_stream: bool = flag(  # gateway.engine.core: Engine.step
+        "--admission-stream",
+        "run each step's image work (prefill, vision tower, answer prefill) on an MLX stream of "
+        "its own, after the decode, so running streams do not wait for it (experimental)",
+        False,
+        kind="on",
+    )
     cudnn_attention: bool = flag(
         "--cudnn-attention",
         "use cuDNN attention on CUDA (fast for repeated shapes; plans a new one per length)",

@@ -80,6 +80,7 @@ class Engine:
         self._load_error: BaseException | None = None
         self._occupancy = Occupancy(config.max_waiting, config.max_batch)
         self._trace = StepTrace(config.step_trace) if config.step_trace is not None else None
+        self._admission_stream: mx.Stream | None = None  # `--admission-stream` (engine thread)
         # Set once, by the engine thread, when the model has loaded; None before (and for
         # good if the load failed). The one piece of post-load state.
         self._scheduler: Scheduler | None = None
@@ -213,6 +214,8 @@ class Engine:
             self._ready.set()
             return
         self._scheduler = scheduler
+        if self.config.admission_stream:
+            self._admission_stream = mx.new_stream(mx.default_device())
         freeze_startup_objects("engine, loaded")
         self._ready.set()
         log.info("engine ready: %s (%s)", self.config.model, loaded.model.arch)
@@ -288,6 +291,21 @@ class Engine:
         if trace is not None:
             trace.begin()
         s.begin_step()
+        if self._admission_stream is not None:
+            self._step_overlapped(s, mark)
+        else:
+            self._step_serial(s, mark)
+        s.end_step()
+        if trace is not None:
+            trace.end(**s.step_counts())
+        self.metrics.running.set(self._occupancy.active)
+        self.metrics.waiting.set(self._occupancy.queued)
+        self.metrics.mlx_active_bytes.set(mx.get_active_memory())
+        self.metrics.mlx_cache_bytes.set(mx.get_cache_memory())
+        self.metrics.mlx_peak_bytes.set(mx.get_peak_memory())
+
+    def _step_serial(self, s: Scheduler, mark: Callable[[str], None]) -> None:
+        """admit, prefill, encode, decode, store, answer: one stream, one after the other."""
         # All MLX work of this thread runs on the batch's stream: one stream, one ordering,
         # and no extra per-thread stream whose worker MLX would abort on at process exit.
         with mx.stream(s.batch.stream):
@@ -305,27 +323,50 @@ class Engine:
             mark("ship")
             s.encode()
             mark("encode")
-            try:
-                if self.step_hook is not None:
-                    self.step_hook()
-                s.decode()
-            except Exception:
-                log.exception("decode step failed; failing the requests in the batch")
-                s.fail_batch()
+            self._decode(s)
             mark("decode")
             self._ship()
             s.store_finished()
             mark("ship")
             s.answer(self._arrived)
             mark("answer")
-        s.end_step()
-        if trace is not None:
-            trace.end(**s.step_counts())
-        self.metrics.running.set(self._occupancy.active)
-        self.metrics.waiting.set(self._occupancy.queued)
-        self.metrics.mlx_active_bytes.set(mx.get_active_memory())
-        self.metrics.mlx_cache_bytes.set(mx.get_cache_memory())
-        self.metrics.mlx_peak_bytes.set(mx.get_peak_memory())
+
+    def _step_overlapped(self, s: Scheduler, mark: Callable[[str], None]) -> None:
+        """`--admission-stream`: the decode first (mlx-lm queues the batch's next token on its
+        stream and reads the previous one), its tokens shipped, then the image work on the
+        admission stream, which the device runs beside that queued token: a running stream
+        waits for the longer of the two, not their sum. Results are those of the serial step
+        (the same kernels on the same inputs; MLX orders the arrays one stream hands the
+        other). Rows prefilled here join at the next step's decode."""
+        with mx.stream(s.batch.stream):
+            s.admit()
+            mark("admit")
+            self._ship()
+            mark("ship")
+            self._decode(s)
+            mark("decode")
+            self._ship()
+            mark("ship")
+        with mx.stream(self._admission_stream):
+            s.prefill()
+            mark("prefill")
+            self._ship()
+            mark("ship")
+            s.encode()
+            mark("encode")
+            s.store_finished()
+            mark("ship")
+            s.answer(self._arrived)
+            mark("answer")
+
+    def _decode(self, s: Scheduler) -> None:
+        try:
+            if self.step_hook is not None:
+                self.step_hook()
+            s.decode()
+        except Exception:
+            log.exception("decode step failed; failing the requests in the batch")
+            s.fail_batch()
 
     def _arrived(self) -> bool:
         """Has a message (a new request, say) reached the inbox? (Answer prefill yields.)"""
