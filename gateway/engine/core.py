@@ -309,27 +309,12 @@ class Engine:
         # All MLX work of this thread runs on the batch's stream: one stream, one ordering,
         # and no extra per-thread stream whose worker MLX would abort on at process exit.
         with mx.stream(s.batch.stream):
-            s.admit()
-            mark("admit")
-            self._ship()
-            mark("ship")
-            # Prefill before encode: the requests prefilling finished their encode earlier, so
-            # they are older than the group in the tower and take the step's budget first (an
-            # image's prefill does not crawl at one block per step behind the next image's
-            # encode). A request whose encode ends here is prefilled from the next step on.
-            s.prefill()
-            mark("prefill")
-            self._ship()
-            mark("ship")
-            s.encode()
-            mark("encode")
+            self._admit(s, mark)
+            self._image_work(s, mark)
             self._decode(s)
             mark("decode")
             self._ship()
-            s.store_finished()
-            mark("ship")
-            s.answer(self._arrived)
-            mark("answer")
+            self._after_answers(s, mark)
 
     def _step_overlapped(self, s: Scheduler, mark: Callable[[str], None]) -> None:
         """`--admission-stream`: the decode first (mlx-lm queues the batch's next token on its
@@ -339,25 +324,39 @@ class Engine:
         (the same kernels on the same inputs; MLX orders the arrays one stream hands the
         other). Rows prefilled here join at the next step's decode."""
         with mx.stream(s.batch.stream):
-            s.admit()
-            mark("admit")
-            self._ship()
-            mark("ship")
+            self._admit(s, mark)
             self._decode(s)
             mark("decode")
             self._ship()
             mark("ship")
         with mx.stream(self._admission_stream):
-            s.prefill()
-            mark("prefill")
-            self._ship()
-            mark("ship")
-            s.encode()
-            mark("encode")
-            s.store_finished()
-            mark("ship")
-            s.answer(self._arrived)
-            mark("answer")
+            self._image_work(s, mark)
+            self._after_answers(s, mark)
+
+    def _admit(self, s: Scheduler, mark: Callable[[str], None]) -> None:
+        s.admit()
+        mark("admit")
+        self._ship()
+        mark("ship")
+
+    def _image_work(self, s: Scheduler, mark: Callable[[str], None]) -> None:
+        # Prefill before encode: the requests prefilling finished their encode earlier, so
+        # they are older than the group in the tower and take the step's budget first (an
+        # image's prefill does not crawl at one block per step behind the next image's
+        # encode). A request whose encode ends here is prefilled from the next step on.
+        s.prefill()
+        mark("prefill")
+        self._ship()
+        mark("ship")
+        s.encode()
+        mark("encode")
+
+    def _after_answers(self, s: Scheduler, mark: Callable[[str], None]) -> None:
+        """Store the KV of the requests that finished (their events left), answer prefill."""
+        s.store_finished()
+        mark("ship")
+        s.answer(self._arrived)
+        mark("answer")
 
     def _decode(self, s: Scheduler) -> None:
         try:
