@@ -17,6 +17,8 @@ Parsing is pure; errors are rendered as Anthropic error objects.
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
 from gateway.api import fields
@@ -222,6 +224,26 @@ def _block_text(block: dict[str, Any], at: str) -> str:
     return fields.text(block["text"], f"{at}.text")
 
 
+_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image/png"),
+    (b"\xff\xd8\xff", "image/jpeg"),
+    (b"GIF87a", "image/gif"),
+    (b"GIF89a", "image/gif"),
+)
+
+
+def _sniff(data: str) -> str | None:
+    """The media type the base64 `data`'s first bytes show (PNG, JPEG, GIF, WebP), or None
+    (not base64, or another format: the decoder then says what is wrong)."""
+    try:
+        head = base64.b64decode(data[:24], validate=True)
+    except (ValueError, binascii.Error):
+        return None
+    if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        return "image/webp"
+    return next((kind for magic, kind in _MAGIC if head.startswith(magic)), None)
+
+
 def _image(source: Any, at: str) -> ImagePart:
     kind = source.get("type") if isinstance(source, dict) else None
     if kind == "base64":
@@ -234,6 +256,13 @@ def _image(source: Any, at: str) -> ImagePart:
         data = source.get("data")
         if not isinstance(data, str) or not data:
             raise invalid(f"`{at}.data` must be a non-empty base64 string", f"{at}.data")
+        actual = _sniff(data)
+        if actual is not None and actual != media_type:  # as Anthropic's API refuses it
+            raise invalid(
+                f"`{at}.data` holds a {actual} image but `{at}.media_type` says {media_type}: "
+                "send the image's own media type",
+                f"{at}.media_type",
+            )
         return ImagePart(f"data:{media_type};base64,{data}", f"{at}.data")
     if kind == "url":
         url = source.get("url")

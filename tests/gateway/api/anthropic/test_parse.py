@@ -124,6 +124,10 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
          "messages[0].content[0].source.media_type"),
         (_user({"type": "image", "source": {"type": "base64", "media_type": "image/png"}}),
          "messages[0].content[0].source.data"),
+        # a PNG sent as a JPEG: Anthropic's API refuses it, so code written here works there
+        (_user({"type": "image", "source": {"type": "base64", "media_type": "image/jpeg",
+                                            "data": PNG_B64}}),
+         "messages[0].content[0].source.media_type"),
         (_user({"type": "image", "source": {"type": "url"}}), "messages[0].content[0].source.url"),
         (_user({"type": "image", "source": "x"}), "messages[0].content[0].source.type"),
         (_with(messages=[{"role": "user", "content": "q"},
@@ -160,3 +164,19 @@ def test_invalid_fields_name_the_field(body: object, param: str | None) -> None:
 def test_images_keep_their_place_among_text_blocks() -> None:
     r = parse_messages_request(_user({"type": "text", "text": "a"}, IMAGE))
     assert [type(p) for p in r.messages[0].parts] == [TextPart, ImagePart]
+
+
+@pytest.mark.parametrize(
+    ("data", "media_type"),
+    [
+        (PNG_B64, "image/png"),
+        ("/9j/4AAQSkZJRgABAQ==", "image/jpeg"),
+        ("R0lGODlhAQABAIAAAP///w==", "image/gif"),
+        ("UklGRiQAAABXRUJQVlA4IA==", "image/webp"),
+        ("not really an image", "image/png"),  # left to the decoder, which names the problem
+    ],
+)
+def test_an_image_whose_bytes_match_its_media_type_is_taken(data: str, media_type: str) -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
+    chat = parse_messages_request(_user(image))
+    assert isinstance(chat.messages[0].parts[0], ImagePart)
