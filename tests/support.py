@@ -13,7 +13,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -67,6 +67,14 @@ def record_prefill_forwards(model: Any) -> list[tuple[int, int]]:
 
     model.prefill = spy
     return forwards
+
+
+def assert_same_answers(a: Sequence[Run], b: Sequence[Run]) -> None:
+    """Pairwise: the same token ids and the same logprobs (tolerance zero)."""
+    assert len(a) == len(b)
+    for index, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert x.token_ids == y.token_ids, index
+        assert x.logprobs == y.logprobs, index
 
 
 def block_shaped(forwards: Iterable[tuple[int, int]], block: int) -> bool:

@@ -223,13 +223,16 @@ class ModelFamily(ABC):
         with self._tokenizer_lock:
             return self.tokenizer.decode([token_id])
 
-    def token_bytes(self, token_id: int) -> bytes:
-        """One token's raw bytes (a logprob's `bytes`: part of a character for byte tokens)."""
+    def token_bytes(self, token_id: int, text: str) -> bytes:
+        """One token's raw bytes (a logprob's `bytes`: part of a character for byte tokens),
+        given its `token_text`; the vocabulary is read only where the byte table has none."""
         table = self._byte_table
         entry = table[token_id] if table is not None and 0 <= token_id < len(table) else None
+        if entry:
+            return entry
         with self._tokenizer_lock:
             piece = self.tokenizer.convert_ids_to_tokens(token_id)
-        return token_bytes(entry, piece, self.token_text(token_id))
+        return token_bytes(None, piece, text)
 
     # ----- prompt side, per family (any thread) -----------------------------------------------
 

@@ -94,12 +94,12 @@ class OutputState:
         params: SamplingParams,
         new_detokenizer: Callable[[], Detokenizer],
         token_text: Callable[[int], str],
-        token_bytes: Callable[[int], bytes] | None = None,
+        token_bytes: Callable[[int, str], bytes] | None = None,
     ) -> None:
         self._params = params
         self._detok = new_detokenizer()
         self._token_text = token_text
-        self._token_bytes = token_bytes or (lambda token: token_text(token).encode("utf-8"))
+        self._token_bytes = token_bytes or (lambda _token, text: text.encode("utf-8"))
         self._pending = ""  # decoded but not yet emitted (possible stop-string prefix)
         self.completion_tokens = 0
         self.stopped = False
@@ -202,7 +202,7 @@ class OutputState:
         (`values` from gateway.engine.tokens.logprobs, for this token)."""
         text = self._token_text(token)
         top = tuple(
-            (self._token_text(tid), tid, lp, tuple(self._token_bytes(tid)))
+            (t := self._token_text(tid), tid, lp, tuple(self._token_bytes(tid, t)))
             for tid, lp in values.top[: self._params.top_logprobs]
         )
-        return TokenLogprob(text, token, values.chosen, tuple(self._token_bytes(token)), top)
+        return TokenLogprob(text, token, values.chosen, tuple(self._token_bytes(token, text)), top)

@@ -17,7 +17,7 @@ from typing import Any
 
 from PIL import Image
 from reference import reference_generate
-from support import EngineHarness, Run, decoded
+from support import EngineHarness, Run, assert_same_answers, decoded
 
 from gateway.api.openai.parse import parse_chat_request
 from gateway.config import CacheConfig
@@ -40,14 +40,6 @@ def engine_request(h: EngineHarness, body: dict, images: Sequence[Image.Image]) 
     without submitting it."""
     chat = parse_chat_request(body)
     return h.prompts.build(chat, [decoded(i) for i in images], "probe", 0.0)
-
-
-def assert_same_answers(a: Sequence[Run], b: Sequence[Run]) -> None:
-    """Pairwise: the same token ids and the same logprobs (tolerance zero)."""
-    assert len(a) == len(b)
-    for index, (x, y) in enumerate(zip(a, b, strict=True)):
-        assert x.token_ids == y.token_ids, index
-        assert x.logprobs == y.logprobs, index
 
 
 def assert_reference_answer(
