@@ -25,11 +25,11 @@ serve() {  # tree port: a server of that tree's code on 127.0.0.1:port, warmed u
   done
   tail -30 "$OUT/server-$2.log"; return 1
 }
-# SIDES: name:port:tree[:serve flag] (the flag with '=' as one word), measured in this order
+# SIDES: name:port:tree[:serve flags] (flags with '=', several joined by ','), measured in this order
 SIDES=${SIDES:-"old:8001:.old new:8002:."}
 for side in $SIDES; do
   IFS=: read -r name port tree flag <<<"$side"
-  SERVE_ARGS=$flag serve "$ROOT/$tree" "$port" || exit 1
+  SERVE_ARGS=${flag//,/ } serve "$ROOT/$tree" "$port" || exit 1
 done
 # PROFILE_S=N: py-spy samples every side's engine process for N s while the rounds run
 # (collapsed stacks in $OUT/engine-NAME.txt; read them with docs/bench/stacks.py).
