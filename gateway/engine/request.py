@@ -207,6 +207,9 @@ class ErrorKind(enum.Enum):
     """Why the engine could not answer; the HTTP edge maps each kind to a status code."""
 
     INTERNAL = "internal"  # a fault in the engine or the model while serving this request
+    # The request's schema (response_format, tools) outgrew the grammar engine's limits
+    # while decoding: the client's to simplify (400), found only once rows decode.
+    GRAMMAR_LIMIT = "grammar_limit"
     SHUTTING_DOWN = "shutting_down"  # the server stopped before the request finished
 
 

@@ -41,9 +41,12 @@ def engine_busy(busy: EngineBusy) -> Overloaded:
 
 
 def engine_error(event: ErrorEvent) -> APIError:
-    """The error for an engine failure: 503 while shutting down, else 500."""
+    """The error for an engine failure: 503 while shutting down, 400 for a schema beyond the
+    grammar engine's limits (found while decoding), else 500."""
     if event.kind is ErrorKind.SHUTTING_DOWN:
         return shutting_down(event.message)
+    if event.kind is ErrorKind.GRAMMAR_LIMIT:
+        return invalid(event.message, None, "unsupported_schema")
     return APIError(500, event.message, "server_error")
 
 

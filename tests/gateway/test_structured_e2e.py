@@ -18,7 +18,7 @@ import jsonschema
 import openai
 import pytest
 from pydantic import BaseModel, Field
-from support import ServerProcess, data_uri, noise_png
+from support import LEXER_BOMB, ServerProcess, data_uri, noise_png
 
 SCHEMA = {
     "type": "object",
@@ -165,3 +165,27 @@ def test_an_unsupported_schema_is_a_400_naming_the_path(server: ServerProcess) -
         model="test", messages=_messages("still there?"), max_tokens=3, temperature=0
     )
     assert r.choices[0].finish_reason == "length"
+
+
+def test_a_schema_the_lexer_gives_up_on_is_a_400_every_time(server: ServerProcess) -> None:
+    """Invariant: a schema that passes validation but outgrows the grammar engine while
+    decoding (a nested bounded repetition in `pattern`) is a 400 `unsupported_schema` with
+    llguidance's one-line reason, for a tool call as for `response_format`, and again on a
+    repeat (was a 500 with the parser's state, then an empty 200 without the forced call)."""
+    client = server.client()
+    bomb = LEXER_BOMB
+    asks = [
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "b", "schema": bomb}}},
+        {
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": bomb}}],
+            "tool_choice": "required",
+        },  # fmt: skip
+    ]
+    for extra in [*asks, *asks]:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(
+                model="test", messages=_messages("hi"), max_tokens=16, **extra
+            )
+        error = info.value.body
+        assert error["code"] == "unsupported_schema" and "lexer error" in error["message"]
+        assert "<state>" not in error["message"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 
@@ -65,9 +66,8 @@ class Endings:
         grammar = getattr(job.sampler, "grammar", None)
         if grammar is not None:
             grammar.accept(job.output.completion_tokens, token)
-            if grammar.error is not None:  # never expected: every token was drawn under its mask
-                log.error("request %s left its grammar: %s", job.request_id, grammar.error)
-                self.fail(job, ErrorKind.INTERNAL, f"structured output failed: {grammar.error}")
+            if grammar.error is not None:
+                self._grammar_failed(job, grammar)
                 return
         if job.first_token_time is None:
             job.first_token_time = time.perf_counter()
@@ -81,6 +81,23 @@ class Endings:
             lps = (job.output.logprob(token, values),)
         reasoning = job.output.take_reasoning()
         job.sink(TokenEvent(text, (token,), lps, index=job.index, reasoning=reasoning))
+
+    def _grammar_failed(self, job: Job, grammar: Any) -> None:
+        """The job's grammar row (`GrammarRow` or `ThinkingRow`) met an error: the schema
+        beyond llguidance's limits (the request's), or a token that broke the grammar (never
+        expected: every token is drawn under its mask)."""
+        if grammar.limit:
+            log.warning("request %s: its schema outgrew the grammar engine: %s",
+                        job.request_id, grammar.error)  # fmt: skip
+            message = (
+                "this server cannot enforce the request's JSON Schema (`response_format` or "
+                f"`tools`): the grammar engine gave up while decoding ({grammar.error}); "
+                "simplify it (long or nested bounded repetitions in `pattern`, huge `enum`s)"
+            )
+            self.fail(job, ErrorKind.GRAMMAR_LIMIT, message)
+            return
+        log.error("request %s left its grammar: %s", job.request_id, grammar.error)
+        self.fail(job, ErrorKind.INTERNAL, f"structured output failed: {grammar.error}")
 
     def finish(self, job: Job, reason: FinishReason | str, kv: object, all_tokens: object) -> None:
         """End the job normally with `reason` (STOP whenever a stop string ended it; mlx-lm's

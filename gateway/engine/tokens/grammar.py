@@ -12,6 +12,14 @@ Compilation runs once per grammar (keyed by its SHA-256) on a worker thread, bef
 request is admitted, and the compiled matcher is kept in a byte-bounded LRU; each request gets
 a cheap copy of it (`LLMatcher.deep_copy`).
 
+llguidance builds its lexer lazily, while rows decode, and gives up on a schema whose regular
+expressions grow past its limits (`pattern: "^(a{1000}){1000}$"`: "lexer error: too many
+expressions constructed"). That state is shared by every copy of the compiled grammar, so a
+row that meets such an error evicts its grammar from the cache (the next request compiles it
+afresh and fails at the same point instead of starting broken), and the error is the
+request's (`GrammarRow.limit`: the schema is beyond what the server can enforce), not the
+server's.
+
 Thread safety: `Grammars.prepare` and the row methods run on the engine thread; compilation
 runs on the worker thread (llguidance drops the GIL while it compiles and computes masks);
 `stats` may be called from any thread.
@@ -24,8 +32,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import llguidance.hf
@@ -50,6 +59,26 @@ class GrammarError(Exception):
     """A grammar that passed validation at the edge failed to compile for this tokenizer."""
 
 
+def first_line(error: str) -> str:
+    """llguidance's error without the parser state it appends (token dumps, JSON stats)."""
+    return error.split("\n<state>", 1)[0].strip()
+
+
+def is_limit(error: str) -> bool:
+    """Is this llguidance error the grammar outgrowing the engine's limits (the lexer's
+    expression or state budgets: the schema's fault), rather than a token that broke the
+    grammar (which a token drawn under its mask never does: the server's fault)?"""
+    return "satisfy the grammar" not in error
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compiled grammar and its cache key (the SHA-256 of its text)."""
+
+    key: str
+    matcher: LLMatcher
+
+
 class GrammarRow:
     """One constrained request's matcher and how far it has read the request's own tokens.
 
@@ -60,11 +89,24 @@ class GrammarRow:
     already read. Engine thread only.
     """
 
-    def __init__(self, matcher: LLMatcher) -> None:
+    def __init__(self, matcher: LLMatcher, on_error: Callable[[], None] | None = None) -> None:
         self.matcher = matcher
         self.drawn = 0
         self.consumed = 0
         self.error: str | None = None
+        self._on_error = on_error  # evicts the compiled grammar its state came from
+
+    def fail(self, error: str) -> None:
+        """The matcher met `error` (llguidance's message): the row ends at its next draw."""
+        if self.error is None:
+            self.error = first_line(error) or "the grammar failed"
+            if self._on_error is not None:
+                self._on_error()
+
+    @property
+    def limit(self) -> bool:
+        """The row's error is the schema outgrowing llguidance's limits (`is_limit`)."""
+        return self.error is not None and is_limit(self.error)
 
     @property
     def ready(self) -> bool:
@@ -79,7 +121,7 @@ class GrammarRow:
             raise RuntimeError(f"grammar row skipped tokens: at {self.consumed}, got {index}")
         self.consumed += 1
         if not self.matcher.consume_token(token):
-            self.error = self.matcher.get_error() or f"token {token} was not allowed"
+            self.fail(self.matcher.get_error() or f"token {token} does not satisfy the grammar")
 
     def catch_up(self, fed_token: int) -> None:
         """Before a mask: read the token this step feeds, if it is the one not yet read."""
@@ -137,7 +179,11 @@ class Masker:
                 live.append((matcher, i))
         if live:
             fill_next_token_bitmask_par(self._executor, live, mask)
-            for _, i in live:
+            for matcher, i in live:
+                if matcher.is_error():  # the lexer gave up computing this mask
+                    rows[i].fail(matcher.get_error())  # type: ignore[union-attr]
+                    mask[i] = self._eos_row.view(np.int32)
+                    continue
                 rows[i].after_fill(mask[i])  # type: ignore[union-attr]
                 if not mask[i].any():  # never leave a row without a token: end it instead
                     mask[i] = self._eos_row.view(np.int32)
@@ -163,22 +209,22 @@ class Grammars:
         self._vocab_size = vocab_size
         self._eos_ids = list(eos_ids)
         self._tokenizer: LLTokenizer | None = None
-        self.cache: ByteLRU[str, LLMatcher] = ByteLRU(capacity_bytes)
+        self.cache: ByteLRU[str, Compiled] = ByteLRU(capacity_bytes)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-compile")
         # llguidance's view of the vocabulary takes ~1 s for 150k tokens: build it now, on the
         # worker thread, rather than in the first structured request's time to first token.
         self._pool.submit(self._llg_tokenizer)
-        self._inflight: dict[str, Future[LLMatcher]] = {}
+        self._inflight: dict[str, Future[Compiled]] = {}
         self._lock = threading.Lock()
         self.masker = Masker(vocab_size, self._eos_ids)
 
-    def prepare(self, grammar: str) -> Future[LLMatcher]:
+    def prepare(self, grammar: str) -> Future[Compiled]:
         """The compiled grammar: from the cache (done at once), joined to a compilation under
         way, or compiled now on the worker thread. Engine thread."""
         key = hashlib.sha256(grammar.encode()).hexdigest()
         compiled = self.cache.get(key)
         if compiled is not None:
-            done: Future[LLMatcher] = Future()
+            done: Future[Compiled] = Future()
             done.set_result(compiled)
             return done
         with self._lock:
@@ -188,19 +234,26 @@ class Grammars:
                 self._inflight[key] = running
         return running
 
-    def start(self, compiled: LLMatcher) -> GrammarRow:
+    def start(self, compiled: Compiled) -> GrammarRow:
         """A fresh row state for one request from a compiled grammar."""
-        return GrammarRow(compiled.deep_copy())
+        return GrammarRow(compiled.matcher.deep_copy(), lambda: self._evict(compiled))
 
-    def _compile(self, key: str, grammar: str) -> LLMatcher:
+    def _evict(self, compiled: Compiled) -> None:
+        """Drop `compiled` from the cache (if it is still the entry of its key): its lexer
+        state met an error that every copy of it would now start with."""
+        if self.cache.peek(compiled.key) is compiled:
+            self.cache.pop(compiled.key)
+
+    def _compile(self, key: str, grammar: str) -> Compiled:
         try:
             matcher = LLMatcher(self._llg_tokenizer(), grammar, log_level=0)
             if matcher.is_error():
-                raise GrammarError(matcher.get_error())
+                raise GrammarError(first_line(matcher.get_error()))
+            compiled = Compiled(key, matcher)
             self.cache.put(
-                key, matcher, ENTRY_OVERHEAD_BYTES + BYTES_PER_GRAMMAR_BYTE * len(grammar)
+                key, compiled, ENTRY_OVERHEAD_BYTES + BYTES_PER_GRAMMAR_BYTE * len(grammar)
             )
-            return matcher
+            return compiled
         finally:
             with self._lock:
                 self._inflight.pop(key, None)

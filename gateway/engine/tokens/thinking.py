@@ -89,8 +89,8 @@ def _one_bit(words: int, token: int) -> np.ndarray:
 class ThinkingRow:
     """The masker's row of a thinking request (see the module doc); the same protocol as
     `GrammarRow`: `drawn` / `consumed` / `ready`, `accept`, `catch_up`, `take_mask`,
-    `after_fill`, `error`. `inner` is the request's grammar (None: free answer); its own
-    counters cover the answer's tokens only."""
+    `after_fill`, `fail`, `error`, `limit`. `inner` is the request's grammar (None: free
+    answer); its own counters cover the answer's tokens only."""
 
     def __init__(self, params: ThinkingParams, inner: GrammarRow | None) -> None:
         self.phases = Phases(params)
@@ -104,6 +104,16 @@ class ThinkingRow:
     @property
     def ready(self) -> bool:
         return self.consumed == self.drawn
+
+    @property
+    def limit(self) -> bool:
+        return self.inner is not None and self.inner.limit
+
+    def fail(self, error: str) -> None:
+        """The answer's grammar met `error` computing a mask (`GrammarRow.fail`)."""
+        if self.inner is not None:
+            self.inner.fail(error)
+            self.error = self.inner.error
 
     def take_mask(self, out: np.ndarray, eos_row: np.ndarray) -> LLMatcher | None:
         """Count one draw; write the next token's mask into `out` (all ones on entry) or

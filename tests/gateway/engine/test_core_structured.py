@@ -3,7 +3,9 @@
 Pinned here: constrained completions parse and validate against their schema for many
 random-weight completions, greedy and sampled, text and image prompts; constrained and free
 rows decoding together give each the tokens and logprobs it gets alone (greedy and seeded);
-max_tokens inside a value ends with "length"; a repeat extraction over the same image reuses
+max_tokens inside a value ends with "length"; a schema the grammar engine gives up on while
+decoding is the request's error (the same for every request, a free row beside it unharmed);
+a repeat extraction over the same image reuses
 the image's KV and the compiled grammar and gives the uncached tokens.
 """
 
@@ -13,10 +15,10 @@ import json
 
 import jsonschema
 import pytest
-from support import EngineHarness, chat_body, noise_image
+from support import LEXER_BOMB, EngineHarness, chat_body, noise_image
 
 from gateway.config import CacheConfig
-from gateway.engine.request import FinishEvent
+from gateway.engine.request import ErrorEvent, ErrorKind, FinishEvent
 
 RECEIPT = {
     "type": "object",
@@ -140,6 +142,26 @@ def test_max_tokens_inside_a_value_ends_with_length(harness: EngineHarness) -> N
     assert full.text.startswith(cut.text)
     with pytest.raises(json.JSONDecodeError):
         json.loads(cut.text)
+
+
+def test_a_schema_the_lexer_gives_up_on_is_the_requests_error_every_time(
+    harness: EngineHarness,
+) -> None:
+    """Invariant: a schema llguidance accepts but whose lexer gives up while decoding (a
+    nested bounded repetition) ends its request with a GRAMMAR_LIMIT error (the HTTP edge's
+    400), the same on a repeat (the broken compiled grammar is not reused: it would end the
+    repeat at once with an empty "stop"), and a free row decoding beside it is unaffected."""
+    schema = {"name": "b", "schema": LEXER_BOMB, "strict": True}
+    body = _constrained("bomb", response_format={"type": "json_schema", "json_schema": schema})
+    free = chat_body("free row", max_tokens=24)
+    alone = harness.run(free)
+    for _ in range(2):
+        with harness.arriving_together():
+            bad, beside = harness.submit(body), harness.submit(free)
+        bad.wait(), beside.wait()
+        assert isinstance(bad.finish, ErrorEvent), bad.finish
+        assert bad.finish.kind is ErrorKind.GRAMMAR_LIMIT and "lexer" in bad.finish.message
+        assert (beside.token_ids, beside.logprobs) == (alone.token_ids, alone.logprobs)
 
 
 def test_a_repeat_extraction_reuses_the_image_kv_and_the_grammar() -> None:

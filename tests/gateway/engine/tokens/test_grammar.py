@@ -16,7 +16,7 @@ import jsonschema
 import mlx.core as mx
 import numpy as np
 import pytest
-from support import tiny_model
+from support import LEXER_BOMB, tiny_model
 from transformers import AutoTokenizer
 
 from gateway.engine.tokens.grammar import GrammarRow, Grammars
@@ -158,3 +158,38 @@ def test_a_grammar_compiles_once_per_hash(grammars: Grammars) -> None:
     stats = grammars.stats()
     assert (stats["hits"], stats["misses"], stats["entries"]) == (1, 2, 2)
     assert 0 < stats["bytes"] <= stats["capacity_bytes"]
+
+
+def test_a_schema_beyond_the_lexers_limits_ends_its_row_as_a_limit_and_leaves_the_cache(
+    grammars: Grammars,
+) -> None:
+    """Invariant: a grammar whose lexer gives up while decoding marks its row with a limit
+    error (the schema's fault, not a token that broke the grammar), the row ends (EOS only),
+    and the compiled grammar leaves the cache, so the next request does not start from the
+    broken shared lexer state (it compiles afresh and fails at the same point)."""
+    grammars.reset()
+    eos = grammars._eos_ids[0]
+    for attempt in range(2):
+        row = _row(grammars, _schema_format(LEXER_BOMB))
+        tokens: list[int] = []
+        for _ in range(20):
+            allowed = _allowed(grammars, row)
+            if row.error is not None:
+                assert allowed == [eos]
+                break
+            token = next(t for t in allowed if t != eos)
+            row.accept(len(tokens), token)
+            tokens.append(token)
+        assert row.error is not None and row.limit, (attempt, row.error)
+        assert "\n" not in row.error and "lexer" in row.error
+        assert tokens, "the first mask of a fresh compile is fine: the error comes later"
+        assert grammars.stats()["entries"] == 0
+
+
+def test_a_token_outside_the_grammar_is_no_limit(grammars: Grammars) -> None:
+    """Invariant: a token the mask forbade (a server fault) is an error but not a limit."""
+    row = _row(grammars, _schema_format({"type": "integer"}))
+    _allowed(grammars, row)
+    tokenizer = grammars._hf_tokenizer
+    row.accept(0, tokenizer.encode('"', add_special_tokens=False)[0])
+    assert row.error is not None and not row.limit
