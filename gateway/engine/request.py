@@ -47,6 +47,9 @@ class SamplingParams:
     top_k: int = 0  # 0: no top-k cut
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # Stop strings apply only to the answer's text before this marker (the opening of its first
+    # tool call): a call is never cut by one (None: to the whole answer).
+    stop_until: str | None = None
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False  # keep generating past end-of-sequence tokens (benchmarks)

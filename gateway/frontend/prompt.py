@@ -296,6 +296,7 @@ class PromptBuilder:
             top_k=chat.top_k,
             seed=chat.seed,
             stop=chat.stop,
+            stop_until=self._calls_open(chat, grammar),
             logprobs=chat.logprobs,
             top_logprobs=chat.top_logprobs,
             ignore_eos=chat.ignore_eos,
@@ -308,6 +309,14 @@ class PromptBuilder:
             n=chat.n,
             thinking=thinking,
         )
+
+    def _calls_open(self, chat: ChatRequest, grammar: str | None) -> str | None:
+        """Where the answer's tool calls begin when it decodes under the tool grammar (stop
+        strings apply only before it: a call is never cut into invalid JSON), else None."""
+        fmt = self.tool_format
+        if fmt is None or grammar is None or chat.tools is None or not chat.tools.constrained:
+            return None
+        return fmt.open or fmt.head
 
     def _logit_bias(self, chat: ChatRequest) -> tuple[tuple[int, float], ...]:
         """`logit_bias` with every token id inside the tokenizer's vocabulary (else a 400

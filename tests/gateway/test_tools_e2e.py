@@ -3,7 +3,8 @@
 
 The random-weight model emits noise, so what is pinned is the grammar's guarantee: 64 sampled
 calls at temperature 1 all name a tool and validate against its schema; streamed calls
-reassemble to what the SDK reports; a tool result holding an image (the screenshot case) is
+reassemble to what the SDK reports; stop strings never cut a call, streamed or not; a tool
+result holding an image (the screenshot case) is
 accepted and cached like a user image; a tool_call_id matching nothing, a named tool_choice
 not among the tools and a schema the server cannot enforce are 400s naming the field.
 """
@@ -71,6 +72,64 @@ def test_64_sampled_calls_at_temperature_1_all_validate(server: ServerProcess) -
         assert call.id.startswith("call_")
         assert seed % 2 or call.function.name == "click"
         _valid(call.function.name, call.function.arguments)
+
+
+def test_stop_strings_never_cut_a_call(server: ServerProcess) -> None:
+    """Invariant: `stop` applies to an answer's text, never inside its tool calls: with stop
+    strings that occur in every call's markup or JSON, forced calls still come back whole and
+    valid with finish_reason "tool_calls", streamed or not (was: arguments cut at the stop
+    string under "tool_calls", or the call's markup leaked into the content under "stop")."""
+    client = server.client()
+    ask = [{"role": "user", "content": "click the OK button"}]
+    for stop in (["}"], ['"'], ["<"], ["\n", "x"]):
+        r = client.chat.completions.create(
+            model="test", messages=ask, tools=TOOLS, tool_choice="required", stop=stop,
+            parallel_tool_calls=False, temperature=0, max_tokens=80,
+        )  # fmt: skip
+        assert r.choices[0].finish_reason == "tool_calls", (stop, r.choices[0])
+        call = r.choices[0].message.tool_calls[0]
+        _valid(call.function.name, call.function.arguments)
+        chunks = client.chat.completions.create(
+            model="test", messages=ask, tools=TOOLS, tool_choice="required", stop=stop,
+            parallel_tool_calls=False, temperature=0, max_tokens=80, stream=True,
+        )  # fmt: skip
+        pieces, reasons = [], []
+        for chunk in chunks:
+            for c in chunk.choices:
+                pieces += [t.function.arguments or "" for t in c.delta.tool_calls or ()]
+                reasons += [c.finish_reason] if c.finish_reason else []
+        assert reasons == ["tool_calls"] and "".join(pieces) == call.function.arguments
+
+
+def test_a_call_cut_short_by_max_tokens_leaks_no_markup(server: ServerProcess) -> None:
+    """Invariant: an answer cut by max_tokens before its call's name is complete has no call
+    and none of the call's syntax in `content` (was '<tool_call>\\n{"name' as content); cut
+    inside the arguments it carries the call with the arguments so far, under "length"."""
+    client = server.client()
+    ask = [{"role": "user", "content": "click the OK button"}]
+    choice = {"type": "function", "function": {"name": "click"}}
+
+    def call(max_tokens: int):  # noqa: ANN202
+        return client.chat.completions.create(
+            model="test", messages=ask, tools=TOOLS, tool_choice=choice, temperature=0,
+            max_tokens=max_tokens,
+        )  # fmt: skip
+
+    whole = call(80)
+    assert whole.choices[0].finish_reason == "tool_calls"
+    arguments = whole.choices[0].message.tool_calls[0].function.arguments
+    named = 0
+    for max_tokens in range(3, whole.usage.completion_tokens, 4):
+        cut = call(max_tokens).choices[0]
+        assert cut.finish_reason == "length" and "<tool_call>" not in (cut.message.content or "")
+        if cut.message.tool_calls is None:
+            assert not named, "a call, once named, stays in the answer"
+            continue
+        named += 1
+        assert cut.message.tool_calls[0].function.name == "click"
+        partial = cut.message.tool_calls[0].function.arguments
+        assert arguments.startswith(partial) and (named > 1 or partial != arguments)
+    assert named
 
 
 def test_streamed_calls_and_an_image_tool_result(server: ServerProcess) -> None:

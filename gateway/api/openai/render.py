@@ -201,8 +201,9 @@ def _choice(
         splitter = CallSplitter(tool_format)
         splitter.feed(text)
         splitter.finish()
+        content = splitter.text  # without a call's syntax cut short before its name
+        choice["message"]["content"] = content  # type: ignore[index]
         if splitter.calls:
-            content = splitter.text
             choice["message"]["content"] = content if content.strip() else None  # type: ignore[index]
             choice["message"]["tool_calls"] = call_dicts(splitter.calls)  # type: ignore[index]
         choice["finish_reason"] = finish_reason(end, splitter.calls)

@@ -77,16 +77,25 @@ class _Lead:
         return out
 
 
+def _overlap(text: str, marker: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
+    for k in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:k]):
+            return k
+    return 0
+
+
 class OutputState:
     """Text, stop strings and logprobs of one request's completion.
 
-    `push(token, logprobs)` returns (text to emit now, finished-by-stop-string). Text that could
-    be the start of a stop string is held back until it cannot be.
+        `push(token, logprobs)` returns (text to emit now, finished-by-stop-string). Text that could
+        be the start of a stop string is held back until it cannot be. With `params.stop_until` (a
+    tool call's opening) stop strings apply only to the text before it.
 
-    With `params.thinking` (gateway.engine.tokens.thinking) the thinking's text goes to
-    `take_reasoning()` instead, through a detokenizer of its own; markers are dropped, and so
-    are the newlines that open each part. Stop strings apply to the answer only. Without it,
-    every token is answer text, as for any model.
+        With `params.thinking` (gateway.engine.tokens.thinking) the thinking's text goes to
+        `take_reasoning()` instead, through a detokenizer of its own; markers are dropped, and so
+        are the newlines that open each part. Stop strings apply to the answer only. Without it,
+        every token is answer text, as for any model.
     """
 
     def __init__(
@@ -104,6 +113,7 @@ class OutputState:
         self.completion_tokens = 0
         self.stopped = False
         self.stopped_by: str | None = None  # the stop string that ended the completion
+        self._past_marker = False  # the answer reached `params.stop_until`: stops are off
         thinking = params.thinking
         self._phases = Phases(thinking) if thinking is not None else None
         self._new_detokenizer = new_detokenizer
@@ -176,15 +186,30 @@ class OutputState:
             # the end-of-sequence tokens are masked until then (gateway.engine.tokens.penalties).
             out, self._pending = self._pending, ""
             return out
-        for stop in self._params.stop:
-            at = self._pending.find(stop)
+        stops = () if self._past_marker else self._params.stop
+        text, marker = self._pending, self._params.stop_until
+        # Stop strings may match only inside text[:free]: before the marker, and not in a tail
+        # that may still turn out to begin it.
+        free, maybe_marker = len(text), 0
+        if stops and marker:
+            at = text.find(marker)
+            if at >= 0:
+                free = at
+            elif not final:
+                maybe_marker = _overlap(text, marker)
+                free -= maybe_marker
+        for stop in stops:
+            at = text.find(stop, 0, free)
             if at >= 0:
                 self.stopped, self.stopped_by = True, stop
-                out, self._pending = self._pending[:at], ""
+                out, self._pending = text[:at], ""
                 return out
-        keep = 0 if final else self._partial_stop_len(self._pending)
-        cut = len(self._pending) - keep
-        out, self._pending = self._pending[:cut], self._pending[cut:]
+        if stops and free < len(text) and not maybe_marker:
+            self._past_marker = True  # the calls began: everything from here on is theirs
+            stops = ()
+        keep = 0 if final or not stops else max(maybe_marker, self._partial_stop_len(text))
+        cut = len(text) - keep
+        out, self._pending = text[:cut], text[cut:]
         return out
 
     def _partial_stop_len(self, text: str) -> int:

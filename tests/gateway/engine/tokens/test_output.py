@@ -2,7 +2,8 @@
 
 Pinned: streamed deltas concatenate to the full decode; multi-byte characters are never split;
 stop strings end the text before the stop string, also when it spans several tokens, and text
-that might start a stop string is held back until it cannot.
+that might start a stop string is held back until it cannot; with `stop_until` (a tool call's
+opening) they end only the text before it, never a call.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ def _ids(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 
 
-def _state(*stop: str) -> OutputState:
-    params = SamplingParams(max_tokens=100, stop=tuple(stop))
+def _state(*stop: str, until: str | None = None) -> OutputState:
+    params = SamplingParams(max_tokens=100, stop=tuple(stop), stop_until=until)
     return OutputState(params, lambda: IncrementalDetokenizer(_decode), lambda t: _decode([t]))
 
 
@@ -68,3 +69,30 @@ def test_earliest_of_several_stop_strings_wins() -> None:
         text += out.push(t)
     text += out.finish()
     assert text == "one "
+
+
+def _through(out: OutputState, text: str) -> str:
+    emitted = ""
+    for t in _ids(text):
+        emitted += out.push(t)
+        if out.stopped:
+            break
+    return emitted + out.finish()
+
+
+CALL = 'Let me look.<tool_call>\n{"name": "f", "arguments": {"a": "x}y"}}\n</tool_call>'
+
+
+def test_stop_strings_never_cut_a_tool_call() -> None:
+    """Invariant: with `stop_until` set to the calls' opening, a stop string that occurs only
+    inside a call ends nothing (the call stays whole, parseable), even one that is itself a
+    prefix of the opening; a stop string before the opening still ends the answer there."""
+    for stop in ("}", '"', "<", "<tool", "\n"):
+        out = _state(stop, until="<tool_call>")
+        assert _through(out, CALL) == CALL and not out.stopped, stop
+    out = _state("look", until="<tool_call>")
+    assert _through(out, CALL) == "Let me " and out.stopped_by == "look"
+    out = _state("<", until="<tool_call>")  # "<" that does not open a call is a stop
+    assert _through(out, "a<b<tool_call>") == "a" and out.stopped_by == "<"
+    out = _state("}")  # without `stop_until` (no tools) stops apply to the whole answer
+    assert _through(out, CALL) == 'Let me look.<tool_call>\n{"name": "f", "arguments": {"a": "x'
