@@ -22,6 +22,7 @@ from gateway.errors import invalid
 from gateway.frontend.chat import ChatRequest, ImagePart, TextPart, VideoPart
 from gateway.frontend.reasoning import Reasoning, template_kwargs
 from gateway.media import DecodedImage, DecodedVideo
+from gateway.tools.fallback import fold, needs_folding, renders_tools
 from gateway.tools.formats import ToolFormat, resolve
 from gateway.tools.grammar import tool_grammar
 
@@ -102,6 +103,9 @@ class PromptBuilder:
         self._default_max_tokens = default_max_tokens
         # The tool-call syntax of this checkpoint (None: requests with tools get a 400).
         self.tool_format: ToolFormat | None = resolve(tool_parser, model.chat_template)
+        # A template that renders no tools gets them, and the tool history, folded into plain
+        # turns by the gateway (a call syntax forced with --tool-call-parser).
+        self._fold_tools = not renders_tools(model.chat_template)
         self._added = frozenset(model.tokenizer.get_added_vocab())
         # The thinking markers of this checkpoint (None: it does not think; answers are whole).
         self.reasoning: Reasoning | None = Reasoning.of(model.chat_template, model.tokenize)
@@ -122,7 +126,10 @@ class PromptBuilder:
             tools = [tool.template_dict() for tool in chat.tools.tools]
         # An assistant prefill continues the assistant turn the template just opened.
         kwargs = template_kwargs(chat, self.reasoning)
-        text = self.model.render(template_messages(chat), tools, kwargs)
+        messages = template_messages(chat)
+        if self._fold_tools and self.tool_format is not None and needs_folding(messages, tools):
+            messages, tools = fold(messages, tools, self.tool_format), None
+        text = self.model.render(messages, tools, kwargs)
         thinking = self.reasoning.params(text, chat) if self.reasoning is not None else None
         text += chat.prefill
         ids = self.model.tokenize(text)

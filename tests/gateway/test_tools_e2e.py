@@ -233,3 +233,45 @@ def test_bad_tool_requests_are_400_naming_the_field(
     with pytest.raises(openai.BadRequestError) as info:
         server.client().chat.completions.create(**(body | extra), max_tokens=4)
     assert info.value.body["param"] == param, info.value.body
+
+
+def test_a_forced_parser_on_a_template_without_tools_folds_them_into_the_prompt() -> None:
+    """Invariant: Gemma 3's template renders no tools; with `--tool-call-parser hermes` the
+    tools still reach the prompt (more prompt tokens than without them, more for a longer
+    description), a forced call validates, and the agent loop goes on: the call and a tool
+    result holding an image go back (was: tools silently dropped, and the history a 400
+    "roles must alternate")."""
+    gemma = ServerProcess("--tool-call-parser", "hermes", "--no-warmup", arch="gemma3")
+    try:
+        client = gemma.client()
+        ask = [{"role": "user", "content": "click the OK button"}]
+        counts = []
+        for tools in (
+            None,
+            TOOLS,
+            [{**TOOLS[0], "function": {**TOOLS[0]["function"], "description": "Click. " * 40}}],
+        ):
+            extra = {"tools": tools, "tool_choice": "required"} if tools else {}
+            r = client.chat.completions.create(
+                model="test", messages=ask, max_tokens=80, temperature=0, **extra
+            )
+            counts.append(r.usage.prompt_tokens)
+        assert counts[0] < counts[1] < counts[2], counts
+        r = client.chat.completions.create(
+            model="test", messages=ask, tools=TOOLS, tool_choice="required", max_tokens=80,
+            parallel_tool_calls=False, temperature=0,
+        )  # fmt: skip
+        call = r.choices[0].message.tool_calls[0]
+        _valid(call.function.name, call.function.arguments)
+        screen = {"type": "image_url", "image_url": {"url": data_uri(noise_png(5, 64, 64))}}
+        result = {"role": "tool", "tool_call_id": call.id,
+                  "content": [{"type": "text", "text": "clicked"}, screen]}  # fmt: skip
+        history = [*ask, r.choices[0].message.model_dump(exclude_none=True), result]
+        again = client.chat.completions.create(
+            model="test", messages=history, tools=TOOLS, tool_choice="required", max_tokens=200,
+            parallel_tool_calls=False, temperature=0,
+        )  # fmt: skip
+        assert again.choices[0].finish_reason == "tool_calls", again.choices[0]
+        assert again.usage.prompt_tokens > r.usage.prompt_tokens
+    finally:
+        assert gemma.stop(), gemma.log()
