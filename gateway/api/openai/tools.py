@@ -90,14 +90,40 @@ def tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
 
 
 def check_call_ids(messages: tuple[ChatMessage, ...]) -> None:
-    """Every tool message answers a call an earlier assistant message made (400 naming
-    `messages[i].tool_call_id` otherwise)."""
+    """OpenAI's rules for a tool history (each a 400 naming the field): call ids are unique;
+    every tool message answers a call an earlier assistant message made; and an assistant
+    message with `tool_calls` is followed by a tool message for each of its calls before any
+    other message (an agent that drops a result fails here as on OpenAI's API)."""
     made: dict[str, str] = {}
+    open_calls: list[str] = []  # the last assistant message's calls not yet answered
     for i, message in enumerate(messages):
-        made.update((call.id, call.name) for call in message.tool_calls)
-        if message.role == "tool" and message.tool_call_id not in made:
-            raise invalid(
-                f"`messages[{i}].tool_call_id` {message.tool_call_id!r} matches no tool call "
-                "of an earlier assistant message",
-                f"messages[{i}].tool_call_id",
-            )
+        if open_calls and message.role != "tool":
+            _unanswered(i, open_calls)
+        for j, call in enumerate(message.tool_calls):
+            if call.id in made:
+                where = f"messages[{i}].tool_calls[{j}].id"
+                raise invalid(f"`{where}` {call.id!r} is the id of an earlier call", where)
+            made[call.id] = call.name
+            open_calls.append(call.id)
+        if message.role == "tool":
+            if message.tool_call_id not in made:
+                raise invalid(
+                    f"`messages[{i}].tool_call_id` {message.tool_call_id!r} matches no tool call "
+                    "of an earlier assistant message",
+                    f"messages[{i}].tool_call_id",
+                )
+            if message.tool_call_id in open_calls:
+                open_calls.remove(message.tool_call_id)
+    if open_calls:
+        _unanswered(len(messages), open_calls)
+
+
+def _unanswered(i: int, ids: list[str]) -> None:
+    """400: the calls `ids` have no tool message before messages[i] (i past the end: the
+    conversation ends with them)."""
+    where = f"messages[{i}]"
+    raise invalid(
+        f"`{where}`: an assistant message with `tool_calls` must be followed by a tool message "
+        f"answering each call; no answer to {', '.join(map(repr, ids))}",
+        where,
+    )

@@ -185,3 +185,52 @@ def test_shaping_fields_and_n_reach_the_request() -> None:
         1.0,
     )
     assert plain.logit_bias == () and plain.min_tokens == 0 and plain.n == 1
+
+
+def _call(call_id: str) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def _history(*messages: dict) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": "go"}, *messages]}
+
+
+CALLED = {"role": "assistant", "content": None, "tool_calls": [_call("a"), _call("b")]}
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        (_history(CALLED, {"role": "user", "content": "and?"}), "messages[2]"),
+        (
+            _history(
+                CALLED,
+                {"role": "tool", "tool_call_id": "a", "content": "1"},
+                {"role": "user", "content": "and?"},
+            ),
+            "messages[3]",
+        ),  # fmt: skip
+        (_history(CALLED, {"role": "tool", "tool_call_id": "a", "content": "1"}), "messages[3]"),
+        (
+            _history(
+                CALLED,
+                {"role": "tool", "tool_call_id": "a", "content": "1"},
+                {"role": "tool", "tool_call_id": "b", "content": "2"},
+                {"role": "assistant", "content": None, "tool_calls": [_call("a")]},
+                {"role": "tool", "tool_call_id": "a", "content": "3"},
+            ),
+            "messages[4].tool_calls[0].id",
+        ),  # fmt: skip
+    ],
+)
+def test_a_tool_history_follows_openais_rules(body: dict, param: str) -> None:
+    """Invariant: as on OpenAI's API, every call of an assistant message is answered by a tool
+    message before the next other message (or the end), and call ids are unique: else a 400
+    naming the message or the id; a complete history parses."""
+    with pytest.raises(APIError) as info:
+        parse_chat_request(body)
+    assert (info.value.status, info.value.param) == (400, param), info.value.message
+    done = _history(CALLED, {"role": "tool", "tool_call_id": "b", "content": "2"},
+                    {"role": "tool", "tool_call_id": "a", "content": "1"},
+                    {"role": "user", "content": "and?"})  # fmt: skip
+    assert len(parse_chat_request(done).messages) == 5
