@@ -17,7 +17,7 @@ from typing import NoReturn
 
 from gateway.cluster.cli import add_cluster_parser, cluster
 from gateway.config import ConfigError
-from gateway.flags import DefaultsFormatter, add_serve_flags, configs_from_args
+from gateway.flags import BriefParser, DefaultsFormatter, add_serve_flags, configs_from_args
 from gateway.server import serve
 
 APIS = "OpenAI Chat Completions, Responses and Anthropic Messages"
@@ -114,7 +114,7 @@ def _add_make_model_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = BriefParser(
         prog="vision-gateway",
         description="OpenAI- and Anthropic-compatible gateway for vision-language models on "
         "MLX, with content-addressed vision-feature and KV caches.",

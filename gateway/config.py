@@ -227,6 +227,13 @@ class EngineConfig:
             all(16 <= s <= 4096 for s in self.warmup_image_sizes),
             "--warmup-image-size must be between 16 and 4096 pixels",
         )
+        limit = self.mlx_cache_limit_mb
+        _require(limit is None or limit >= 0, "--mlx-cache-limit-mb must be >= 0")
+        trace = self.step_trace
+        _require(
+            trace is None or not Path(trace).is_dir(),
+            f"--step-trace {trace}: is a folder; name a file to append the trace to",
+        )
 
 
 @dataclass(frozen=True)

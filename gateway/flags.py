@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from gateway.config import (
     CacheConfig,
@@ -112,7 +113,29 @@ def _parse_type(hint: Any) -> Any:
     None (argparse's str) for str."""
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    if hint is float:
+        return finite_float
     return None if hint is str else hint
+
+
+def finite_float(text: str) -> float:
+    """argparse's type for float flags: a number, never inf or nan (budgets and times are
+    multiplied into byte counts and deadlines, where either would crash or mean nothing)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a finite number")
+    return value
+
+
+class BriefParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line and a pointer to --help (argparse
+    prints the whole usage first: for `serve`, fifty lines above the one that matters)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _dest(name: str) -> str:

@@ -112,6 +112,13 @@ def resolve_model(engine: EngineConfig) -> tuple[EngineConfig, str | None]:
             f"--model {model}: no such directory; pass a local model directory or a hub id "
             "such as mlx-community/Qwen2.5-VL-7B-Instruct-4bit"
         )
+    if model:
+        from gateway.engine.families.registry import check_checkpoint
+
+        try:
+            check_checkpoint(model)
+        except ValueError as exc:
+            raise ConfigError(f"--model {model}: {exc}") from None
     notice = None
     if not engine.model:
         from gateway.offline_model import ensure_model

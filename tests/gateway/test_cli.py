@@ -96,3 +96,40 @@ def test_bench_is_not_a_product_command(capsys: pytest.CaptureFixture[str]) -> N
     err = capsys.readouterr().err
     assert "python -m bench" in err and "source checkout" in err, err
     assert "invalid choice" not in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--kv-cache-mb", "inf"], "'inf': give a finite number"),
+        (["--vision-cache-mb", "nan"], "'nan': give a finite number"),
+        (["--vision-cache-mb", "abc"], "'abc' is not a number"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+)
+def test_a_bad_flag_is_one_line_naming_it(
+    flags: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Invariant: a flag value argparse refuses (inf and nan included: budgets become byte
+    counts, where inf crashed with an OverflowError) is one line naming it, status 2, without
+    the fifty lines of usage argparse prints first."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", *flags])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "--help" in err, err
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--mlx-cache-limit-mb", "-1"], "--mlx-cache-limit-mb must be >= 0"),
+        (["--step-trace", "/tmp"], "--step-trace /tmp: is a folder"),
+    ],
+)
+def test_a_bad_engine_flag_is_a_config_error(flags: list[str], says: str) -> None:
+    """Invariant: values that crashed the engine at start-up with two tracebacks and status 3
+    (a TypeError from MLX, an IsADirectoryError) are refused with the config."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", *flags])
+    assert says in str(exit_info.value.code)

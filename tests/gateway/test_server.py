@@ -108,3 +108,27 @@ def test_bind_socket_names_the_address() -> None:
         bind_socket(ServerConfig(host="192.0.2.1", port=0))  # TEST-NET-1: never local
     with bind_socket(ServerConfig(port=0)) as sock:
         assert sock.getsockname()[0] == "127.0.0.1" and sock.getsockname()[1] > 0
+
+
+def test_a_model_that_cannot_load_is_one_line_before_anything_loads(tmp_path) -> None:  # noqa: ANN001
+    """Invariant: a --model folder without config.json or weights, a config.json that is not
+    JSON or names a type no family serves, and a malformed hub id are ConfigErrors naming
+    --model and what is wrong (were two tracebacks and status 3 after the engine started)."""
+    from gateway.config import EngineConfig
+    from gateway.server import resolve_model
+
+    def refused(model: str) -> str:
+        with pytest.raises(ConfigError) as info:
+            resolve_model(EngineConfig(model=model, served_model_name="m"))
+        return str(info.value)
+
+    assert "holds no config.json" in refused(str(tmp_path))
+    (tmp_path / "config.json").write_text("{bad")
+    assert "config.json is not valid JSON" in refused(str(tmp_path))
+    (tmp_path / "config.json").write_text('{"model_type": "bert"}')
+    assert "unsupported model type 'bert'" in refused(str(tmp_path))
+    tiny = tiny_model("qwen2_vl")
+    (tmp_path / "config.json").write_text((tiny / "config.json").read_text())
+    assert "holds no *.safetensors weights" in refused(str(tmp_path))
+    assert refused("bad repo!!").startswith("--model bad repo!!: not a local folder, nor a hub id")
+    assert resolve_model(EngineConfig(model=str(tiny), served_model_name="m"))[0].model == str(tiny)
