@@ -153,8 +153,8 @@ def _value(ns: argparse.Namespace, spec: Flag, f: dataclasses.Field) -> Any:
         return tuple(given) if given else _default(f)
     if spec.off and getattr(ns, _dest(spec.off)):
         return None
-    if spec.env:
-        return given or os.environ.get(spec.env)
+    if spec.env:  # an empty value given is kept (and refused by the config), not replaced
+        return given if given is not None else os.environ.get(spec.env)
     return given
 
 

@@ -95,14 +95,23 @@ def load_keys(server: ServerConfig) -> KeySet:
         if names.count(name) > 1:
             where = " (--api-key's tenant is 'default')" if name == DEFAULT_TENANT else ""
             raise ConfigError(f"--api-keys-file: tenant {name!r} is named twice{where}")
-    if len(set(keys)) != len(keys) or server.admin_api_key in keys:
-        raise ConfigError(
-            "--api-keys-file / --api-key / --admin-api-key: a key is given twice; every "
-            "tenant and the admin need keys of their own"
-        )
+    owners = [*names, "the admin (--admin-api-key)"]
+    given = [*keys, server.admin_api_key]
+    for i, key in enumerate(given):
+        twin = next((j for j in range(i) if key is not None and given[j] == key), None)
+        if twin is not None:
+            raise ConfigError(
+                f"--api-keys-file / --api-key / --admin-api-key: a key is given twice, to "
+                f"{_owner(owners[twin])} and {_owner(owners[i])}; every tenant and the admin "
+                "need keys of their own"
+            )
     admin = _digest(server.admin_api_key) if server.admin_api_key else None
     warm = keys[0] if keys else None
     return KeySet(tuple((_digest(k), n) for n, k in named), admin, warm)
+
+
+def _owner(name: str) -> str:
+    return name if name.startswith("the admin") else f"tenant {name!r}"
 
 
 def _read_file(path: Path) -> list[tuple[str, str]]:
@@ -150,11 +159,31 @@ class Keyring:
     def __init__(self, server: ServerConfig) -> None:
         self._server = server
         self.keys = load_keys(server)
-        if server.api_keys_file is not None:
-            log.info(
-                "API keys: %d tenant key(s) from --api-key and %s; SIGHUP rereads the file",
-                len(self.keys.tenants),
-                server.api_keys_file,
+        self._log_start()
+
+    def _log_start(self) -> None:
+        """Say once at start-up whether requests need a key, and what nobody can reach."""
+        server, keys = self._server, self.keys
+        if not keys.keyed:
+            exposed = server.host not in ("127.0.0.1", "localhost", "::1")
+            (log.warning if exposed else log.info)(
+                "authentication off: every request is served without a key%s",
+                f" (listening on {server.host}: give --api-key)" if exposed else "",
+            )
+            return
+        sources = [name for name, given in (("--api-key", server.api_key),
+                   (str(server.api_keys_file), server.api_keys_file)) if given]  # fmt: skip
+        log.info(
+            "authentication on: %d tenant key(s) from %s%s%s",
+            len(keys.tenants),
+            " and ".join(sources) or "no tenant source",
+            ", an admin key (--admin-api-key)" if keys.admin is not None else "",
+            "; SIGHUP rereads the keys file" if server.api_keys_file is not None else "",
+        )
+        if keys.admin is None and len(keys.tenants) > 1:
+            log.warning(
+                "several tenant keys and no --admin-api-key: nobody may read /metrics, the "
+                "dashboard's data or clear the caches"
             )
 
     @property

@@ -86,7 +86,8 @@ def test_the_cache_scope_follows_the_mode_and_the_salt(tmp_path: Path) -> None:
         ("# team\n\nal ice k1\n", "line 3"),
         ("a+b k1\n", "tenant name"),
         ("alice k1\nalice k2\n", "named twice"),
-        ("alice k1\nbob k1\n", "a key is given twice"),
+        ("alice k1\nbob k1\n", "a key is given twice, to tenant 'alice' and tenant 'bob'"),
+        ("alice k0\n", "to tenant 'default' and tenant 'alice'"),
         ("default k2\n", "'default'"),
     ],
 )
@@ -111,3 +112,28 @@ def test_a_reload_swaps_the_keys_and_a_bad_file_keeps_the_old_ones(tmp_path: Pat
     (tmp_path / "keys").write_text("alice\n")
     assert not keys.reload()
     assert _status(keys, "kc", "chat") == 200
+
+
+@pytest.mark.parametrize("flag", ["api_key", "admin_api_key", "metrics_api_key"])
+def test_an_empty_key_is_refused(flag: str) -> None:
+    """Invariant: `--api-key "$KEY"` with KEY unset is a start-up error, not a server that
+    silently serves everyone without a key."""
+    with pytest.raises(ConfigError, match="is empty"):
+        ServerConfig(**{flag: " "})  # type: ignore[arg-type]
+
+
+def test_start_up_says_whether_requests_need_a_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Invariant: one start-up line says whether authentication is on; without keys on a
+    non-loopback address it is a warning, and several tenants without an admin key warn that
+    nobody can read /metrics."""
+    caplog.set_level("INFO", logger="gateway.api.keys")
+    Keyring(ServerConfig())
+    Keyring(ServerConfig(host="0.0.0.0"))
+    _keyring(tmp_path, "alice k1\nbob k2\n")
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert lines[0][0] == "INFO" and "authentication off" in lines[0][1]
+    assert lines[1][0] == "WARNING" and "0.0.0.0: give --api-key" in lines[1][1]
+    assert "authentication on: 2 tenant key(s)" in lines[2][1]
+    assert lines[3][0] == "WARNING" and "nobody may read /metrics" in lines[3][1]
