@@ -20,16 +20,19 @@ from typing import Any, TypeVar
 import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.api.anthropic import routes as anthropic_api
-from gateway.api.http import internal_error
+from gateway.api.anthropic.render import render_error as render_anthropic_error
+from gateway.api.http import internal_error, log_refusal
 from gateway.api.intake import Intake
 from gateway.api.keys import Caller, Keyring
 from gateway.api.openai import routes as openai_api
 from gateway.api.openai.render import render_error
+from gateway.api.response_count import ResponseCounter
 from gateway.api.responses import routes as responses_api
 from gateway.config import EngineConfig, MediaConfig, ServerConfig
 from gateway.engine.client import EngineClient, EngineUnavailable
@@ -248,17 +251,21 @@ def own_tenant(stats: dict[str, Any], caller: Caller) -> dict[str, Any]:
     return {**stats, "tenants": mine}
 
 
-async def api_error(_: Request, exc: Exception) -> Response:
+async def api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
-    if exc.status >= 500:
-        log.error("request failed: %s", exc.message)
+    log_refusal(request, exc)
     return render_error(exc)
 
 
-async def http_error(_: Request, exc: Exception) -> Response:
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 / 405, in the error shape of the API the path belongs to."""
     assert isinstance(exc, HTTPException)
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    return render_error(APIError(exc.status_code, str(exc.detail), kind))
+    error = APIError(exc.status_code, str(exc.detail), kind)
+    log_refusal(request, error)
+    if request.url.path.startswith("/v1/messages"):
+        return render_anthropic_error(error)
+    return render_error(error)
 
 
 async def server_error(_: Request, exc: Exception) -> Response:
@@ -291,8 +298,10 @@ def create_app(
     ]
     # Errors outside the chat routes (unknown paths, the endpoints above) are OpenAI-shaped;
     # each chat route renders its own API's errors (gateway.api.http.with_errors).
+    counted = Middleware(ResponseCounter, counter=gateway.metrics.http_responses, routes=routes)
     app = Starlette(
         routes=routes,
+        middleware=[counted],
         lifespan=gateway.lifespan,
         exception_handlers={
             APIError: api_error,

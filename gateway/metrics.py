@@ -137,6 +137,13 @@ class EdgeMetrics:
             "Bytes reserved for request bodies being read now (--max-inflight-body-mb)",
             registry=r,
         )
+        self.http_responses = Counter(
+            p + "http_responses",
+            "HTTP responses by route (its path template; 'other': no route) and status code, "
+            "refusals before the engine included (gateway.api.response_count)",
+            ["route", "status"],
+            registry=r,
+        )
         self.body_budget_refusals = Counter(
             p + "request_body_budget_refusals",
             "Requests refused with 429 because bodies being read filled --max-inflight-body-mb",

@@ -105,8 +105,7 @@ def with_errors(render: Renderer) -> Callable[[Handler], Handler]:
             try:
                 return await handler(request)
             except APIError as error:
-                if error.status >= 500:
-                    log.error("request failed: %s", error.message)
+                log_refusal(request, error)
                 return render(error)
             except Exception as exc:
                 log.exception("unhandled error", exc_info=exc)
@@ -117,6 +116,19 @@ def with_errors(render: Renderer) -> Callable[[Handler], Handler]:
         return route
 
     return wrap
+
+
+def log_refusal(request: Request, error: APIError) -> None:
+    """One log line per request answered with an error: 5xx as errors; 4xx (the client's
+    mistakes and refusals: full queue, missing key) at info, with what was wrong, so an
+    operator can find why a client was turned away; 499 (the client left) at debug."""
+    if error.status == 499:
+        log.debug("%s %s: the client closed the connection", request.method, request.url.path)
+        return
+    level = logging.ERROR if error.status >= 500 else logging.INFO
+    log.log(level, "%s %s -> %d %s%s: %s", request.method, request.url.path, error.status,
+            error.code or error.type, f" ({error.param})" if error.param else "",
+            error.message[:300])  # fmt: skip
 
 
 def internal_error(exc: BaseException) -> APIError:

@@ -3,7 +3,8 @@
 Pinned: every image delivery (data URI, path, file:// URL, http URL) of the same pixels gives
 the same greedy answer; streaming text == non-streaming text; usage is present and consistent;
 8 concurrent requests all finish; user mistakes are 4xx OpenAI error objects and the
-server keeps serving.
+server keeps serving; every response, refusals included, is counted in /metrics by route and
+status, and Starlette's own 404/405 under /v1/messages come in Anthropic's shape.
 """
 
 from __future__ import annotations
@@ -259,3 +260,33 @@ def test_loopback_url_refused_without_the_flag(images: ImageServer) -> None:
         assert r.status_code == 400 and "--allowed-media-dir" in r.json()["error"]["message"]
     finally:
         assert strict.stop(), strict.log()
+
+
+def _responses_counted(server: ServerProcess) -> dict[tuple[str, str], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.base_url + "/metrics").text
+    family = next(
+        f for f in text_string_to_metric_families(text) if f.name == "vision_gateway_http_responses"
+    )
+    return {
+        (s.labels["route"], s.labels["status"]): s.value
+        for s in family.samples
+        if s.name.endswith("_total")
+    }
+
+
+def test_refusals_are_counted_by_route_and_status(server: ServerProcess) -> None:
+    """Invariant: a request the edge turns away (a bad image, a bad field, an unknown path,
+    a wrong method) never reaches the engine's request counter but is counted in
+    `vision_gateway_http_responses_total` by route template and status; Starlette's 405 for
+    GET /v1/messages is an Anthropic error object (was OpenAI's shape)."""
+    before = _responses_counted(server)
+    _image_error(server, data_uri(b"not an image"))
+    httpx.get(server.base_url + "/no/such/path")
+    wrong = httpx.get(server.base_url + "/v1/messages")
+    assert wrong.status_code == 405 and wrong.json()["type"] == "error"
+    assert wrong.json()["error"]["type"] == "invalid_request_error"
+    after = _responses_counted(server)
+    for key in [("/v1/chat/completions", "400"), ("other", "404"), ("/v1/messages", "405")]:
+        assert after.get(key, 0) == before.get(key, 0) + 1, (key, before, after)
