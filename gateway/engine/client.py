@@ -27,8 +27,11 @@ class EngineBusy(Exception):
     """`submit` refuses a request: every row and queue slot is taken (nothing was started).
     Retry shortly; the HTTP edge answers 429 (OpenAI) or 529 (Anthropic)."""
 
-    def __init__(self, running: int, waiting: int) -> None:
-        super().__init__(f"the server is at capacity ({running} running, {waiting} waiting)")
+    def __init__(self, running: int, waiting: int, limit: int | None = None) -> None:
+        held = f"{running} running, {waiting} queued"
+        if limit is not None:  # the queue counts requests about to take a free row too
+            held += f": it holds at most {limit} requests (--max-batch + --max-waiting)"
+        super().__init__(f"the server is at capacity ({held})")
         self.running = running
         self.waiting = waiting
 

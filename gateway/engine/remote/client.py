@@ -156,7 +156,7 @@ class RemoteEngine:
             capacity = self.config.max_waiting + self.config.max_batch
             rows = request.sampling.n
             if sum(self._rows.values()) + rows > capacity:
-                raise EngineBusy(min(self.running, self.config.max_batch), self.waiting)
+                raise EngineBusy(min(self.running, self.config.max_batch), self.waiting, capacity)
             try:
                 self._commands.send(Submit(self._images.outgoing(request)))
             except (OSError, ValueError):

@@ -48,7 +48,8 @@ class Occupancy:
         queue slots left cannot take it (any thread)."""
         with self._lock:
             if self._queued + self._active + rows > self._max_waiting + self._max_batch:
-                raise EngineBusy(min(self._active, self._max_batch), self._queued)
+                limit = self._max_waiting + self._max_batch
+                raise EngineBusy(min(self._active, self._max_batch), self._queued, limit)
             self._queued += rows
 
     def admit(self, rows: int = 1) -> None:

@@ -27,6 +27,7 @@ def test_capacity_is_rows_plus_queue_and_the_counts_follow_each_move() -> None:
     with pytest.raises(EngineBusy) as refused:
         counts.reserve()
     assert (refused.value.running, refused.value.waiting) == (0, 3)
+    assert "at most 3 requests (--max-batch + --max-waiting)" in str(refused.value)
     counts.admit()
     counts.admit()
     assert (counts.active, counts.queued) == (2, 1)
