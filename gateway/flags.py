@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 from gateway.config import (
     CacheConfig,
+    ConfigError,
     EngineConfig,
     Flag,
     MediaConfig,
@@ -165,10 +166,33 @@ def build_config(config: type, ns: argparse.Namespace, **derived: Any) -> Any:
     return config(**{**values, **derived})
 
 
+# (the switch that turns a feature off, flags that only mean something with it on)
+_OFF_WITH = (
+    ("no_disk_cache", "--no-disk-cache", ("cache_dir", "disk_cache_gb", "cache_dir_group")),
+    ("no_vision_cache", "--no-vision-cache", ("vision_cache_mb",)),
+    ("no_prefix_cache", "--no-prefix-cache", ("kv_cache_mb",)),
+)
+
+
+def check_contradictions(ns: argparse.Namespace) -> None:
+    """ConfigError when a feature is switched off and a flag that only tunes it is given too
+    (`--no-disk-cache --cache-dir X`): one of them is a mistake, and silently dropping the
+    other hid it. A flag left at its default counts as not given."""
+    defaults = CacheConfig()
+    for switch, name, tuned in _OFF_WITH:
+        if not getattr(ns, switch):
+            continue
+        for dest in tuned:
+            if getattr(ns, dest) not in (None, getattr(defaults, dest)):
+                flag = "--" + dest.replace("_", "-")
+                raise ConfigError(f"{name} and {flag} contradict each other: give one of them")
+
+
 def configs_from_args(ns: argparse.Namespace) -> tuple[ServerConfig, EngineConfig, MediaConfig]:
     """The configs `serve` runs with, from a namespace parsed with `add_serve_flags`' flags.
     Raises ConfigError on an out-of-range value (its message names the flag)."""
     server = build_config(ServerConfig, ns, responses=build_config(ResponsesConfig, ns))
+    check_contradictions(ns)
     cache = build_config(CacheConfig, ns)
     # The command line puts the disk tier in the user cache dir unless told otherwise (the
     # dataclass default, None, is what tests and library callers get: off).

@@ -73,6 +73,16 @@ def check_cache_dir(engine: EngineConfig) -> None:
             check_folder(path, modes)
     except LooseFolder as exc:
         raise ConfigError(f"--cache-dir: {exc}") from None
+    # The folder (or, for one still to be made, its nearest existing parent) must take files:
+    # on a read-only mount the tier would fail later and serve from memory alone, quietly.
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"--cache-dir {folder}: {existing} is not writable (a read-only mount, or another "
+            "user's folder); give a folder this user can write, or --no-disk-cache"
+        )
+    if existing != folder:
+        logging.info("--cache-dir %s does not exist: creating it (mode 0700)", folder)
 
 
 def bind_socket(server: ServerConfig) -> socket.socket:

@@ -133,3 +133,21 @@ def test_a_bad_engine_flag_is_a_config_error(flags: list[str], says: str) -> Non
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", *flags])
     assert says in str(exit_info.value.code)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--no-disk-cache", "--cache-dir", "/tmp/somewhere"],
+        ["--no-disk-cache", "--disk-cache-gb", "5"],
+        ["--no-vision-cache", "--vision-cache-mb", "100"],
+        ["--no-prefix-cache", "--kv-cache-mb", "100"],
+    ],
+)
+def test_a_feature_switched_off_and_tuned_is_refused(flags: list[str]) -> None:
+    """Invariant: turning a cache off and sizing it in one command line is an error naming
+    both flags (was: the sizing silently dropped)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", *flags])
+    message = str(exit_info.value.code)
+    assert "contradict" in message and flags[0] in message and flags[1] in message

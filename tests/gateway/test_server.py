@@ -132,3 +132,26 @@ def test_a_model_that_cannot_load_is_one_line_before_anything_loads(tmp_path) ->
     assert "holds no *.safetensors weights" in refused(str(tmp_path))
     assert refused("bad repo!!").startswith("--model bad repo!!: not a local folder, nor a hub id")
     assert resolve_model(EngineConfig(model=str(tiny), served_model_name="m"))[0].model == str(tiny)
+
+
+def test_a_read_only_cache_dir_is_refused_at_start(tmp_path) -> None:  # noqa: ANN001
+    """Invariant: a --cache-dir on a read-only mount is a start-up error naming it (was: one
+    ERROR line later and a server without its disk tier); a missing folder is fine (made)."""
+    from gateway.config import CacheConfig, EngineConfig
+    from gateway.server import check_cache_dir
+
+    def engine(folder) -> EngineConfig:  # noqa: ANN001
+        return EngineConfig(model="m", served_model_name="m", cache=CacheConfig(cache_dir=folder))
+
+    check_cache_dir(engine(tmp_path / "not" / "yet"))
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(mount)],
+                          capture_output=True)  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {made.stderr.decode().strip()}")
+    try:
+        with pytest.raises(ConfigError, match="is not writable"):
+            check_cache_dir(engine(mount / "cache"))
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
