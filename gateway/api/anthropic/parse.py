@@ -256,6 +256,12 @@ def _image(source: Any, at: str) -> ImagePart:
         data = source.get("data")
         if not isinstance(data, str) or not data:
             raise invalid(f"`{at}.data` must be a non-empty base64 string", f"{at}.data")
+        if data.startswith("data:"):
+            raise invalid(
+                f"`{at}.data` must be bare base64: remove the `data:...;base64,` prefix (the "
+                "media type goes in `media_type`)",
+                f"{at}.data",
+            )
         actual = _sniff(data)
         if actual is not None and actual != media_type:  # as Anthropic's API refuses it
             raise invalid(
@@ -267,7 +273,11 @@ def _image(source: Any, at: str) -> ImagePart:
     if kind == "url":
         url = source.get("url")
         if not isinstance(url, str) or not url:
-            raise invalid(f"`{at}.url` must be an http(s) URL", f"{at}.url")
+            raise invalid(
+                f"`{at}.url` must be a non-empty http(s) URL (or, with --allowed-media-dir, a "
+                "local path or file:// URL)",
+                f"{at}.url",
+            )
         return ImagePart(url, f"{at}.url")
     if kind == "file":
         raise invalid(f"`{at}`: the Files API is not supported by this server", f"{at}.type")

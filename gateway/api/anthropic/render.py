@@ -53,9 +53,14 @@ def error_status(error: APIError) -> tuple[int, str]:
 
 
 def error_body(error: APIError) -> dict[str, Any]:
-    """`{"type": "error", "error": {"type", "message"}}`."""
+    """`{"type": "error", "error": {"type", "message"}}`. Anthropic's errors have no `param`:
+    the field at fault leads the message unless the message names it already (a bad image
+    among several says which block to fix)."""
     _, kind = error_status(error)
-    return {"type": "error", "error": {"type": kind, "message": error.message}}
+    message = error.message
+    if error.param and error.param not in message:
+        message = f"`{error.param}`: {message}"
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def render_error(error: APIError) -> Response:

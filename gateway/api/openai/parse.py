@@ -55,6 +55,10 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if options is not None:
         if not isinstance(options, dict):
             raise invalid("`stream_options` must be an object", "stream_options")
+        if not stream:  # as OpenAI's API answers
+            raise invalid(
+                "`stream_options` is only allowed when `stream` is true", "stream_options"
+            )
         include_usage = bool(options.get("include_usage", False))
     n = fields.opt_int(body, "n", 1, MAX_CHOICES) or 1
     return ChatRequest(
@@ -150,8 +154,12 @@ def _media_url(part: dict[str, Any], at: str, key: str, mime: str) -> str:
     url = value.get("url") if isinstance(value, dict) else value
     if not isinstance(url, str) or not url:
         raise invalid(
-            f"`{at}.{key}.url` must be a string: an http(s) URL, a data:{mime}/... URI or a "
-            "file path",
+            f"`{at}.{key}.url` must be a non-empty string: an http(s) URL, a data:{mime}/... "
+            "URI or a file path",
             f"{at}.{key}.url",
         )
+    detail = value.get("detail") if isinstance(value, dict) else None
+    if detail is not None and detail not in ("auto", "low", "high"):
+        # OpenAI's values; the image is always seen at the model's own resolution here
+        raise invalid(f"`{at}.{key}.detail` must be 'auto', 'low' or 'high'", f"{at}.{key}.detail")
     return url

@@ -129,6 +129,9 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
                                             "data": PNG_B64}}),
          "messages[0].content[0].source.media_type"),
         (_user({"type": "image", "source": {"type": "url"}}), "messages[0].content[0].source.url"),
+        (_user({"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                            "data": "data:image/png;base64," + PNG_B64}}),
+         "messages[0].content[0].source.data"),
         (_user({"type": "image", "source": "x"}), "messages[0].content[0].source.type"),
         (_with(messages=[{"role": "user", "content": "q"},
                          {"role": "assistant", "content": [IMAGE]}]),
@@ -180,3 +183,18 @@ def test_an_image_whose_bytes_match_its_media_type_is_taken(data: str, media_typ
     image = {"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}
     chat = parse_messages_request(_user(image))
     assert isinstance(chat.messages[0].parts[0], ImagePart)
+
+
+def test_an_error_names_its_field_in_the_message() -> None:
+    """Invariant: Anthropic's error object has no `param`, so the field at fault leads the
+    message when the message does not name it already (which of several images to fix); a
+    data URI where bare base64 belongs says to drop the prefix."""
+    from gateway.api.anthropic.render import error_body
+
+    body = error_body(APIError(400, "could not decode image", param="messages[0].content[1]"))
+    assert body["error"]["message"] == "`messages[0].content[1]`: could not decode image"
+    named = error_body(APIError(400, "`max_tokens` must be >= 1", param="max_tokens"))
+    assert named["error"]["message"] == "`max_tokens` must be >= 1"
+    uri = {"type": "base64", "media_type": "image/png", "data": "data:image/png;base64,AA"}
+    with pytest.raises(APIError, match="bare base64: remove the `data:...;base64,` prefix"):
+        parse_messages_request(_user({"type": "image", "source": uri}))

@@ -92,7 +92,29 @@ def test_max_completion_tokens_wins_and_developer_is_system() -> None:
         (_with(top_logprobs=3), "top_logprobs"),
         (_with(logprobs=True, top_logprobs=21), "top_logprobs"),
         (_with(stream=1), "stream"),
-        (_with(stream_options=[]), "stream_options"),
+        (_with(stream=True, stream_options=[]), "stream_options"),
+        (_with(stream_options={"include_usage": True}), "stream_options"),  # without stream
+        (
+            _with(
+                messages=[
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "image_url", "image_url": {"url": "x.png", "detail": "bogus"}}
+                        ],
+                    }
+                ]
+            ),
+            "messages[0].content[0].image_url.detail",
+        ),  # fmt: skip
+        (
+            _with(
+                messages=[
+                    {"role": "user", "content": [{"type": "image_url", "image_url": {"url": ""}}]}
+                ]
+            ),
+            "messages[0].content[0].image_url.url",
+        ),  # fmt: skip
         (_with(presence_penalty=2.5), "presence_penalty"),
         (_with(frequency_penalty="x"), "frequency_penalty"),
         (_with(repetition_penalty=0), "repetition_penalty"),
