@@ -136,14 +136,16 @@ def check_tool(
     return Tool(name, description or "", compact)
 
 
-def check_tools(tools: list[Tool], where: str) -> tuple[Tool, ...]:
-    """A request's tools: at most MAX_TOOLS, names unique (400 naming the duplicate)."""
+def check_tools(tools: list[Tool], where: str, name_at: str = "name") -> tuple[Tool, ...]:
+    """A request's tools: at most MAX_TOOLS, names unique (400 naming the duplicate's field:
+    `where[i].name_at`, e.g. Chat Completions' `tools[1].function.name`)."""
     if len(tools) > MAX_TOOLS:
         raise invalid(f"`{where}` accepts at most {MAX_TOOLS} tools", where)
     seen: set[str] = set()
     for i, tool in enumerate(tools):
         if tool.name in seen:
-            raise invalid(f"`{where}[{i}].name`: {tool.name!r} is defined twice", where)
+            at = f"{where}[{i}].{name_at}"
+            raise invalid(f"`{at}`: {tool.name!r} is defined twice", at)
         seen.add(tool.name)
     return tuple(tools)
 

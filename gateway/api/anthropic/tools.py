@@ -93,7 +93,10 @@ def tool_result(
     earlier assistant messages made to their names, `parts` is the block's content parsed
     (text and images)."""
     call_id = block.get("tool_use_id")
-    if not isinstance(call_id, str) or call_id not in made:
+    if not isinstance(call_id, str) or not call_id:
+        raise invalid(f"`{at}.tool_use_id` is required: the id of the tool_use block it answers",
+                      f"{at}.tool_use_id")  # fmt: skip
+    if call_id not in made:
         raise invalid(
             f"`{at}.tool_use_id` {call_id!r} matches no tool_use block of an earlier "
             "assistant message",

@@ -46,7 +46,7 @@ def parse_tools(body: dict[str, Any]) -> ToolSet | None:
                 "parameters",
             )
         )
-    checked = check_tools(tools, "tools")
+    checked = check_tools(tools, "tools", "function.name")
     mode = _choice(choice)
     check_named(mode, checked, "tool_choice.function.name")
     return ToolSet(checked, mode, fields.opt_bool(body, "parallel_tool_calls", True))
@@ -80,11 +80,18 @@ def tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
         call_id, function = call.get("id"), call.get("function")
         if not isinstance(call_id, str) or not call_id:
             raise invalid(f"`{at}.id` must be a non-empty string", f"{at}.id")
+        if call.get("type", "function") != "function":
+            raise invalid(f'`{at}.type` must be "function" (the only kind of call here)',
+                          f"{at}.type")  # fmt: skip
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise invalid(f"`{at}.function.name` must be a string", f"{at}.function.name")
         arguments = function.get("arguments", "{}")
         if not isinstance(arguments, str):
-            raise invalid(f"`{at}.function.arguments` must be a JSON string", f"{at}.function")
+            raise invalid(
+                f"`{at}.function.arguments` must be a JSON string (the arguments object "
+                "serialized, as the API returned it)",
+                f"{at}.function.arguments",
+            )
         calls.append(ToolCall(call_id, function["name"], fields.text(arguments, at)))
     return tuple(calls)
 

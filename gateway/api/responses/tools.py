@@ -43,6 +43,12 @@ def parse_tools(body: dict[str, Any]) -> tuple[ToolSet | None, list[dict[str, An
                 "(built-in tools are not)",
                 f"{where}.type",
             )
+        if isinstance(entry.get("function"), dict) and "name" not in entry:
+            raise invalid(
+                f"`{where}`: the Responses API takes function tools flat: move `name`, "
+                "`description` and `parameters` out of `function` to the tool itself",
+                f"{where}.function",
+            )
         strict = entry.get("strict")
         strict = True if strict is None else strict
         tool = check_tool(
@@ -72,6 +78,12 @@ def _choice(raw: Any) -> ToolChoice:
         return ToolChoice(raw)
     if isinstance(raw, dict) and raw.get("type") == "function":
         name = raw.get("name")
+        if isinstance(raw.get("function"), dict) and name is None:
+            raise invalid(
+                '`tool_choice`: the Responses API names the function flat: {"type": '
+                '"function", "name": ...}, not inside `function`',
+                "tool_choice.function",
+            )
         if not isinstance(name, str) or not name:
             raise invalid("`tool_choice.name` must be a string", "tool_choice.name")
         return ToolChoice("named", name)

@@ -117,6 +117,7 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
         (_user({"type": {"a": 1}}), "messages[0].content[0].type"),
         (_user({"type": "document", "source": {}}), "messages[0].content[0].type"),
         (_user({"type": "tool_result", "tool_use_id": "x"}), "messages[0].content[0].tool_use_id"),
+        (_user({"type": "tool_result"}), "messages[0].content[0].tool_use_id"),
         (_user({"type": "image", "source": {"type": "file", "file_id": "f"}}),
          "messages[0].content[0].source.type"),
         (_user({"type": "image", "source": {"type": "base64", "media_type": "image/bmp",

@@ -16,6 +16,14 @@ def _with(**fields: object) -> dict:
     return {**BASE, **fields}
 
 
+def _call(call_id: str) -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def _history(*messages: dict) -> dict:
+    return {"model": "m", "messages": [{"role": "user", "content": "go"}, *messages]}
+
+
 def test_defaults_follow_openai() -> None:
     r = parse_chat_request(BASE)
     assert r.temperature == 1.0 and r.top_p == 1.0 and r.max_tokens is None
@@ -127,6 +135,29 @@ def test_max_completion_tokens_wins_and_developer_is_system() -> None:
         (_with(modalities=["text", "audio"]), "modalities"),
         (_with(min_p=0.1), "min_p"),
         (_with(tools=[{"type": "function"}]), "tools[0].function"),
+        (
+            _with(tools=[{"type": "function", "function": {"name": "f"}}] * 2),
+            "tools[1].function.name",
+        ),  # fmt: skip
+        (
+            _history({"role": "assistant", "tool_calls": [{**_call("a"), "type": "custom"}]}),
+            "messages[1].tool_calls[0].type",
+        ),  # fmt: skip
+        (
+            _history(
+                {
+                    "role": "assistant",
+                    "tool_calls": [
+                        {
+                            "id": "a",
+                            "type": "function",
+                            "function": {"name": "f", "arguments": {"x": 1}},
+                        }
+                    ],
+                }
+            ),
+            "messages[1].tool_calls[0].function.arguments",
+        ),  # fmt: skip
         (_with(tool_choice="auto"), "tool_choice"),
         (_with(response_format={"type": "xml"}), "response_format.type"),
     ],
@@ -207,14 +238,6 @@ def test_shaping_fields_and_n_reach_the_request() -> None:
         1.0,
     )
     assert plain.logit_bias == () and plain.min_tokens == 0 and plain.n == 1
-
-
-def _call(call_id: str) -> dict:
-    return {"id": call_id, "type": "function", "function": {"name": "f", "arguments": "{}"}}
-
-
-def _history(*messages: dict) -> dict:
-    return {"model": "m", "messages": [{"role": "user", "content": "go"}, *messages]}
 
 
 CALLED = {"role": "assistant", "content": None, "tool_calls": [_call("a"), _call("b")]}

@@ -124,7 +124,11 @@ def test_refusals_name_the_field() -> None:
     _refused("tools[0].name", tools=[{"type": "function", "name": "a b", "parameters": {}}])
     bad = {"type": "object", "properties": {"a": {"type": "string", "pattern": "("}}}
     _refused("tools[0].parameters.properties.a.pattern", tools=[{**FN, "parameters": bad}])
-    _refused("tools", tools=[FN, FN])
+    _refused("tools[1].name", tools=[FN, FN])
+    chat_shaped = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    assert "move `name`" in _refused("tools[0].function", tools=[chat_shaped]).message
+    nested = {"type": "function", "function": {"name": "click"}}
+    _refused("tool_choice.function", tools=[FN], tool_choice=nested)
     _refused("tool_choice", tool_choice="required")
     _refused("tool_choice.name", tools=[FN], tool_choice={"type": "function", "name": "g"})
     _refused("input[0].type", input=[{"type": "web_search_call", "id": "ws_1"}])
