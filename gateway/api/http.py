@@ -119,16 +119,20 @@ def with_errors(render: Renderer) -> Callable[[Handler], Handler]:
 
 
 def log_refusal(request: Request, error: APIError) -> None:
-    """One log line per request answered with an error: 5xx as errors; 4xx (the client's
-    mistakes and refusals: full queue, missing key) at info, with what was wrong, so an
-    operator can find why a client was turned away; 499 (the client left) at debug."""
+    """One log line per request answered with an error, saying why by its code and the field
+    at fault: 4xx (the client's mistakes and refusals: a full queue, a missing key) at info,
+    5xx at error with the message; 499 (the client left) at debug. A 4xx's message is not
+    logged: it may quote the request (an image URL's query string, a prompt's text), which
+    the log never holds (docs/security.md)."""
+    what = f"{request.method} {request.url.path} -> {error.status} {error.code or error.type}"
+    if error.param:
+        what += f" ({error.param})"
     if error.status == 499:
-        log.debug("%s %s: the client closed the connection", request.method, request.url.path)
-        return
-    level = logging.ERROR if error.status >= 500 else logging.INFO
-    log.log(level, "%s %s -> %d %s%s: %s", request.method, request.url.path, error.status,
-            error.code or error.type, f" ({error.param})" if error.param else "",
-            error.message[:300])  # fmt: skip
+        log.debug("%s: the client closed the connection", what)
+    elif error.status >= 500:
+        log.error("%s: %s", what, error.message)
+    else:
+        log.info("%s", what)
 
 
 def internal_error(exc: BaseException) -> APIError:
