@@ -11,8 +11,9 @@ The thinking fields (OpenAI's `reasoning_effort` and `chat_template_kwargs`, Ant
 `thinking`, Responses' `reasoning`) are applied by their own parser (gateway/api/
 thinking_fields.py; docs/api.md, "Thinking"). OTHER remains for a field whose parser lives
 elsewhere and is walked by that parser's own tests. Unknown fields: the
-OpenAI and Responses parsers ignore them (clients send extras, as vLLM allows), Anthropic's
-refuses them (as the API itself does). Pure data and one pure check.
+OpenAI and Responses parsers ignore them (clients send extras, as vLLM allows) and name them
+back in an `x-ignored-fields` response header; Anthropic's refuses them (as the API itself
+does). Pure data and pure checks.
 """
 
 from __future__ import annotations
@@ -163,6 +164,19 @@ def refuse_unapplied(body: dict[str, Any], table: dict[str, tuple[str, str]]) ->
         if kind != REFUSED or _neutral(name, value):
             continue
         raise invalid(f"`{name}`: {what} is not supported by this server; omit it", name)
+
+
+def unknown_fields(body: dict[str, Any], table: dict[str, tuple[str, str]]) -> tuple[str, ...]:
+    """The fields of `body` that `table` does not list (sorted, at most 16, each cut to 64
+    characters, printable ASCII): the OpenAI-style parsers ignore them, and the response names
+    them in an `x-ignored-fields` header, so a typo (`max_token`) does not pass unseen."""
+    names = sorted(_printable(str(k)[:64]) for k in body if k not in table)
+    return tuple(names[:16])
+
+
+def _printable(name: str) -> str:
+    """`name` fit for a header value: printable ASCII only (others "?": no line breaks)."""
+    return "".join(c if " " <= c <= "~" else "?" for c in name)
 
 
 def _neutral(name: str, value: Any) -> bool:

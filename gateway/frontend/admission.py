@@ -56,9 +56,11 @@ class Admission:
 
     def headers(self) -> dict[str, str]:
         """x-request-id, x-cache (hits and cached tokens) and Server-Timing, the same for
-        every API."""
+        every API; x-ignored-fields when the body held fields the API's parser ignored."""
         e = self.event
+        ignored = {"x-ignored-fields": ", ".join(self.chat.ignored_fields)}
         return {
+            **(ignored if self.chat.ignored_fields else {}),
             "x-request-id": self.request_id,
             "x-cache": (
                 f"vision-hits={e.vision_hits}; vision-misses={e.vision_misses}; "

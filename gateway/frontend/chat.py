@@ -105,6 +105,9 @@ class ChatRequest:
     thinking_field: str = "thinking"
     thinking_budget: int | None = None
     template_kwargs: tuple[tuple[str, Any], ...] = ()
+    # Body fields the API's parser does not know and ignored (named back to the client in an
+    # `x-ignored-fields` header: gateway.api.accepted.unknown_fields).
+    ignored_fields: tuple[str, ...] = ()
 
     @classmethod
     def greedy(

@@ -290,3 +290,18 @@ def test_refusals_are_counted_by_route_and_status(server: ServerProcess) -> None
     after = _responses_counted(server)
     for key in [("/v1/chat/completions", "400"), ("other", "404"), ("/v1/messages", "405")]:
         assert after.get(key, 0) == before.get(key, 0) + 1, (key, before, after)
+
+
+def test_ignored_fields_are_named_in_a_header(server: ServerProcess) -> None:
+    """Invariant: a field the OpenAI parser does not know is ignored (as vLLM does) but named
+    back in `x-ignored-fields`, so a typo such as `max_token` is visible; none: no header."""
+    body = {"model": "test", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    typo = httpx.post(server.base_url + "/v1/chat/completions",
+                      json={**body, "max_token": 3, "temprature": 0}, timeout=30)  # fmt: skip
+    assert typo.status_code == 200 and typo.headers["x-ignored-fields"] == "max_token, temprature"
+    clean = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=30)
+    assert "x-ignored-fields" not in clean.headers
+    raw = server.client().responses.with_raw_response.create(
+        model="test", input="hi", max_output_tokens=2, extra_body={"max_token": 1}
+    )
+    assert raw.headers["x-ignored-fields"] == "max_token"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.api import fields
-from gateway.api.accepted import OPENAI_CHAT, refuse_unapplied
+from gateway.api.accepted import OPENAI_CHAT, refuse_unapplied, unknown_fields
 from gateway.api.openai.tools import check_call_ids, parse_tools, tool_calls
 from gateway.api.thinking_fields import effort_switch, message_reasoning, template_kwargs
 from gateway.errors import invalid
@@ -62,6 +62,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         include_usage = bool(options.get("include_usage", False))
     n = fields.opt_int(body, "n", 1, MAX_CHOICES) or 1
     return ChatRequest(
+        ignored_fields=unknown_fields(body, OPENAI_CHAT),
         model=model,
         messages=messages,
         max_tokens=max_tokens,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.api import fields
-from gateway.api.accepted import RESPONSES, refuse_unapplied
+from gateway.api.accepted import RESPONSES, refuse_unapplied, unknown_fields
 from gateway.api.responses.tools import (
     function_call,
     output_call_id,
@@ -71,6 +71,7 @@ class ResponsesRequest:
     # default) and the `summary` asked for (None: none); echoed in the body.
     thinking: bool | None = None
     reasoning_summary: str | None = None
+    ignored_fields: tuple[str, ...] = ()  # fields no table lists (gateway.api.accepted)
 
 
 def parse_responses_request(body: Any) -> ResponsesRequest:
@@ -111,6 +112,7 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     if truncation not in ("disabled", "auto"):
         raise invalid("`truncation` must be 'disabled' or 'auto'", "truncation")
     return ResponsesRequest(
+        ignored_fields=unknown_fields(body, RESPONSES),
         model=model,
         input=messages,
         instructions=fields.text(instructions, "instructions") if instructions else None,

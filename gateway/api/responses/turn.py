@@ -81,6 +81,7 @@ class Turn:
             thinking=r.thinking,
             thinking_field="reasoning.effort",
             tools=r.tools,
+            ignored_fields=r.ignored_fields,
         )
 
     def _continued(self, response_id: str) -> tuple[ChatMessage, ...]:

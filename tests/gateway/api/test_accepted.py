@@ -177,3 +177,13 @@ def test_neutral_values_of_refused_fields_pass() -> None:
     for extra in ({"modalities": ["text"]}, {"use_beam_search": False}, {"audio": None}):
         parse_chat_request({**CHAT_BASE, **extra})
     parse_responses_request({**RESPONSES_BASE, "background": False})
+
+
+def test_unknown_fields_are_named_for_the_ignored_fields_header() -> None:
+    """Invariant: the fields no table lists are named (sorted; printable ASCII only, so a
+    field name can never break the header into lines); documented ones are not."""
+    from gateway.api.accepted import OPENAI_CHAT, unknown_fields
+
+    body = {"model": "m", "messages": [], "max_token": 3, "temprature": 0, "a\r\nb": 1}
+    assert unknown_fields(body, OPENAI_CHAT) == ("a??b", "max_token", "temprature")
+    assert unknown_fields({"model": "m", "max_tokens": 3}, OPENAI_CHAT) == ()
