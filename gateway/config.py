@@ -165,7 +165,11 @@ class EngineConfig:
         "multiple of the measured decode step; 0: one tower unit and one prefill chunk per step",
         2.0,
     )
-    default_max_tokens: int = flag("--default-max-tokens", "when a request sets none", 512)
+    default_max_tokens: int = flag(
+        "--default-max-tokens",
+        "tokens to generate at most when a request sets no max_tokens (bounded by --max-context)",
+        512,
+    )
     max_context_tokens: int = flag("--max-context", "prompt + completion tokens", 32768)
     tool_call_parser: str = flag(  # the tool-call syntax; auto: read from the chat template
         "--tool-call-parser",

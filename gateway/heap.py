@@ -25,5 +25,5 @@ def freeze_startup_objects(where: str) -> int:
     gc.collect()
     gc.freeze()
     frozen = gc.get_freeze_count()
-    log.info("%s: %d start-up objects frozen out of the garbage collector's passes", where, frozen)
+    log.debug("%s: %d start-up objects frozen out of the garbage collector's passes", where, frozen)
     return frozen

@@ -29,6 +29,8 @@ from typing import Any
 
 from gateway.config import ConfigError, EngineConfig, MediaConfig, ServerConfig
 
+log = logging.getLogger(__name__)
+
 EMBEDDED_NOTICE = (
     "This is the embedded tiny random-weight test model: its answers are noise. "
     "Start the server with --model <dir or hub id> to serve a real model (Qwen-VL, Gemma 3/4, "
@@ -82,7 +84,7 @@ def check_cache_dir(engine: EngineConfig) -> None:
             "user's folder); give a folder this user can write, or --no-disk-cache"
         )
     if existing != folder:
-        logging.info("--cache-dir %s does not exist: creating it (mode 0700)", folder)
+        log.info("--cache-dir %s does not exist: creating it (mode 0700)", folder)
 
 
 def bind_socket(server: ServerConfig) -> socket.socket:
@@ -134,11 +136,25 @@ def resolve_model(engine: EngineConfig) -> tuple[EngineConfig, str | None]:
         from gateway.offline_model import ensure_model
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        path = ensure_model(progress=lambda msg: logging.info("embedded model: %s", msg))
+        path = ensure_model(progress=lambda msg: log.info("embedded model: %s", msg))
         engine = dataclasses.replace(engine, model=str(path))
         notice = EMBEDDED_NOTICE
-        logging.warning(EMBEDDED_NOTICE)
+        log.warning(EMBEDDED_NOTICE)
     return engine, notice
+
+
+PROBES = frozenset({"/health", "/metrics"})
+
+
+def quiet_probes(record: logging.LogRecord) -> bool:
+    """uvicorn access-log filter: drop successful GETs of /health and /metrics (a load
+    balancer's probe and a scraper's poll every few seconds would drown the requests in the
+    log); their failures, and every other request, are logged. Off at --log-level debug."""
+    args = record.args
+    if isinstance(args, tuple) and len(args) == 5:  # (client, method, path, http version, status)
+        _, method, path, _, status = args
+        return not (method == "GET" and str(path).split("?")[0] in PROBES and status == 200)
+    return True
 
 
 def run_app(app: Any, server: ServerConfig, sock: socket.socket) -> None:
@@ -163,6 +179,8 @@ def uvicorn_server(app: Any, server: ServerConfig) -> Any:
         # 0 must mean 'no grace', not uvicorn's None ('wait forever')
         timeout_graceful_shutdown=max(server.shutdown_grace_s, 0.001),
     )
+    if server.log_level != "debug":  # (uvicorn set up its loggers in Config's constructor)
+        logging.getLogger("uvicorn.access").addFilter(quiet_probes)
     on_exit = app.state.gateway.begin_shutdown
     on_hangup = app.state.gateway.reload_keys
 

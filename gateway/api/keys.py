@@ -218,6 +218,7 @@ class Keyring:
                 "`x-api-key: <key>`",
                 "authentication_error",
                 code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},  # RFC 6750: how to authenticate
             )
         if role == "admin" and not caller.admin:
             raise APIError(

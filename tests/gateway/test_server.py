@@ -155,3 +155,21 @@ def test_a_read_only_cache_dir_is_refused_at_start(tmp_path) -> None:  # noqa: A
             check_cache_dir(engine(mount / "cache"))
     finally:
         subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_probe_requests_are_not_access_logged() -> None:
+    """Invariant: successful GETs of /health and /metrics (probes, scrapes) leave uvicorn's
+    access log; their failures and every other request stay in it."""
+    import logging
+
+    from gateway.server import quiet_probes
+
+    def record(method: str, path: str, status: int) -> logging.LogRecord:
+        args = ("127.0.0.1:5", method, path, "1.1", status)
+        return logging.LogRecord("uvicorn.access", logging.INFO, "", 0, "%s", args, None)
+
+    assert not quiet_probes(record("GET", "/health", 200))
+    assert not quiet_probes(record("GET", "/metrics?x=1", 200))
+    assert quiet_probes(record("GET", "/metrics", 401))
+    assert quiet_probes(record("GET", "/v1/models", 200))
+    assert quiet_probes(record("POST", "/health", 405))

@@ -99,10 +99,10 @@ def open_disk_tier(
         )
         return None
     log.info(
-        "disk cache: %s (namespace %s, %.1f GB budget)",
+        "disk cache: %s (namespace %s, %.1f GiB budget for the whole --cache-dir)",
         store.base / space,
         space,
-        config.disk_capacity_bytes / 1e9,
+        config.disk_capacity_bytes / 2**30,
     )
     return DiskTier(store, active)
 

@@ -48,6 +48,9 @@ def test_tenant_keys_chat_the_admin_key_administers(tmp_path: Path) -> None:
     assert [_status(keys, k, r) for k in ("nope", None) for r in roles] == [401] * 6
     alice = keys.authorize(_request("ka-123"), "chat")
     assert (alice.tenant, alice.admin) == ("alice", False) and len(alice.owner) == 32
+    with pytest.raises(APIError) as refused:
+        keys.authorize(_request("nope"), "chat")
+    assert refused.value.headers == {"WWW-Authenticate": "Bearer"}  # RFC 6750
 
 
 def test_a_single_key_server_keeps_its_old_rights(tmp_path: Path) -> None:
