@@ -216,7 +216,10 @@ class DiskTier:
         return {
             "enabled": True,
             "active": self.active,
-            "path": str(self.store.base / self.store.namespace),
+            "path": str(self.store.base / self.store.namespace),  # this model's files
+            # The budget, bytes, entries and evictions are the whole folder's: every model
+            # sharing --cache-dir draws on one budget (a clear empties `path` only).
+            "folder": str(self.store.base),
             "capacity_bytes": s.capacity_bytes,
             "bytes": s.bytes,
             "entries": s.entries,
