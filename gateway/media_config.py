@@ -92,11 +92,11 @@ class MediaConfig:
         )
         _require(0 <= self.max_redirects <= 10, "--max-redirects must be in 0..10")
         _require(self.decode_memo_mb >= 0, "decode memo size must be >= 0")
-        object.__setattr__(
-            self,
-            "allowed_media_dirs",
-            tuple(Path(p).expanduser().resolve() for p in self.allowed_media_dirs),
-        )
+        folders = tuple(Path(p).expanduser().resolve() for p in self.allowed_media_dirs)
+        missing = next((f for f in folders if not f.is_dir()), None)
+        # (a typo here would refuse every local path, each with a 400 naming the flag)
+        _require(missing is None, f"--allowed-media-dir {missing}: no such folder")
+        object.__setattr__(self, "allowed_media_dirs", folders)
         object.__setattr__(
             self, "allowed_url_hosts", tuple(h.lower().rstrip(".") for h in self.allowed_url_hosts)
         )

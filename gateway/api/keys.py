@@ -170,6 +170,8 @@ class Keyring:
                 "authentication off: every request is served without a key%s",
                 f" (listening on {server.host}: give --api-key)" if exposed else "",
             )
+            if server.cache_scope == "tenant":
+                log.warning("--cache-scope tenant without keys: every request is one tenant")
             return
         sources = [name for name, given in (("--api-key", server.api_key),
                    (str(server.api_keys_file), server.api_keys_file)) if given]  # fmt: skip

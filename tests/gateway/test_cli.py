@@ -151,3 +151,13 @@ def test_a_feature_switched_off_and_tuned_is_refused(flags: list[str]) -> None:
         main(["serve", *flags])
     message = str(exit_info.value.code)
     assert "contradict" in message and flags[0] in message and flags[1] in message
+
+
+def test_a_missing_allowed_media_dir_is_refused(tmp_path) -> None:  # noqa: ANN001
+    """Invariant: `--allowed-media-dir` naming no folder (a typo) is a start-up error, not a
+    server refusing every local path."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", "--allowed-media-dir", str(tmp_path / "nope")])
+    assert "--allowed-media-dir" in str(exit_info.value.code) and "no such folder" in str(
+        exit_info.value.code
+    )

@@ -588,11 +588,14 @@ references = st.one_of(
 
 
 @pytest.fixture(scope="module")
-def loop_and_loader() -> Iterator[tuple[asyncio.AbstractEventLoop, MediaLoader]]:
+def loop_and_loader(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[asyncio.AbstractEventLoop, MediaLoader]]:
     """One event loop and loader for all examples of a property test (module-scoped, so
-    hypothesis does not rerun a function-scoped fixture per example)."""
+    hypothesis does not rerun a function-scoped fixture per example); its allowed folder is
+    empty."""
     loop = asyncio.new_event_loop()
-    yield loop, offline_loader(Path("/nonexistent-root"))
+    yield loop, offline_loader(tmp_path_factory.mktemp("empty-root"))
     loop.close()
 
 
