@@ -261,7 +261,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
     """Starlette's own 404 / 405, in the error shape of the API the path belongs to."""
     assert isinstance(exc, HTTPException)
     kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-    error = APIError(exc.status_code, str(exc.detail), kind)
+    error = APIError(exc.status_code, str(exc.detail), kind, headers=exc.headers)
     log_refusal(request, error)
     if request.url.path.startswith("/v1/messages"):
         return render_anthropic_error(error)
@@ -296,8 +296,9 @@ def create_app(
         Route("/v1/cache/clear", gateway.cache_clear, methods=["POST"]),
         *web_routes(gateway),  # the playground, the dashboard and their JSON endpoints
     ]
-    # Errors outside the chat routes (unknown paths, the endpoints above) are OpenAI-shaped;
-    # each chat route renders its own API's errors (gateway.api.http.with_errors).
+    # Errors outside the chat routes (unknown paths, the endpoints above) are OpenAI-shaped,
+    # Starlette's own 404/405 under /v1/messages Anthropic-shaped (`http_error`); each chat
+    # route renders its own API's errors (gateway.api.http.with_errors).
     counted = Middleware(ResponseCounter, counter=gateway.metrics.http_responses, routes=routes)
     app = Starlette(
         routes=routes,

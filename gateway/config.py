@@ -366,7 +366,10 @@ class ServerConfig:
         for name, key in (("--api-key", self.api_key), ("--admin-api-key", self.admin_api_key),
                           ("--metrics-api-key", self.metrics_api_key)):  # fmt: skip
             # `--api-key "$KEY"` with KEY unset: serving with no authentication would be silent
-            _require(key is None or key.strip() != "", f"{name} is empty (an unset variable?)")
+            _require(
+                key is None or key.strip() != "",
+                f"{name} (or its environment variable) is empty: an unset variable?",
+            )
         old, new = self.metrics_api_key, self.admin_api_key
         _require(
             old is None or new is None or old == new,

@@ -84,7 +84,7 @@ def check_cache_dir(engine: EngineConfig) -> None:
             "user's folder); give a folder this user can write, or --no-disk-cache"
         )
     if existing != folder:
-        log.info("--cache-dir %s does not exist: creating it (mode 0700)", folder)
+        log.info("--cache-dir %s does not exist: creating it", folder)
 
 
 def bind_socket(server: ServerConfig) -> socket.socket:

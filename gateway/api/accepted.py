@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.api.fields import printable
 from gateway.errors import invalid
 
 APPLIED = "applied"
@@ -170,13 +171,8 @@ def unknown_fields(body: dict[str, Any], table: dict[str, tuple[str, str]]) -> t
     """The fields of `body` that `table` does not list (sorted, at most 16, each cut to 64
     characters, printable ASCII): the OpenAI-style parsers ignore them, and the response names
     them in an `x-ignored-fields` header, so a typo (`max_token`) does not pass unseen."""
-    names = sorted(_printable(str(k)[:64]) for k in body if k not in table)
+    names = sorted(printable(str(k), 64) for k in body if k not in table)
     return tuple(names[:16])
-
-
-def _printable(name: str) -> str:
-    """`name` fit for a header value: printable ASCII only (others "?": no line breaks)."""
-    return "".join(c if " " <= c <= "~" else "?" for c in name)
 
 
 def _neutral(name: str, value: Any) -> bool:

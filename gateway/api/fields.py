@@ -135,3 +135,11 @@ def shaping(body: dict[str, Any], max_tokens: int | None) -> dict[str, Any]:
         "logit_bias": logit_bias(body.get("logit_bias")),
         "min_tokens": min_tokens,
     }
+
+
+def printable(value: str, limit: int) -> str:
+    """`value` cut to `limit` characters, printable ASCII only (others become "?"), so a
+    client's field name or path can go into a header or a log line without breaking it
+    into lines or forging one."""
+    cut = value[:limit] + ("..." if len(value) > limit else "")
+    return "".join(c if " " <= c <= "~" else "?" for c in cut)

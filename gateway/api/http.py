@@ -18,6 +18,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from gateway.api.body_budget import BodyBudget
+from gateway.api.fields import printable
 from gateway.errors import APIError, invalid, too_large
 
 log = logging.getLogger(__name__)
@@ -124,9 +125,10 @@ def log_refusal(request: Request, error: APIError) -> None:
     5xx at error with the message; 499 (the client left) at debug. A 4xx's message is not
     logged: it may quote the request (an image URL's query string, a prompt's text), which
     the log never holds (docs/security.md)."""
-    what = f"{request.method} {request.url.path} -> {error.status} {error.code or error.type}"
+    path = printable(request.url.path, 80)  # client text: one line, bounded
+    what = f"{request.method} {path} -> {error.status} {error.code or error.type}"
     if error.param:
-        what += f" ({error.param})"
+        what += f" ({printable(error.param, 80)})"
     if error.status == 499:
         log.debug("%s: the client closed the connection", what)
     elif error.status >= 500:

@@ -95,23 +95,22 @@ def load_keys(server: ServerConfig) -> KeySet:
         if names.count(name) > 1:
             where = " (--api-key's tenant is 'default')" if name == DEFAULT_TENANT else ""
             raise ConfigError(f"--api-keys-file: tenant {name!r} is named twice{where}")
-    owners = [*names, "the admin (--admin-api-key)"]
-    given = [*keys, server.admin_api_key]
+    # Compared as the digests authentication compares (`k1` and `k1 ` are one key there).
+    owners = [f"tenant {n!r}" for n in names] + ["the admin (--admin-api-key)"]
+    given = [_digest(k) for k in keys] + [
+        _digest(server.admin_api_key) if server.admin_api_key else None
+    ]
     for i, key in enumerate(given):
         twin = next((j for j in range(i) if key is not None and given[j] == key), None)
         if twin is not None:
             raise ConfigError(
                 f"--api-keys-file / --api-key / --admin-api-key: a key is given twice, to "
-                f"{_owner(owners[twin])} and {_owner(owners[i])}; every tenant and the admin "
-                "need keys of their own"
+                f"{owners[twin]} and {owners[i]}; every tenant and the admin need keys of "
+                "their own"
             )
     admin = _digest(server.admin_api_key) if server.admin_api_key else None
     warm = keys[0] if keys else None
     return KeySet(tuple((_digest(k), n) for n, k in named), admin, warm)
-
-
-def _owner(name: str) -> str:
-    return name if name.startswith("the admin") else f"tenant {name!r}"
 
 
 def _read_file(path: Path) -> list[tuple[str, str]]:

@@ -32,13 +32,23 @@ class ResponseCounter:
             await self.app(scope, receive, send)
             return
         route = self._route(scope)
+        started = False
 
         async def counting(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 self._counter.labels(route, str(message["status"])).inc()
             await send(message)
 
-        await self.app(scope, receive, counting)
+        try:
+            await self.app(scope, receive, counting)
+        except Exception:
+            # An unhandled error is answered by Starlette's outermost middleware, outside
+            # this one: count its 500 here.
+            if not started:
+                self._counter.labels(route, "500").inc()
+            raise
 
     def _route(self, scope: Scope) -> str:
         """The path template of the route serving `scope` (any method), else "other"."""

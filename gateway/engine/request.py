@@ -56,6 +56,7 @@ class SamplingParams:
     # Structured output: an llguidance grammar (serialized JSON, from gateway.structured) that
     # every generated token must follow; None: free text.
     grammar: str | None = None
+    grammar_field: str = "response_format"  # the field it came from (errors name it)
     # Shaping of the logits before the draw (gateway.engine.tokens.penalties); the defaults
     # leave them untouched. logit_bias: (token id, bias) pairs, ids inside the vocabulary.
     presence_penalty: float = 0.0
@@ -220,6 +221,7 @@ class ErrorKind(enum.Enum):
 class ErrorEvent:
     kind: ErrorKind
     message: str
+    param: str | None = None  # the request field at fault (GRAMMAR_LIMIT: the schema's)
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,7 @@ class ChatRequest:
     include_usage: bool
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens (benchmarks)
     grammar: str | None = None  # structured output (`response_format`), see gateway.structured
+    grammar_field: str = "response_format"  # the field `grammar` came from (for errors)
     # Text the answer continues (Anthropic's final assistant message): appended after the
     # template's opening of the assistant turn; the response holds only what follows it.
     prefill: str = ""

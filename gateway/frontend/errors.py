@@ -46,7 +46,7 @@ def engine_error(event: ErrorEvent) -> APIError:
     if event.kind is ErrorKind.SHUTTING_DOWN:
         return shutting_down(event.message)
     if event.kind is ErrorKind.GRAMMAR_LIMIT:
-        return invalid(event.message, None, "unsupported_schema")
+        return invalid(event.message, event.param, "unsupported_schema")
     return APIError(500, event.message, "server_error")
 
 

@@ -291,6 +291,7 @@ class PromptBuilder:
                 "min_tokens",
             )
         max_tokens = chat.max_tokens or min(self._default_max_tokens, room)
+        stop_until = self._calls_open(chat, grammar)  # set: the grammar is the tools'
         if chat.min_tokens > max_tokens:
             raise invalid(
                 f"`min_tokens` ({chat.min_tokens}) exceeds max_tokens ({max_tokens})",
@@ -303,11 +304,12 @@ class PromptBuilder:
             top_k=chat.top_k,
             seed=chat.seed,
             stop=chat.stop,
-            stop_until=self._calls_open(chat, grammar),
+            stop_until=stop_until,
             logprobs=chat.logprobs,
             top_logprobs=chat.top_logprobs,
             ignore_eos=chat.ignore_eos,
             grammar=grammar,
+            grammar_field="tools" if stop_until is not None else chat.grammar_field,
             presence_penalty=chat.presence_penalty,
             frequency_penalty=chat.frequency_penalty,
             repetition_penalty=chat.repetition_penalty,

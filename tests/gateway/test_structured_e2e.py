@@ -181,11 +181,15 @@ def test_a_schema_the_lexer_gives_up_on_is_a_400_every_time(server: ServerProces
             "tool_choice": "required",
         },  # fmt: skip
     ]
-    for extra in [*asks, *asks]:
+    for extra, param in [
+        *zip(asks, ("response_format", "tools")),
+        *zip(asks, ("response_format", "tools")),
+    ]:
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(
                 model="test", messages=_messages("hi"), max_tokens=16, **extra
             )
         error = info.value.body
         assert error["code"] == "unsupported_schema" and "lexer error" in error["message"]
+        assert error["param"] == param
         assert "<state>" not in error["message"]

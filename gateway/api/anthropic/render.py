@@ -58,7 +58,7 @@ def error_body(error: APIError) -> dict[str, Any]:
     among several says which block to fix)."""
     _, kind = error_status(error)
     message = error.message
-    if error.param and error.param not in message:
+    if error.param and f"`{error.param}" not in message:
         message = f"`{error.param}`: {message}"
     return {"type": "error", "error": {"type": kind, "message": message}}
 

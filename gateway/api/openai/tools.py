@@ -98,39 +98,39 @@ def tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
 
 def check_call_ids(messages: tuple[ChatMessage, ...]) -> None:
     """OpenAI's rules for a tool history (each a 400 naming the field): call ids are unique;
-    every tool message answers a call an earlier assistant message made; and an assistant
-    message with `tool_calls` is followed by a tool message for each of its calls before any
-    other message (an agent that drops a result fails here as on OpenAI's API)."""
-    made: dict[str, str] = {}
-    open_calls: list[str] = []  # the last assistant message's calls not yet answered
+    an assistant message with `tool_calls` is followed by one tool message per call, each
+    answering one of those calls, before any other message (an agent that drops a result,
+    answers a call twice or sends a result out of place fails here as on OpenAI's API)."""
+    made: set[str] = set()
+    open_calls: dict[str, str] = {}  # the last assistant turn's unanswered calls -> id field
     for i, message in enumerate(messages):
         if open_calls and message.role != "tool":
-            _unanswered(i, open_calls)
+            _unanswered(open_calls)
         for j, call in enumerate(message.tool_calls):
+            where = f"messages[{i}].tool_calls[{j}].id"
             if call.id in made:
-                where = f"messages[{i}].tool_calls[{j}].id"
                 raise invalid(f"`{where}` {call.id!r} is the id of an earlier call", where)
-            made[call.id] = call.name
-            open_calls.append(call.id)
+            made.add(call.id)
+            open_calls[call.id] = where
         if message.role == "tool":
-            if message.tool_call_id not in made:
+            call_id, where = message.tool_call_id, f"messages[{i}].tool_call_id"
+            if call_id not in open_calls:
+                why = "was answered already" if call_id in made else "matches no tool call"
                 raise invalid(
-                    f"`messages[{i}].tool_call_id` {message.tool_call_id!r} matches no tool call "
-                    "of an earlier assistant message",
-                    f"messages[{i}].tool_call_id",
+                    f"`{where}` {call_id!r} {why}: a tool message answers a call of the "
+                    "assistant message just before it",
+                    where,
                 )
-            if message.tool_call_id in open_calls:
-                open_calls.remove(message.tool_call_id)
+            del open_calls[call_id]
     if open_calls:
-        _unanswered(len(messages), open_calls)
+        _unanswered(open_calls)
 
 
-def _unanswered(i: int, ids: list[str]) -> None:
-    """400: the calls `ids` have no tool message before messages[i] (i past the end: the
-    conversation ends with them)."""
-    where = f"messages[{i}]"
+def _unanswered(open_calls: dict[str, str]) -> None:
+    """400 naming the first call of `open_calls` (id -> its field) that got no answer."""
+    call_id, where = next(iter(open_calls.items()))
     raise invalid(
-        f"`{where}`: an assistant message with `tool_calls` must be followed by a tool message "
-        f"answering each call; no answer to {', '.join(map(repr, ids))}",
+        f"`{where}` {call_id!r} has no answer: an assistant message with `tool_calls` must be "
+        "followed by a tool message answering each call before any other message",
         where,
     )

@@ -77,6 +77,7 @@ class Turn:
             stream=r.stream,
             include_usage=True,
             grammar=r.grammar,
+            grammar_field="text.format",
             cache_salt=r.cache_salt,
             thinking=r.thinking,
             thinking_field="reasoning.effort",

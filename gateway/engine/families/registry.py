@@ -78,19 +78,14 @@ def family_for(config: dict[str, Any]) -> type[ModelFamily]:
 def check_checkpoint(model: str) -> None:
     """Before anything loads: is `model` (a directory or hub id) a checkpoint this gateway can
     serve? ValueError (`UnsupportedModel` for its type) with a message saying what is wrong:
-    a folder without config.json or weights, a config.json that is not JSON, a hub id that is
-    malformed or, offline, not in the local cache. What only loading can tell is left to it."""
+    a folder without config.json or weights, a config.json that is not a JSON object, a hub
+    id that is malformed or, offline, not readable from the local cache. What only loading
+    can tell is left to it."""
     folder = Path(model).expanduser()
     if folder.is_dir():
         if not (folder / "config.json").is_file():
             raise ValueError(f"{folder} holds no config.json: not a model checkpoint folder")
-        try:
-            config = json.loads((folder / "config.json").read_text())
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{folder}/config.json is not valid JSON: {exc}") from None
-        if not isinstance(config, dict):
-            raise ValueError(f"{folder}/config.json is not a JSON object")
-        family_for(config)
+        family_for(_config(model, f"{folder}/config.json"))
         if not any(folder.glob("*.safetensors")):
             raise ValueError(f"{folder} holds no *.safetensors weights")
         return
@@ -104,17 +99,22 @@ def check_checkpoint(model: str) -> None:
             "not a local folder, nor a hub id of the form owner/name "
             "(such as mlx-community/Qwen2.5-VL-7B-Instruct-4bit)"
         ) from None
+    family_for(_config(model, "its config.json"))
+
+
+def _config(model: str, what: str) -> dict[str, Any]:
+    """`read_config(model)`, its failures as ValueErrors naming `what` was read."""
     try:
         config = read_config(model)
-    except Exception as exc:  # not cached while offline, no such repo, no network
+    except (ValueError, UnicodeDecodeError) as exc:  # json.JSONDecodeError is a ValueError
+        raise ValueError(f"{what} is not valid JSON: {exc}") from None
+    except Exception as exc:  # unreadable, not cached while offline, no such repo, no network
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-        if offline:
-            raise ValueError(
-                "not in the local Hugging Face cache, and the hub is offline (HF_HUB_OFFLINE): "
-                "download it once with the hub on, or pass a local folder"
-            ) from None
-        raise ValueError(f"could not read its config.json from the hub: {exc}") from None
-    family_for(config)
+        hint = " (the hub is offline: HF_HUB_OFFLINE; download it once with the hub on)"
+        raise ValueError(f"could not read {what}: {exc}{hint if offline else ''}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{what} is not a JSON object")
+    return config
 
 
 def load_model(path: str, lazy: bool = False) -> ModelFamily:

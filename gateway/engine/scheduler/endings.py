@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 import mlx.core as mx
 
@@ -29,6 +28,7 @@ from gateway.engine.request import (
     Usage,
 )
 from gateway.engine.scheduler.job import Job
+from gateway.engine.tokens.grammar import FailingRow
 from gateway.engine.tokens.logprobs import LogprobValues, row_values
 from gateway.metrics import Metrics
 
@@ -82,7 +82,7 @@ class Endings:
         reasoning = job.output.take_reasoning()
         job.sink(TokenEvent(text, (token,), lps, index=job.index, reasoning=reasoning))
 
-    def _grammar_failed(self, job: Job, grammar: Any) -> None:
+    def _grammar_failed(self, job: Job, grammar: FailingRow) -> None:
         """The job's grammar row (`GrammarRow` or `ThinkingRow`) met an error: the schema
         beyond llguidance's limits (the request's), or a token that broke the grammar (never
         expected: every token is drawn under its mask)."""
@@ -90,11 +90,12 @@ class Endings:
             log.warning("request %s: its schema outgrew the grammar engine: %s",
                         job.request_id, grammar.error)  # fmt: skip
             message = (
-                "this server cannot enforce the request's JSON Schema (`response_format` or "
-                f"`tools`): the grammar engine gave up while decoding ({grammar.error}); "
+                "this server cannot enforce the request's JSON Schema: the grammar engine gave "
+                f"up while decoding ({grammar.error}); "
                 "simplify it (long or nested bounded repetitions in `pattern`, huge `enum`s)"
             )
-            self.fail(job, ErrorKind.GRAMMAR_LIMIT, message)
+            field = job.request.sampling.grammar_field
+            self.fail(job, ErrorKind.GRAMMAR_LIMIT, message, field)
             return
         log.error("request %s left its grammar: %s", job.request_id, grammar.error)
         self.fail(job, ErrorKind.INTERNAL, f"structured output failed: {grammar.error}")
@@ -148,9 +149,10 @@ class Endings:
         """Forget this step's finished KV unstored (the step failed: its state is unknown)."""
         self._to_store.clear()
 
-    def fail(self, job: Job, kind: ErrorKind, message: str) -> None:
-        """End a job with an ErrorEvent; a choice of an n > 1 request ends every choice of it
-        with one ErrorEvent. Never raises: it runs inside recovery paths."""
+    def fail(self, job: Job, kind: ErrorKind, message: str, param: str | None = None) -> None:
+        """End a job with an ErrorEvent (`param`: the request field at fault, if any); a
+        choice of an n > 1 request ends every choice of it with one ErrorEvent. Never
+        raises: it runs inside recovery paths."""
         family = job.choices
         others = []
         if family is not None:
@@ -161,7 +163,7 @@ class Endings:
             others = [j for j in family.jobs if j is not job]
         for member in [job, *others]:
             self._release_quietly(member)
-        job.sink(ErrorEvent(kind, message))
+        job.sink(ErrorEvent(kind, message, param))
         self._metrics.requests.labels("error").inc()
 
     def fail_internal(self, job: Job, message: str) -> None:

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import llguidance.hf
 import mlx.core as mx
@@ -59,16 +59,32 @@ class GrammarError(Exception):
     """A grammar that passed validation at the edge failed to compile for this tokenizer."""
 
 
+# llguidance's words for a grammar outgrowing its budgets (the lexer's expressions and
+# states, the parser's items and fuel): the schema's fault, not the server's.
+_LIMIT_WORDS = ("lexer error", "too many", "too complex", "toocomplex", "limit", "fuel")
+
+
 def first_line(error: str) -> str:
-    """llguidance's error without the parser state it appends (token dumps, JSON stats)."""
-    return error.split("\n<state>", 1)[0].strip()
+    """llguidance's error without what it appends on later lines (parser state, token dumps,
+    JSON stats)."""
+    return error.split("\n", 1)[0].strip()
 
 
 def is_limit(error: str) -> bool:
-    """Is this llguidance error the grammar outgrowing the engine's limits (the lexer's
-    expression or state budgets: the schema's fault), rather than a token that broke the
-    grammar (which a token drawn under its mask never does: the server's fault)?"""
-    return "satisfy the grammar" not in error
+    """Is this llguidance error the grammar outgrowing the engine's limits (the schema's
+    fault: a 400) rather than anything else (a token that broke the grammar, which a token
+    drawn under its mask never does, or an internal fault: a 500)?"""
+    lowered = error.lower()
+    return any(word in lowered for word in _LIMIT_WORDS)
+
+
+class FailingRow(Protocol):
+    """What the engine reads of a failed constrained row (`GrammarRow`, `ThinkingRow`)."""
+
+    error: str | None
+
+    @property
+    def limit(self) -> bool: ...
 
 
 @dataclass(frozen=True)

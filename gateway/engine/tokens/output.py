@@ -88,14 +88,14 @@ def _overlap(text: str, marker: str) -> int:
 class OutputState:
     """Text, stop strings and logprobs of one request's completion.
 
-        `push(token, logprobs)` returns (text to emit now, finished-by-stop-string). Text that could
-        be the start of a stop string is held back until it cannot be. With `params.stop_until` (a
+    `push(token, logprobs)` returns (text to emit now, finished-by-stop-string). Text that could
+    be the start of a stop string is held back until it cannot be. With `params.stop_until` (a
     tool call's opening) stop strings apply only to the text before it.
 
-        With `params.thinking` (gateway.engine.tokens.thinking) the thinking's text goes to
-        `take_reasoning()` instead, through a detokenizer of its own; markers are dropped, and so
-        are the newlines that open each part. Stop strings apply to the answer only. Without it,
-        every token is answer text, as for any model.
+    With `params.thinking` (gateway.engine.tokens.thinking) the thinking's text goes to
+    `take_reasoning()` instead, through a detokenizer of its own; markers are dropped, and so
+    are the newlines that open each part. Stop strings apply to the answer only. Without it,
+    every token is answer text, as for any model.
     """
 
     def __init__(
@@ -214,13 +214,7 @@ class OutputState:
 
     def _partial_stop_len(self, text: str) -> int:
         """Length of the longest suffix of `text` that could begin a stop string."""
-        best = 0
-        for stop in self._params.stop:
-            for k in range(min(len(stop) - 1, len(text)), best, -1):
-                if text.endswith(stop[:k]):
-                    best = k
-                    break
-        return best
+        return max((_overlap(text, stop) for stop in self._params.stop), default=0)
 
     def logprob(self, token: int, values: LogprobValues) -> TokenLogprob:
         """The sampled token's logprob and the requested top alternatives, with their text

@@ -91,6 +91,7 @@ def test_the_cache_scope_follows_the_mode_and_the_salt(tmp_path: Path) -> None:
         ("alice k1\nalice k2\n", "named twice"),
         ("alice k1\nbob k1\n", "a key is given twice, to tenant 'alice' and tenant 'bob'"),
         ("alice k0\n", "to tenant 'default' and tenant 'alice'"),
+        ("alice k1\nbob k1 \n", "to tenant 'alice' and tenant 'bob'"),  # one key once stripped
         ("default k2\n", "'default'"),
     ],
 )

@@ -243,35 +243,30 @@ def test_shaping_fields_and_n_reach_the_request() -> None:
 CALLED = {"role": "assistant", "content": None, "tool_calls": [_call("a"), _call("b")]}
 
 
+A1 = {"role": "tool", "tool_call_id": "a", "content": "1"}
+B2 = {"role": "tool", "tool_call_id": "b", "content": "2"}
+AND = {"role": "user", "content": "and?"}
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        (_history(CALLED, {"role": "user", "content": "and?"}), "messages[2]"),
+        (_history(CALLED, AND), "messages[1].tool_calls[0].id"),
+        (_history(CALLED, A1, AND), "messages[1].tool_calls[1].id"),
+        (_history(CALLED, A1), "messages[1].tool_calls[1].id"),
+        (_history(CALLED, A1, A1), "messages[3].tool_call_id"),
+        (_history(CALLED, A1, B2, AND, B2), "messages[5].tool_call_id"),
         (
-            _history(
-                CALLED,
-                {"role": "tool", "tool_call_id": "a", "content": "1"},
-                {"role": "user", "content": "and?"},
-            ),
-            "messages[3]",
-        ),  # fmt: skip
-        (_history(CALLED, {"role": "tool", "tool_call_id": "a", "content": "1"}), "messages[3]"),
-        (
-            _history(
-                CALLED,
-                {"role": "tool", "tool_call_id": "a", "content": "1"},
-                {"role": "tool", "tool_call_id": "b", "content": "2"},
-                {"role": "assistant", "content": None, "tool_calls": [_call("a")]},
-                {"role": "tool", "tool_call_id": "a", "content": "3"},
-            ),
+            _history(CALLED, A1, B2, {**CALLED, "tool_calls": [_call("a")]}, A1),
             "messages[4].tool_calls[0].id",
         ),  # fmt: skip
     ],
 )
 def test_a_tool_history_follows_openais_rules(body: dict, param: str) -> None:
-    """Invariant: as on OpenAI's API, every call of an assistant message is answered by a tool
-    message before the next other message (or the end), and call ids are unique: else a 400
-    naming the message or the id; a complete history parses."""
+    """Invariant: as on OpenAI's API, every call of an assistant message is answered by one
+    tool message before the next other message (or the end), a tool message answers an open
+    call of the assistant message before it, and call ids are unique: else a 400 naming the
+    unanswered call's id, the tool message or the duplicate id; a complete history parses."""
     with pytest.raises(APIError) as info:
         parse_chat_request(body)
     assert (info.value.status, info.value.param) == (400, param), info.value.message
