@@ -122,7 +122,9 @@ def _messages(raw: Any) -> tuple[tuple[ChatMessage, ...], str]:
     if not isinstance(raw, list) or not raw:
         raise invalid("`messages` must be a non-empty array", "messages")
     out: list[ChatMessage] = []
-    made: dict[str, str] = {}  # ids of the calls made so far -> the tools' names
+    # The previous message's tool_use ids -> their tools' names: as on Anthropic's API, the
+    # next message answers each with a tool_result, and results answer nothing else.
+    pending: dict[str, str] = {}
     for i, msg in enumerate(raw):
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
@@ -130,9 +132,14 @@ def _messages(raw: Any) -> tuple[tuple[ChatMessage, ...], str]:
         role = msg.get("role")
         if role not in ("user", "assistant"):
             raise invalid(f"`{where}.role` must be 'user' or 'assistant'", f"{where}.role")
-        messages = _message(msg.get("content"), f"{where}.content", role, made)
+        messages = _message(msg.get("content"), f"{where}.content", role, pending)
+        answered = {m.tool_call_id for m in messages if m.role == "tool"}
+        if pending.keys() - answered:
+            _unanswered(where, pending.keys() - answered)
         out.extend(messages)
-        made.update((c.id, c.name) for m in messages for c in m.tool_calls)
+        pending = {c.id: c.name for m in messages for c in m.tool_calls}
+    if pending:  # the last message's tool_use blocks: answered by nothing
+        _unanswered(f"messages[{len(raw) - 1}]", pending.keys())
     prefill = ""
     if out[-1].role == "assistant" and not out[-1].tool_calls:
         last = out.pop()
@@ -140,6 +147,17 @@ def _messages(raw: Any) -> tuple[tuple[ChatMessage, ...], str]:
         if not out:
             raise invalid("`messages` must contain a user message", "messages")
     return tuple(out), prefill
+
+
+def _unanswered(where: str, ids: Any) -> None:
+    """400 naming the message `where` that should have answered (or, the last one, that
+    asked) the tool_use blocks `ids` that have no tool_result."""
+    listed = ", ".join(sorted(ids))
+    raise invalid(
+        f"`{where}`: tool_use ids were found without tool_result blocks immediately after: "
+        f"{listed}; each tool_use block needs a tool_result in the next (user) message",
+        where,
+    )
 
 
 def _message(raw: Any, where: str, role: str, made: dict[str, str]) -> list[ChatMessage]:

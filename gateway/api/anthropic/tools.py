@@ -89,17 +89,17 @@ def tool_use(block: dict[str, Any], at: str) -> ToolCall:
 def tool_result(
     block: dict[str, Any], at: str, made: dict[str, str], parts: tuple[Part, ...]
 ) -> ChatMessage:
-    """A user's `tool_result` block as a `tool` message; `made` maps the ids of the calls
-    earlier assistant messages made to their names, `parts` is the block's content parsed
-    (text and images)."""
+    """A user's `tool_result` block as a `tool` message; `made` maps the ids of the calls the
+    assistant message just before made to their names (the only calls a result may answer),
+    `parts` is the block's content parsed (text and images)."""
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str) or not call_id:
         raise invalid(f"`{at}.tool_use_id` is required: the id of the tool_use block it answers",
                       f"{at}.tool_use_id")  # fmt: skip
     if call_id not in made:
         raise invalid(
-            f"`{at}.tool_use_id` {call_id!r} matches no tool_use block of an earlier "
-            "assistant message",
+            f"`{at}.tool_use_id` {call_id!r} matches no tool_use block of the assistant "
+            "message just before it",
             f"{at}.tool_use_id",
         )
     return ChatMessage("tool", parts, tool_call_id=call_id, name=made[call_id])

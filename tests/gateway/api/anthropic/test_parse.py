@@ -199,3 +199,30 @@ def test_an_error_names_its_field_in_the_message() -> None:
     uri = {"type": "base64", "media_type": "image/png", "data": "data:image/png;base64,AA"}
     with pytest.raises(APIError, match="bare base64: remove the `data:...;base64,` prefix"):
         parse_messages_request(_user({"type": "image", "source": uri}))
+
+
+USE = {"type": "tool_use", "id": "toolu_a", "name": "f", "input": {}}
+CALL = {"role": "assistant", "content": [USE]}
+OK = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_a"}]}
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        ([CALL, {"role": "user", "content": "and?"}], "messages[2]"),
+        ([CALL], "messages[1]"),
+        ([CALL, OK, {"role": "assistant", "content": "ok"}, OK],
+         "messages[4].content[0].tool_use_id"),
+    ],
+)  # fmt: skip
+def test_a_tool_use_is_answered_in_the_next_message(messages: list, param: str) -> None:
+    """Invariant: as on Anthropic's API, every tool_use block gets a tool_result in the next
+    message, and a tool_result answers only the message just before it: else a 400 naming
+    the message (or the result); a complete exchange parses."""
+    body = _with(messages=[{"role": "user", "content": "go"}, *messages])
+    with pytest.raises(APIError) as info:
+        parse_messages_request(body)
+    assert info.value.param == param, info.value.message
+    more = {"role": "user", "content": [*OK["content"], {"type": "text", "text": "so?"}]}
+    done = [{"role": "user", "content": "go"}, CALL, more]
+    assert parse_messages_request(_with(messages=done)).messages[-1].role == "user"
