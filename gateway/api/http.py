@@ -106,8 +106,9 @@ def with_errors(render: Renderer) -> Callable[[Handler], Handler]:
             try:
                 return await handler(request)
             except APIError as error:
-                log_refusal(request, error)
-                return render(error)
+                response = render(error)
+                log_refusal(request, error, response.status_code)
+                return response
             except Exception as exc:
                 log.exception("unhandled error", exc_info=exc)
                 return render(internal_error(exc))
@@ -119,19 +120,21 @@ def with_errors(render: Renderer) -> Callable[[Handler], Handler]:
     return wrap
 
 
-def log_refusal(request: Request, error: APIError) -> None:
+def log_refusal(request: Request, error: APIError, status: int | None = None) -> None:
     """One log line per request answered with an error, saying why by its code and the field
     at fault: 4xx (the client's mistakes and refusals: a full queue, a missing key) at info,
     5xx at error with the message; 499 (the client left) at debug. A 4xx's message is not
     logged: it may quote the request (an image URL's query string, a prompt's text), which
-    the log never holds (docs/security.md)."""
+    the log never holds (docs/security.md). `status`: what the response carries, when its
+    API renders the error with another one (Anthropic's 529 for a full queue)."""
+    status = status or error.status
     path = printable(request.url.path, 80)  # client text: one line, bounded
-    what = f"{request.method} {path} -> {error.status} {error.code or error.type}"
+    what = f"{request.method} {path} -> {status} {error.code or error.type}"
     if error.param:
         what += f" ({printable(error.param, 80)})"
-    if error.status == 499:
+    if status == 499:
         log.debug("%s: the client closed the connection", what)
-    elif error.status >= 500:
+    elif status >= 500 and status != 529:  # 529: Anthropic's overloaded, a refusal
         log.error("%s: %s", what, error.message)
     else:
         log.info("%s", what)
