@@ -91,14 +91,18 @@ class CallSplitter:
             pass
         return out
 
-    def finish(self) -> list[Piece]:
-        """The end of the answer: held-back text comes out; a call cut short is ended
-        (`complete` False) with the arguments it has; the syntax of a call cut before its
-        name (max_tokens) is dropped: it is neither text nor a call."""
+    def finish(self, cut: bool = False) -> list[Piece]:
+        """The end of the answer (`cut`: by max_tokens): held-back text comes out; a call cut
+        short is ended (`complete` False) with the arguments it has; the syntax of a call cut
+        before its name is dropped: it is neither text nor a call. So is, when the answer was
+        cut, held-back text that begins the call marker (`<tool` of `<tool_call>`: a call was
+        starting; at a natural end it is text)."""
         out: list[Piece] = []
+        opening = self._fmt.open or self._fmt.head
+        starts_call = cut and opening.startswith(self._buf)
         if self._state == "args":
             self._end_call(out, complete=False)
-        elif self._buf and self._state in ("text", "plain"):
+        elif self._buf and self._state in ("text", "plain") and not starts_call:
             self._emit_text(out, self._buf)
         self._buf = ""
         self._state = "done"

@@ -103,8 +103,9 @@ def test_stop_strings_never_cut_a_call(server: ServerProcess) -> None:
 
 def test_a_call_cut_short_by_max_tokens_leaks_no_markup(server: ServerProcess) -> None:
     """Invariant: an answer cut by max_tokens before its call's name is complete has no call
-    and none of the call's syntax in `content` (was '<tool_call>\\n{"name' as content); cut
-    inside the arguments it carries the call with the arguments so far, under "length"."""
+    and none of the call's syntax in `content` (was '<tool_call>\\n{"name', then '<tool' cut
+    inside the marker, as content); cut inside the arguments it carries the call with the
+    arguments so far, under "length"."""
     client = server.client()
     ask = [{"role": "user", "content": "click the OK button"}]
     choice = {"type": "function", "function": {"name": "click"}}
@@ -119,9 +120,10 @@ def test_a_call_cut_short_by_max_tokens_leaks_no_markup(server: ServerProcess) -
     assert whole.choices[0].finish_reason == "tool_calls"
     arguments = whole.choices[0].message.tool_calls[0].function.arguments
     named = 0
-    for max_tokens in range(3, whole.usage.completion_tokens, 4):
+    for max_tokens in [1, 2, *range(3, whole.usage.completion_tokens, 4)]:
         cut = call(max_tokens).choices[0]
-        assert cut.finish_reason == "length" and "<tool_call>" not in (cut.message.content or "")
+        # A forced call: no text at all, not even the marker's first characters ("<tool").
+        assert cut.finish_reason == "length" and not cut.message.content, (max_tokens, cut)
         if cut.message.tool_calls is None:
             assert not named, "a call, once named, stays in the answer"
             continue

@@ -123,7 +123,7 @@ async def collect(admission: Admission) -> dict[str, Any]:
             if admission.tool_format is not None:
                 splitter = CallSplitter(admission.tool_format, "toolu_")
                 splitter.feed("".join(pieces))
-                splitter.finish()
+                splitter.finish(cut=event.finish_reason == "length")
                 body["content"] = content_blocks(splitter.text, splitter.calls)
                 body["stop_reason"] = tool_stop(event, splitter.calls, body["stop_reason"])
             if any(thoughts):  # the thinking comes first, as its own block
@@ -191,7 +191,7 @@ def _final(event: FinishEvent, blocks: BlockStream | None = None) -> str:
     reason, sequence = stop_reason(event)
     if blocks is not None:
         thought = blocks.think(event.reasoning) if event.reasoning else ""
-        closing = thought + blocks.feed(event.text, end=True)
+        closing = thought + blocks.feed(event.text, end=True, cut=event.finish_reason == "length")
         reason = tool_stop(event, blocks.calls, reason)
     else:
         closing = (_delta(event.text) if event.text else "") + sse_data(

@@ -63,11 +63,12 @@ class BlockStream:
             out += self._close() + self._start(thinking_block(""), "thinking")
         return out + _block_delta(self._index, {"type": "thinking_delta", "thinking": text})
 
-    def feed(self, text: str, end: bool = False) -> str:
+    def feed(self, text: str, end: bool = False, cut: bool = False) -> str:
+        """Blocks for `text`; `end`: the answer's last text (`cut`: by max_tokens)."""
         if self.splitter is None:
             pieces: list[Piece] = [TextPiece(text)] if text else []
         else:
-            pieces = self.splitter.feed(text) + (self.splitter.finish() if end else [])
+            pieces = self.splitter.feed(text) + (self.splitter.finish(cut) if end else [])
         out = "".join(self._piece(p) for p in pieces)
         return out + (self._close() if end else "")
 

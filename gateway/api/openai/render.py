@@ -74,10 +74,13 @@ async def sse_stream(
     def chunk(index: int, delta: dict[str, Any], reason: str | None = None, lps: Any = None) -> str:
         return sse_data(chunk_body(request_id, created, model, delta, reason, lps, index))
 
-    def split_chunks(index: int, text: str, logprobs: list[TokenLogprob], end: bool = False) -> str:
+    def split_chunks(
+        index: int, text: str, logprobs: list[TokenLogprob], end: FinishEvent | None = None
+    ) -> str:
         splitter = splitters[index]
         assert splitter is not None
-        pieces = splitter.feed(text) + (splitter.finish() if end else [])
+        cut = end is not None and end.finish_reason == "length"
+        pieces = splitter.feed(text) + (splitter.finish(cut) if end is not None else [])
         deltas = [d for d in map(piece_delta, pieces) if d is not None]
         if logprobs and not deltas:
             deltas = [{"content": ""}]
@@ -105,7 +108,7 @@ async def sse_stream(
             out.append(chunk(event.index, {"reasoning_content": event.reasoning}))
         splitter = splitters[event.index]
         if splitter is not None:
-            out.append(split_chunks(event.index, event.text, [], end=True))
+            out.append(split_chunks(event.index, event.text, [], end=event))
             reason = finish_reason(event, splitter.calls)
         elif event.text:
             out.append(chunk(event.index, {"content": event.text}))
@@ -200,7 +203,7 @@ def _choice(
     if tool_format is not None:
         splitter = CallSplitter(tool_format)
         splitter.feed(text)
-        splitter.finish()
+        splitter.finish(cut=end.finish_reason == "length")
         content = splitter.text  # without a call's syntax cut short before its name
         choice["message"]["content"] = content  # type: ignore[index]
         if splitter.calls:

@@ -64,10 +64,10 @@ class Outcome:
     thoughts: list[str] = field(default_factory=list)
     thought: str = ""  # the thinking of the last event
 
-    def _split(self, text: str, end: bool) -> None:
+    def _split(self, text: str, end: bool, cut: bool = False) -> None:
         if self.splitter is None:
             return
-        self.split = self.splitter.feed(text) + (self.splitter.finish() if end else [])
+        self.split = self.splitter.feed(text) + (self.splitter.finish(cut) if end else [])
         self.complete.update((p.index, p.complete) for p in self.split if isinstance(p, CallEnd))
 
     @property
@@ -99,7 +99,7 @@ class Outcome:
         if isinstance(event, FinishEvent):
             self.pieces.append(event.text)
             self.usage, self.status = event.usage, STATUS_BY_FINISH[event.finish_reason]
-            self._split(event.text, end=True)
+            self._split(event.text, end=True, cut=event.finish_reason == "length")
             return event.text, ()
         if isinstance(event, ErrorEvent):
             self.error, self.status = engine_error(event), "failed"

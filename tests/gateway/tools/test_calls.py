@@ -68,6 +68,19 @@ def test_a_call_cut_before_its_name_is_dropped() -> None:
     assert splitter.text == "" and splitter.calls == ()
 
 
+def test_a_call_cut_inside_its_marker_leaves_no_text() -> None:
+    """Invariant: cut by max_tokens inside the call marker (`<tool`), the held text was a
+    call starting: dropped; the same text at a natural end is text (released above)."""
+    for held in ("<", "<tool", "<tool_call"):
+        splitter = CallSplitter(HERMES)
+        assert splitter.feed("ok " + held) == [TextPiece("ok ")]
+        assert splitter.finish(cut=True) == [] and splitter.text == "ok ", held
+    splitter = CallSplitter(HERMES)
+    splitter.feed("a < b")  # no marker prefix at the end: text, cut or not
+    splitter.finish(cut=True)
+    assert splitter.text == "a < b"
+
+
 def test_llama3_json_call_or_text() -> None:
     splitter = CallSplitter(LLAMA3_JSON, "toolu_")
     splitter.feed('{"name": "click", "parameters": {"x": 3}}')
