@@ -175,10 +175,20 @@ def _message(raw: Any, where: str, role: str, made: dict[str, str]) -> list[Chat
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "tool_use" and role == "assistant":
             calls.append(tool_use(block, at))
+            if any(c.id == calls[-1].id for c in calls[:-1]):
+                raise invalid(
+                    f"`{at}.id` {calls[-1].id!r} is the id of another tool_use", f"{at}.id"
+                )
         elif kind == "tool_result" and role == "user":
+            if rest:  # as Anthropic's API: the results first, then any other content
+                message = f"`{at}`: tool_result blocks must come before any other content"
+                raise invalid(message, at)
             content = block.get("content", "")
             parts = _content(content, f"{at}.content", "tool") if content != [] else ()
             results.append(tool_result(block, at, made, parts))
+            if any(r.tool_call_id == results[-1].tool_call_id for r in results[:-1]):
+                where_id = f"{at}.tool_use_id"
+                raise invalid(f"`{where_id}`: this tool_use was answered already", where_id)
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             thoughts.append(_thinking_text(block, at))
         elif kind in ("tool_use", "tool_result", "thinking", "redacted_thinking"):

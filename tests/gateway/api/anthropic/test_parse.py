@@ -213,12 +213,18 @@ OK = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_
         ([CALL], "messages[1]"),
         ([CALL, OK, {"role": "assistant", "content": "ok"}, OK],
          "messages[4].content[0].tool_use_id"),
+        ([CALL, {"role": "user", "content": [*OK["content"], *OK["content"]]}],
+         "messages[2].content[1].tool_use_id"),
+        ([CALL, {"role": "user", "content": [{"type": "text", "text": "x"}, *OK["content"]]}],
+         "messages[2].content[1]"),
+        ([{"role": "assistant", "content": [USE, USE]}], "messages[1].content[1].id"),
     ],
 )  # fmt: skip
 def test_a_tool_use_is_answered_in_the_next_message(messages: list, param: str) -> None:
-    """Invariant: as on Anthropic's API, every tool_use block gets a tool_result in the next
-    message, and a tool_result answers only the message just before it: else a 400 naming
-    the message (or the result); a complete exchange parses."""
+    """Invariant: as on Anthropic's API, every tool_use block gets one tool_result in the next
+    message, before its other content, a tool_result answers only the message just before
+    it, and tool_use ids are unique: else a 400 naming the message, the block or the id; a
+    complete exchange parses."""
     body = _with(messages=[{"role": "user", "content": "go"}, *messages])
     with pytest.raises(APIError) as info:
         parse_messages_request(body)
