@@ -129,22 +129,45 @@ def tool_message(call_id: str, parts: tuple[Part, ...]) -> ChatMessage:
 def link_outputs(
     history: Sequence[ChatMessage], new: Sequence[ChatMessage], params: Sequence[str]
 ) -> tuple[ChatMessage, ...]:
-    """`new` with each tool message named after the call it answers; that call must have
-    been made earlier (in `history` or in `new`). `params` are the `call_id` field paths of
-    `new`'s tool messages, in order, for the 400."""
-    made = {call.id: call.name for m in history for call in m.tool_calls}
-    at = iter(params)
+    """`new` with each tool message named after the call it answers. OpenAI's rules over the
+    whole conversation (`history`, then `new`), each a 400: call ids are unique; every
+    function call is answered by one function_call_output before the next other item (a
+    continued response's calls by this input); an output answers an open call. `params` are
+    the `call_id` field paths of `new`'s tool messages, in order; other mistakes name
+    `input`."""
+    made: set[str] = set()
+    open_calls: dict[str, str] = {}  # the calls not yet answered -> their functions' names
+    at = iter(["history"] * sum(m.role == "tool" for m in history) + list(params))
     out = []
-    for message in new:
-        made.update((call.id, call.name) for call in message.tool_calls)
+    for message in (*history, *new):
+        if open_calls and message.role != "tool":
+            _unanswered(open_calls)
+        for call in message.tool_calls:
+            if call.id in made:
+                raise invalid(f"`input`: {call.id!r} is the call_id of two function calls", "input")
+            made.add(call.id)
+            open_calls[call.id] = call.name
         if message.role == "tool":
             param = next(at)
-            if message.tool_call_id not in made:
+            call_id = message.tool_call_id
+            if call_id not in open_calls:
+                why = "was answered already" if call_id in made else "matches no function call"
                 raise invalid(
-                    f"`{param}` {message.tool_call_id!r} matches no function call of this "
-                    "input or of the conversation continued by `previous_response_id`",
+                    f"`{param}` {call_id!r} {why} (of this input or of the conversation "
+                    "continued by `previous_response_id`)",
                     param,
                 )
-            message = replace(message, name=made[message.tool_call_id])
+            message = replace(message, name=open_calls.pop(call_id))
         out.append(message)
-    return tuple(out)
+    if open_calls:
+        _unanswered(open_calls)
+    return tuple(out[len(history) :])
+
+
+def _unanswered(open_calls: dict[str, str]) -> None:
+    listed = ", ".join(map(repr, open_calls))
+    raise invalid(
+        f"`input`: no function_call_output for the function call {listed}: send one for each "
+        "call before anything else",
+        "input",
+    )

@@ -108,12 +108,35 @@ def test_tool_result_with_a_screenshot_continues_and_is_cached(client: openai.Op
     )  # fmt: skip
     assert "vision-misses=0" in again.headers["x-cache"], again.headers["x-cache"]
     assert again.parse().output[0].arguments == second.output[0].arguments
+    # The second call is answered before the next question (OpenAI's rule: a continued
+    # response's calls each get an output first).
+    answered = {"type": "function_call_output", "call_id": second.output[0].call_id,
+                "output": "done"}  # fmt: skip
     third = client.responses.with_raw_response.create(
-        model="test", previous_response_id=second.id, input="and now?", tools=TOOLS,
-        tool_choice="none", temperature=0, max_output_tokens=4,
+        model="test", previous_response_id=second.id, tools=TOOLS, tool_choice="none",
+        input=[answered, {"role": "user", "content": "and now?"}], temperature=0,
+        max_output_tokens=4,
     )  # fmt: skip
     assert "vision-misses=0" in third.headers["x-cache"]
     assert third.parse().output[0].type == "message"
+
+
+def test_a_history_openai_refuses_is_a_400(client: openai.OpenAI) -> None:
+    """Invariant: as on OpenAI's API, a continued response's function call must be answered
+    before anything else, once, and call ids are unique: else a 400 (was a 200)."""
+    first = _call(client, 2)
+    (call,) = first.output
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "ok"}
+    for bad in ("next question", [output, output]):
+        with pytest.raises(openai.BadRequestError):
+            client.responses.create(model="test", previous_response_id=first.id, input=bad,
+                                    tools=TOOLS, max_output_tokens=4)  # fmt: skip
+    made = call.model_dump(include={"type", "call_id", "name", "arguments"})
+    twice = [{"role": "user", "content": "go"}, made, made, output]
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(
+            model="test", tools=TOOLS, max_output_tokens=4, store=False, input=twice
+        )
 
 
 def test_an_output_for_no_call_is_a_400_naming_it(client: openai.OpenAI) -> None:
