@@ -47,6 +47,9 @@ def usage_dict(usage: Usage) -> dict[str, Any]:
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {
+            # 0, as Anthropic's cache_creation_input_tokens here: the caches fill themselves,
+            # no request asks for (or pays) a cache write; the SDK's types require the field.
+            "cache_write_tokens": 0,
             "cached_tokens": usage.cached_tokens,
             "images_encoded": usage.vision_misses,
             "images_cached": usage.vision_hits,

@@ -28,6 +28,7 @@ def test_status_and_usage() -> None:
     body = response_body(META, "incomplete", "abc", lp, usage)
     assert body["incomplete_details"] == {"reason": "max_output_tokens"}
     assert body["usage"]["input_tokens_details"] == {
+        "cache_write_tokens": 0,  # required by the openai SDK's ResponseUsage type
         "cached_tokens": 8,
         "images_encoded": 1,
         "images_cached": 0,
@@ -52,3 +53,13 @@ def test_stream_framing_and_sequence_numbers() -> None:
     assert frames[-1][0] == "response.incomplete" and frames[-4][1]["text"] == "ab"
     ((name, body),) = _frames(error_event(APIError(503, "bye", "server_error", None, "x"), 9))
     assert name == "error" and body["code"] == "x" and body["sequence_number"] == 9
+
+
+def test_a_response_body_validates_against_the_openai_sdks_types() -> None:
+    """Invariant: the body parses as the `openai` SDK's own `Response` model, strictly (its
+    lenient reading hid a missing `cache_write_tokens`)."""
+    from openai.types.responses import Response
+
+    usage = Usage(10, 3, 8, vision_hits=0, vision_misses=1)
+    for status in ("completed", "incomplete"):
+        Response.model_validate(response_body(META, status, "abc", None, usage))
