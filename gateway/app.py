@@ -147,6 +147,7 @@ class Gateway:
                 )
                 if response.status_code != 200:
                     log.warning("HTTP warm-up got %d: %s", response.status_code, response.text)
+        self.metrics.http_responses.clear()  # the warm-up's responses are not the users'
         self.engine.reset_caches()
 
     def begin_shutdown(self) -> None:

@@ -107,11 +107,12 @@ class CacheConfig:
     )
 
     def __post_init__(self) -> None:
-        _require(self.vision_cache_mb >= 0, "--vision-cache-mb must be >= 0")
-        _require(self.kv_cache_mb >= 0, "--kv-cache-mb must be >= 0")
+        # (an upper bound too: 1e308 GiB is finite but no byte count)
+        _require(0 <= self.vision_cache_mb <= 2**30, "--vision-cache-mb must be in 0..2^30")
+        _require(0 <= self.kv_cache_mb <= 2**30, "--kv-cache-mb must be in 0..2^30")
         _require(0 <= self.kv_block_tokens <= 4096, "--kv-block-tokens must be in 0..4096")
-        _require(self.grammar_cache_mb >= 0, "--grammar-cache-mb must be >= 0")
-        _require(self.disk_cache_gb >= 0, "--disk-cache-gb must be >= 0")
+        _require(0 <= self.grammar_cache_mb <= 2**30, "--grammar-cache-mb must be in 0..2^30")
+        _require(0 <= self.disk_cache_gb <= 2**30, "--disk-cache-gb must be in 0..2^30")
         _require(0 < self.tenant_cache_share <= 1, "--tenant-cache-share must be in (0, 1]")
         if self.cache_dir is not None:
             object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
@@ -232,7 +233,7 @@ class EngineConfig:
             "--warmup-image-size must be between 16 and 4096 pixels",
         )
         limit = self.mlx_cache_limit_mb
-        _require(limit is None or limit >= 0, "--mlx-cache-limit-mb must be >= 0")
+        _require(limit is None or 0 <= limit <= 2**30, "--mlx-cache-limit-mb must be in 0..2^30")
         trace = self.step_trace
         _require(
             trace is None or not Path(trace).is_dir(),
@@ -264,7 +265,7 @@ class ResponsesConfig:
 
     def __post_init__(self) -> None:
         _require(self.max_stored >= 0, "--responses-max-stored must be >= 0")
-        _require(self.max_mb >= 0, "--responses-store-mb must be >= 0")
+        _require(0 <= self.max_mb <= 2**30, "--responses-store-mb must be in 0..2^30")
         _require(self.ttl_s >= 0, "--responses-ttl-s must be >= 0")
 
     @property
@@ -354,6 +355,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         _require(0 <= self.port <= 65535, "--port must be in 0..65535")
         _require(self.max_body_bytes > 0, "--max-body-bytes must be > 0")
+        _require(self.max_inflight_body_mb <= 2**30, "--max-inflight-body-mb must be <= 2^30")
         _require(
             self.max_inflight_body_mb * MIB >= self.max_body_bytes,
             "--max-inflight-body-mb must hold at least one body of --max-body-bytes",

@@ -116,6 +116,8 @@ def _parse_type(hint: Any) -> Any:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     if hint is float:
         return finite_float
+    if hint is Path:
+        return nonempty_path
     return None if hint is str else hint
 
 
@@ -129,6 +131,14 @@ def finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"{text!r}: give a finite number")
     return value
+
+
+def nonempty_path(text: str) -> Path:
+    """argparse's type for path flags: an empty value (`--allowed-media-dir "$DIR"` with DIR
+    unset) is refused, not read as the working directory (at `/`, the whole file system)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: an unset variable?")
+    return Path(text)
 
 
 class BriefParser(argparse.ArgumentParser):
@@ -199,6 +209,8 @@ def configs_from_args(ns: argparse.Namespace) -> tuple[ServerConfig, EngineConfi
     if cache.cache_dir is None and not ns.no_disk_cache:
         cache = dataclasses.replace(cache, cache_dir=default_disk_cache_dir())
     model = ns.model or ""
+    if ns.served_model_name is not None and not ns.served_model_name.strip():
+        raise ConfigError("--served-model-name is empty: an unset variable?")
     name = ns.served_model_name or (Path(model).name if model else EMBEDDED_MODEL_NAME)
     engine = build_config(EngineConfig, ns, model=model, served_model_name=name, cache=cache)
     return server, engine, build_config(MediaConfig, ns)

@@ -95,7 +95,7 @@ class MediaConfig:
         folders = tuple(Path(p).expanduser().resolve() for p in self.allowed_media_dirs)
         missing = next((f for f in folders if not f.is_dir()), None)
         # (a typo here would refuse every local path, each with a 400 naming the flag)
-        _require(missing is None, f"--allowed-media-dir {missing}: no such folder")
+        _require(missing is None, f"--allowed-media-dir {missing}: not a folder")
         object.__setattr__(self, "allowed_media_dirs", folders)
         object.__setattr__(
             self, "allowed_url_hosts", tuple(h.lower().rstrip(".") for h in self.allowed_url_hosts)

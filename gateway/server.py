@@ -60,10 +60,12 @@ def serve(server: ServerConfig, engine: EngineConfig, media: MediaConfig) -> Non
 
 
 def check_cache_dir(engine: EngineConfig) -> None:
-    """ConfigError when the disk tier's folder is writable by users it should not be (see
-    caches/private_dir.py: world-writable, or group-writable without --cache-dir-group)."""
+    """ConfigError when the disk tier's folder cannot serve as one: it cannot be made or
+    written (under a file, on a read-only mount, another user's), or it is writable by users
+    it should not be (caches/private_dir.py: world-writable, or group-writable without
+    --cache-dir-group). A missing folder is made here, with the tier's modes."""
     from caches.disk import FORMAT_DIR
-    from caches.private_dir import FolderModes, LooseFolder, check_folder
+    from caches.private_dir import FolderModes, LooseFolder, check_folder, make_dirs
 
     folder = engine.cache.cache_dir
     if folder is None:
@@ -71,20 +73,22 @@ def check_cache_dir(engine: EngineConfig) -> None:
     group = engine.cache.cache_dir_group
     modes = FolderModes.group_shared() if group else FolderModes.private()
     try:
+        if not folder.is_dir():
+            make_dirs(folder, modes)
+            log.info("--cache-dir %s did not exist: made it", folder)
+        # Writable first: on a read-only mount, `chmod` (what a loose folder's error asks
+        # for) cannot help.
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(
+                f"--cache-dir {folder}: not writable (a read-only mount, or another user's "
+                "folder); give a folder this user can write, or --no-disk-cache"
+            )
         for path in (folder, folder / FORMAT_DIR):
             check_folder(path, modes)
     except LooseFolder as exc:
         raise ConfigError(f"--cache-dir: {exc}") from None
-    # The folder (or, for one still to be made, its nearest existing parent) must take files:
-    # on a read-only mount the tier would fail later and serve from memory alone, quietly.
-    existing = next(p for p in (folder, *folder.parents) if p.exists())
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"--cache-dir {folder}: {existing} is not writable (a read-only mount, or another "
-            "user's folder); give a folder this user can write, or --no-disk-cache"
-        )
-    if existing != folder:
-        log.info("--cache-dir %s does not exist: creating it", folder)
+    except OSError as exc:  # under a file, on a read-only file system, /proc, ...
+        raise ConfigError(f"--cache-dir {folder}: cannot make or use it: {exc}") from None
 
 
 def bind_socket(server: ServerConfig) -> socket.socket:
@@ -149,11 +153,15 @@ PROBES = frozenset({"/health", "/metrics"})
 def quiet_probes(record: logging.LogRecord) -> bool:
     """uvicorn access-log filter: drop successful GETs of /health and /metrics (a load
     balancer's probe and a scraper's poll every few seconds would drown the requests in the
-    log); their failures, and every other request, are logged. Off at --log-level debug."""
+    log); their failures, and every other request, are logged, without their query string
+    (a client's text, which the log does not keep). Off at --log-level debug."""
     args = record.args
     if isinstance(args, tuple) and len(args) == 5:  # (client, method, path, http version, status)
-        _, method, path, _, status = args
-        return not (method == "GET" and str(path).split("?")[0] in PROBES and status == 200)
+        client, method, path, version, status = args
+        bare = str(path).split("?")[0]
+        if method == "GET" and bare in PROBES and status == 200:
+            return False
+        record.args = (client, method, bare, version, status)
     return True
 
 

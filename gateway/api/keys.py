@@ -136,6 +136,8 @@ def _read_file(path: Path) -> list[tuple[str, str]]:
         except ValueError as exc:
             raise ConfigError(f"--api-keys-file {path}, line {number}: {exc}") from None
         out.append((parts[0], parts[1]))
+    if not out:  # a server meant to need keys would otherwise serve everyone (or no one)
+        raise ConfigError(f"--api-keys-file {path}: holds no `NAME KEY` line")
     return out
 
 
@@ -172,8 +174,9 @@ class Keyring:
             if server.cache_scope == "tenant":
                 log.warning("--cache-scope tenant without keys: every request is one tenant")
             return
-        sources = [name for name, given in (("--api-key", server.api_key),
-                   (str(server.api_keys_file), server.api_keys_file)) if given]  # fmt: skip
+        given = (("--api-key (or VISION_GATEWAY_API_KEY)", server.api_key),
+                 (str(server.api_keys_file), server.api_keys_file))  # fmt: skip
+        sources = [name for name, value in given if value]
         log.info(
             "authentication on: %d tenant key(s) from %s%s%s",
             len(keys.tenants),
@@ -194,6 +197,9 @@ class Keyring:
 
     def reload(self) -> bool:
         """Reread --api-keys-file (SIGHUP); on a mistake keep the old keys (logged)."""
+        if self._server.api_keys_file is None:
+            log.info("SIGHUP: no --api-keys-file to reread; the keys stay as they are")
+            return False
         try:
             keys = load_keys(self._server)
         except ConfigError as exc:

@@ -123,7 +123,8 @@ def test_a_bad_flag_is_one_line_naming_it(
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
-        (["--mlx-cache-limit-mb", "-1"], "--mlx-cache-limit-mb must be >= 0"),
+        (["--mlx-cache-limit-mb", "-1"], "--mlx-cache-limit-mb must be in 0..2^30"),
+        (["--disk-cache-gb", "1e308"], "--disk-cache-gb must be in 0..2^30"),  # finite, no int
         (["--step-trace", "/tmp"], "--step-trace /tmp: is a folder"),
     ],
 )
@@ -159,6 +160,14 @@ def test_a_feature_switched_off_and_tuned_is_refused(flags: list[str]) -> None:
 
 def test_a_missing_allowed_media_dir_is_refused(tmp_path) -> None:  # noqa: ANN001
     """Invariant: `--allowed-media-dir` naming no folder (a typo) is a start-up error, not a
-    server refusing every local path."""
-    with pytest.raises(ConfigError, match="--allowed-media-dir .*: no such folder"):
+    server refusing every local path; an empty one (an unset variable) is a usage error, not
+    the working directory (at `/`: the whole file system)."""
+    with pytest.raises(ConfigError, match="--allowed-media-dir .*: not a folder"):
         _configs("--allowed-media-dir", str(tmp_path / "nope"))
+
+    for flag in ("--allowed-media-dir", "--cache-dir", "--api-keys-file"):
+        with pytest.raises(SystemExit) as exit_info:
+            build_parser().parse_args(["serve", flag, ""])
+        assert exit_info.value.code == 2, flag
+    with pytest.raises(ConfigError, match="--served-model-name is empty"):
+        _configs("--served-model-name", " ")

@@ -135,8 +135,9 @@ def test_a_model_that_cannot_load_is_one_line_before_anything_loads(tmp_path) ->
 
 
 def test_a_read_only_cache_dir_is_refused_at_start(tmp_path) -> None:  # noqa: ANN001
-    """Invariant: a --cache-dir on a read-only mount is a start-up error naming it (was: one
-    ERROR line later and a server without its disk tier); a missing folder is fine (made)."""
+    """Invariant: a --cache-dir on a read-only mount or under a file is a start-up error
+    naming it (was: one ERROR line later and a server without its disk tier, or a
+    traceback); a missing folder is made."""
     from gateway.config import CacheConfig, EngineConfig
     from gateway.server import check_cache_dir
 
@@ -151,25 +152,32 @@ def test_a_read_only_cache_dir_is_refused_at_start(tmp_path) -> None:  # noqa: A
     if made.returncode != 0:
         pytest.skip(f"cannot mount a read-only tmpfs here: {made.stderr.decode().strip()}")
     try:
-        with pytest.raises(ConfigError, match="is not writable"):
-            check_cache_dir(engine(mount / "cache"))
+        for folder in (mount, mount / "cache"):  # read-only: not writable, cannot be made
+            with pytest.raises(ConfigError, match="not writable|Read-only file system"):
+                check_cache_dir(engine(folder))
+        a_file = tmp_path / "a-file"
+        a_file.write_text("x")
+        with pytest.raises(ConfigError, match="cannot make or use it"):
+            check_cache_dir(engine(a_file / "under"))
     finally:
         subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_probe_requests_are_not_access_logged() -> None:
     """Invariant: successful GETs of /health and /metrics (probes, scrapes) leave uvicorn's
-    access log; their failures and every other request stay in it."""
+    access log; their failures and every other request stay in it, without a query string."""
     import logging
 
     from gateway.server import quiet_probes
 
     def record(method: str, path: str, status: int) -> logging.LogRecord:
         args = ("127.0.0.1:5", method, path, "1.1", status)
-        return logging.LogRecord("uvicorn.access", logging.INFO, "", 0, "%s", args, None)
+        fmt = '%s - "%s %s HTTP/%s" %d'  # uvicorn's access line
+        return logging.LogRecord("uvicorn.access", logging.INFO, "", 0, fmt, args, None)
 
     assert not quiet_probes(record("GET", "/health", 200))
     assert not quiet_probes(record("GET", "/metrics?x=1", 200))
     assert quiet_probes(record("GET", "/metrics", 401))
-    assert quiet_probes(record("GET", "/v1/models", 200))
     assert quiet_probes(record("POST", "/health", 405))
+    kept = record("GET", "/v1/cache/entries?limit=SECRET", 200)
+    assert quiet_probes(kept) and "SECRET" not in kept.getMessage()  # no query string

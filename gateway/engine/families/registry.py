@@ -82,6 +82,8 @@ def check_checkpoint(model: str) -> None:
     id that is malformed or, offline, not readable from the local cache. What only loading
     can tell is left to it."""
     folder = Path(model).expanduser()
+    if folder.is_file():
+        raise ValueError(f"{folder} is a file; pass the checkpoint's folder (or a hub id)")
     if folder.is_dir():
         if not (folder / "config.json").is_file():
             raise ValueError(f"{folder} holds no config.json: not a model checkpoint folder")

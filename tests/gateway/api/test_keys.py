@@ -93,6 +93,7 @@ def test_the_cache_scope_follows_the_mode_and_the_salt(tmp_path: Path) -> None:
         ("alice k0\n", "to tenant 'default' and tenant 'alice'"),
         ("alice k1\nbob k1 \n", "to tenant 'alice' and tenant 'bob'"),  # one key once stripped
         ("default k2\n", "'default'"),
+        ("# only a comment\n\n", "holds no `NAME KEY` line"),  # was: authentication off
     ],
 )
 def test_a_bad_keys_file_is_refused_naming_the_line(
