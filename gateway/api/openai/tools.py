@@ -10,6 +10,7 @@ from typing import Any
 from gateway.api import fields
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatMessage
+from gateway.tools.history import HistoryMistake, check_calls
 from gateway.tools.spec import ToolCall, ToolChoice, ToolSet, check_named, check_tool, check_tools
 
 _CHOICES = '\'none\', \'auto\', \'required\' or {"type": "function", "function": {"name": ...}}'
@@ -97,40 +98,14 @@ def tool_calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
 
 
 def check_call_ids(messages: tuple[ChatMessage, ...]) -> None:
-    """OpenAI's rules for a tool history (each a 400 naming the field): call ids are unique;
-    an assistant message with `tool_calls` is followed by one tool message per call, each
-    answering one of those calls, before any other message (an agent that drops a result,
-    answers a call twice or sends a result out of place fails here as on OpenAI's API)."""
-    made: set[str] = set()
-    open_calls: dict[str, str] = {}  # the last assistant turn's unanswered calls -> id field
-    for i, message in enumerate(messages):
-        if open_calls and message.role != "tool":
-            _unanswered(open_calls)
-        for j, call in enumerate(message.tool_calls):
-            where = f"messages[{i}].tool_calls[{j}].id"
-            if call.id in made:
-                raise invalid(f"`{where}` {call.id!r} is the id of an earlier call", where)
-            made.add(call.id)
-            open_calls[call.id] = where
-        if message.role == "tool":
-            call_id, where = message.tool_call_id, f"messages[{i}].tool_call_id"
-            if call_id not in open_calls:
-                why = "was answered already" if call_id in made else "matches no tool call"
-                raise invalid(
-                    f"`{where}` {call_id!r} {why}: a tool message answers a call of the "
-                    "assistant message just before it",
-                    where,
-                )
-            del open_calls[call_id]
-    if open_calls:
-        _unanswered(open_calls)
-
-
-def _unanswered(open_calls: dict[str, str]) -> None:
-    """400 naming the first call of `open_calls` (id -> its field) that got no answer."""
-    call_id, where = next(iter(open_calls.items()))
-    raise invalid(
-        f"`{where}` {call_id!r} has no answer: an assistant message with `tool_calls` must be "
-        "followed by a tool message answering each call before any other message",
-        where,
-    )
+    """OpenAI's rules for a tool history (gateway.tools.history), each broken one a 400
+    naming the call's id (`messages[i].tool_calls[j].id`: a duplicate, an unanswered call)
+    or the tool message (`messages[i].tool_call_id`: an answer to no open call)."""
+    try:
+        check_calls(messages)
+    except HistoryMistake as mistake:
+        if mistake.kind in ("duplicate", "unanswered"):
+            where = f"messages[{mistake.message}].tool_calls[{mistake.call}].id"
+        else:
+            where = f"messages[{mistake.message}].tool_call_id"
+        raise invalid(f"`{where}` {mistake}", where) from None

@@ -18,6 +18,7 @@ from typing import Any
 from gateway.api import fields
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatMessage, Part, TextPart
+from gateway.tools.history import HistoryMistake, check_calls
 from gateway.tools.spec import ToolCall, ToolChoice, ToolSet, check_named, check_tool, check_tools
 
 _CHOICES = "'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}"
@@ -129,45 +130,20 @@ def tool_message(call_id: str, parts: tuple[Part, ...]) -> ChatMessage:
 def link_outputs(
     history: Sequence[ChatMessage], new: Sequence[ChatMessage], params: Sequence[str]
 ) -> tuple[ChatMessage, ...]:
-    """`new` with each tool message named after the call it answers. OpenAI's rules over the
-    whole conversation (`history`, then `new`), each a 400: call ids are unique; every
-    function call is answered by one function_call_output before the next other item (a
-    continued response's calls by this input); an output answers an open call. `params` are
-    the `call_id` field paths of `new`'s tool messages, in order; other mistakes name
-    `input`."""
-    made: set[str] = set()
-    open_calls: dict[str, str] = {}  # the calls not yet answered -> their functions' names
-    at = iter(["history"] * sum(m.role == "tool" for m in history) + list(params))
-    out = []
-    for message in (*history, *new):
-        if open_calls and message.role != "tool":
-            _unanswered(open_calls)
-        for call in message.tool_calls:
-            if call.id in made:
-                raise invalid(f"`input`: {call.id!r} is the call_id of two function calls", "input")
-            made.add(call.id)
-            open_calls[call.id] = call.name
-        if message.role == "tool":
-            param = next(at)
-            call_id = message.tool_call_id
-            if call_id not in open_calls:
-                why = "was answered already" if call_id in made else "matches no function call"
-                raise invalid(
-                    f"`{param}` {call_id!r} {why} (of this input or of the conversation "
-                    "continued by `previous_response_id`)",
-                    param,
-                )
-            message = replace(message, name=open_calls.pop(call_id))
-        out.append(message)
-    if open_calls:
-        _unanswered(open_calls)
-    return tuple(out[len(history) :])
-
-
-def _unanswered(open_calls: dict[str, str]) -> None:
-    listed = ", ".join(map(repr, open_calls))
-    raise invalid(
-        f"`input`: no function_call_output for the function call {listed}: send one for each "
-        "call before anything else",
-        "input",
+    """`new` with each tool message named after the call it answers, once the whole
+    conversation (`history`, then `new`) keeps OpenAI's rules (gateway.tools.history; a
+    continued response's calls are answered by this input): else a 400 naming the output's
+    `call_id` (`params`: those of `new`'s tool messages, in order) or `input`."""
+    try:
+        check_calls((*history, *new))
+    except HistoryMistake as mistake:
+        where = "input"
+        if mistake.kind in ("answered", "unknown") and mistake.message >= len(history):
+            tools = [i for i, m in enumerate(new) if m.role == "tool"]
+            where = params[tools.index(mistake.message - len(history))]
+        raise invalid(f"`{where}` {mistake} (of this input or of the conversation continued "
+                      "by `previous_response_id`)", where) from None  # fmt: skip
+    names = {call.id: call.name for m in (*history, *new) for call in m.tool_calls}
+    return tuple(
+        replace(m, name=names[m.tool_call_id or ""]) if m.role == "tool" else m for m in new
     )
