@@ -176,9 +176,15 @@ class PromptBuilder:
     def tool_grammar(self, chat: ChatRequest) -> str | None:
         """The grammar this request decodes under: its tools' (when constrained), else its
         `response_format`'s, else None."""
-        if chat.tools is None or not chat.tools.constrained or self.tool_format is None:
+        fmt = self.call_format(chat)
+        if fmt is None or chat.tools is None:
             return chat.grammar
-        return tool_grammar(self.tool_format, chat.tools, self._added.__contains__)
+        return tool_grammar(fmt, chat.tools, self._added.__contains__)
+
+    def call_format(self, chat: ChatRequest) -> ToolFormat | None:
+        """The call syntax the answer decodes under (its tools constrain it), else None."""
+        constrained = chat.tools is not None and chat.tools.constrained
+        return self.tool_format if constrained else None
 
     def _grid(self, index: int, item: Media) -> Grid:
         what = "video frames" if isinstance(item, DecodedVideo) else "image"
@@ -291,7 +297,10 @@ class PromptBuilder:
                 "min_tokens",
             )
         max_tokens = chat.max_tokens or min(self._default_max_tokens, room)
-        stop_until = self._calls_open(chat, grammar)  # set: the grammar is the tools'
+        calls = self.call_format(chat)
+        # Stop strings end only the text before the first call: a call is never cut into
+        # invalid JSON.
+        stop_until = (calls.open or calls.head) if calls is not None else None
         if chat.min_tokens > max_tokens:
             raise invalid(
                 f"`min_tokens` ({chat.min_tokens}) exceeds max_tokens ({max_tokens})",
@@ -309,7 +318,7 @@ class PromptBuilder:
             top_logprobs=chat.top_logprobs,
             ignore_eos=chat.ignore_eos,
             grammar=grammar,
-            grammar_field="tools" if stop_until is not None else chat.grammar_field,
+            grammar_field="tools" if calls is not None else chat.grammar_field,
             presence_penalty=chat.presence_penalty,
             frequency_penalty=chat.frequency_penalty,
             repetition_penalty=chat.repetition_penalty,
@@ -318,14 +327,6 @@ class PromptBuilder:
             n=chat.n,
             thinking=thinking,
         )
-
-    def _calls_open(self, chat: ChatRequest, grammar: str | None) -> str | None:
-        """Where the answer's tool calls begin when it decodes under the tool grammar (stop
-        strings apply only before it: a call is never cut into invalid JSON), else None."""
-        fmt = self.tool_format
-        if fmt is None or grammar is None or chat.tools is None or not chat.tools.constrained:
-            return None
-        return fmt.open or fmt.head
 
     def _logit_bias(self, chat: ChatRequest) -> tuple[tuple[int, float], ...]:
         """`logit_bias` with every token id inside the tokenizer's vocabulary (else a 400

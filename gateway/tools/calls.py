@@ -16,6 +16,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
+from gateway.engine.tokens.holdback import held_length
 from gateway.tools.formats import ToolFormat
 from gateway.tools.spec import ToolCall
 
@@ -50,14 +51,6 @@ Piece = TextPiece | CallStart | CallArgs | CallEnd
 def new_call_id(prefix: str) -> str:
     """A fresh call id (`call_...`, `toolu_...`): 24 random hex digits after the prefix."""
     return f"{prefix}{secrets.token_hex(12)}"
-
-
-def _held(text: str, marker: str) -> int:
-    """The length of the longest end of `text` that is a proper start of `marker`."""
-    for n in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-n:]):
-            return n
-    return 0
 
 
 class CallSplitter:
@@ -174,7 +167,7 @@ class CallSplitter:
             self._buf = self._buf[at + len(fmt.open) :]
             self._state = "head"
             return True
-        keep = _held(self._buf, fmt.open)
+        keep = held_length(self._buf, fmt.open)
         ready = self._buf[: len(self._buf) - keep]
         if ready:
             self._emit_text(out, ready)

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 
 from gateway.engine.request import SamplingParams, TokenLogprob
 from gateway.engine.tokens.detokenizer import Detokenizer
+from gateway.engine.tokens.holdback import held_length
 from gateway.engine.tokens.logprobs import LogprobValues
 from gateway.engine.tokens.thinking import Kind, Phase, Phases
 
@@ -75,14 +76,6 @@ class _Lead:
         """The end of the channel: text held back as a possible header is text after all."""
         out, self._held, self.done = self._held.lstrip("\n"), "", True
         return out
-
-
-def _overlap(text: str, marker: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
-    for k in range(min(len(marker) - 1, len(text)), 0, -1):
-        if text.endswith(marker[:k]):
-            return k
-    return 0
 
 
 class OutputState:
@@ -196,7 +189,7 @@ class OutputState:
             if at >= 0:
                 free = at
             elif not final:
-                maybe_marker = _overlap(text, marker)
+                maybe_marker = held_length(text, marker)
                 free -= maybe_marker
         for stop in stops:
             at = text.find(stop, 0, free)
@@ -214,7 +207,7 @@ class OutputState:
 
     def _partial_stop_len(self, text: str) -> int:
         """Length of the longest suffix of `text` that could begin a stop string."""
-        return max((_overlap(text, stop) for stop in self._params.stop), default=0)
+        return max((held_length(text, stop) for stop in self._params.stop), default=0)
 
     def logprob(self, token: int, values: LogprobValues) -> TokenLogprob:
         """The sampled token's logprob and the requested top alternatives, with their text
