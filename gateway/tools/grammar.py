@@ -6,8 +6,8 @@ validate against that tool's JSON Schema.
               call marker, and once the marker is written the call is forced through
               (llguidance's lazy lexeme: the text ends at the first marker);
               (llama3_json) text that does not start with "{", or one call
-    required  calls only, from the first token
-    named     one call of the named tool, from the first token
+    required  calls only, from the first token (one call without parallel calls)
+    named     exactly one call of the named tool, from the first token
 
 After the last call only an end-of-sequence token is allowed. Arguments use the structured
 output's fixed separators (", " and ": ", no other whitespace), so a schema whose values are
@@ -64,7 +64,7 @@ def tool_grammar(fmt: ToolFormat, tools: ToolSet, is_token: Callable[[str], bool
     close = f" {marker(fmt.close)}" if fmt.close else ""
     rules.append(f"body: ({' | '.join(bodies)}){close}")
     open_ = marker(fmt.open) if fmt.open else ""
-    many = tools.parallel and fmt.parallel
+    many = tools.many and fmt.parallel
     sep = _lit(fmt.separator) if fmt.separator else ""
     more = f" ({sep} {open_} body)*" if many else ""
     if tools.choice.mode in ("required", "named"):

@@ -51,7 +51,8 @@ class Tool:
 @dataclass(frozen=True)
 class ToolChoice:
     """`mode` none: never call (tools are still shown to the model); auto: text or calls;
-    required: at least one call; named: one call of `name`."""
+    required: at least one call (exactly one without parallel calls); named: exactly one call
+    of `name`, whatever `parallel` says."""
 
     mode: str = "auto"
     name: str | None = None
@@ -71,6 +72,13 @@ class ToolSet:
     tools: tuple[Tool, ...]
     choice: ToolChoice = ToolChoice()
     parallel: bool = True
+
+    @property
+    def many(self) -> bool:
+        """Whether one answer may hold several calls. A named choice is exactly one call of
+        its tool (OpenAI's "forced function": a random-weight model under a per-tool grammar
+        otherwise chained calls until max_tokens); `parallel_tool_calls: false` is one call."""
+        return self.parallel and self.choice.mode != "named"
 
     @property
     def constrained(self) -> bool:

@@ -3,8 +3,9 @@
 Pinned: valid calls are accepted and end the answer; an unknown name, arguments that break the
 schema, free text after the marker or after a call are refused; `auto` allows plain text but
 not the marker spelled inside it; `required` refuses text; a named choice allows only its
-tool; without parallel calls a second call is refused; Qwen3's `<tool_call>` is one token and
-Qwen-VL's is text, both handled; random walks under the mask always end in a valid call.
+tool, exactly once (parallel calls or not); without parallel calls a second call is refused;
+Qwen3's `<tool_call>` is one token and Qwen-VL's is text, both handled; random walks under the
+mask always end in a valid call.
 """
 
 from __future__ import annotations
@@ -94,6 +95,22 @@ def test_hermes_required_named_and_single(qwen: Checker) -> None:
     single = qwen.grammar(HERMES, ToolChoice("required"), parallel=False)
     assert qwen.accepts(single, ok)
     assert not qwen.accepts(single, ok + "\n" + ok)
+
+
+def test_a_named_choice_is_exactly_one_call_even_with_parallel_calls(qwen: Checker) -> None:
+    """Invariant: a named tool_choice is one call of that tool and then the end of the answer
+    (OpenAI's forced function), whether or not parallel calls are allowed; was: the named tool
+    could be called again and again (a tiny model at temperature 1 made 4 calls)."""
+    hi = _call("type_text", {"text": "hi"})
+    for parallel in (True, False):
+        named = qwen.grammar(HERMES, ToolChoice("named", "type_text"), parallel)
+        assert qwen.accepts(named, hi)
+        assert not qwen.accepts(named, hi + "\n" + hi)
+        assert not qwen.accepts(named, hi + "\n")
+        assert not qwen.accepts(named, hi + " done")
+        assert not qwen.accepts(named, "ok " + hi)
+    required = qwen.grammar(HERMES, ToolChoice("required"), parallel=True)
+    assert qwen.accepts(required, hi + "\n" + hi)  # `required` alone still allows several
 
 
 def test_llama3_json() -> None:
