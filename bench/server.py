@@ -41,7 +41,11 @@ class LocalServer:
     """
 
     def __init__(
-        self, args: Sequence[str], ready_timeout_s: float = 300.0, command: str = "serve"
+        self,
+        args: Sequence[str],
+        ready_timeout_s: float = 300.0,
+        command: str = "serve",
+        launcher: Sequence[str] = (),
     ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -50,7 +54,10 @@ class LocalServer:
         self.log_path = Path(log_name)
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         args = memory_only_unless_asked(args)
-        cmd = [sys.executable, "-m", "gateway", command, "--port", str(self.port), *args]
+        # `launcher`: a script (and its own arguments) taking serve's flags instead of
+        # `python -m gateway COMMAND` (tests/clients/scripted_server.py)
+        head = list(launcher) or ["-m", "gateway", command]
+        cmd = [sys.executable, *head, "--port", str(self.port), *args]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         self._wait_ready(ready_timeout_s)
