@@ -108,7 +108,11 @@ def codex(base_url: str, model: str, prompt: str, home: Path, cwd: Path, *flags:
     config = home / ".codex" / "config.toml"
     config.parent.mkdir(parents=True, exist_ok=True)
     config.write_text(CODEX_CONFIG.format(model=model, base_url=base_url))
-    env = {**_base_env(home), "VISION_GATEWAY_API_KEY": "sk-local", "CODEX_HOME": str(home / ".codex")}
+    env = {
+        **_base_env(home),
+        "VISION_GATEWAY_API_KEY": "sk-local",
+        "CODEX_HOME": str(home / ".codex"),
+    }
     cmd = [str(agent("codex")), "exec", "--json", "--skip-git-repo-check", *flags, prompt]
     return _run(cmd, env, cwd)
 

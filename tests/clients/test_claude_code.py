@@ -1,0 +1,89 @@
+"""End to end: the real Claude Code CLI (pinned in tests/clients/package.json), unmodified and
+configured the documented way (ANTHROPIC_BASE_URL, ANTHROPIC_MODEL), against the gateway's
+Anthropic Messages API on the tiny qwen3 text model.
+
+What it pins: Claude Code's own requests (a ~24k-token system prompt and tool list, streamed,
+with `thinking`, `context_management`, `output_config`, mid-conversation system messages and
+a 32000-token `max_tokens` ceiling) are served, not refused; a second run of the same prompt
+reads at least 90% of its input from the prefix cache, as the CLI's own usage report says;
+and a tool round trip: the model (scripted, tests/clients/scripted_engine.py) calls `Bash`,
+Claude Code runs the command and sends the result back, and the run ends on the model's text.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from clients.agent_cli import claude, claude_result
+from support import tiny_model
+
+from bench.server import LocalServer
+
+HERE = Path(__file__).resolve().parent
+PROOF = "written by the gateway's tool round trip"
+CALL = {"name": "Bash", "arguments": {"command": f"echo '{PROOF}' > proof.txt",
+                                      "description": "Write the proof file"}}  # fmt: skip
+RULES = [
+    {"prompt_contains": '"name": "Bash"', "last_turn_contains": "Write the proof file",
+     "last_turn_lacks": "<tool_response>",
+     "answer": f"<tool_call>\n{json.dumps(CALL)}\n</tool_call>"},
+    {"prompt_contains": '"name": "Bash"', "last_turn_contains": "<tool_response>",
+     "answer": "The proof file is written."},
+]  # fmt: skip
+
+
+def _cached_share(result: dict) -> float:
+    usage = result["usage"]
+    read = usage.get("cache_read_input_tokens", 0)
+    total = usage["input_tokens"] + read + usage.get("cache_creation_input_tokens", 0)
+    return read / total
+
+
+def test_claude_code_runs_twice_and_the_second_run_is_served_from_the_cache(
+    tmp_path: Path,
+) -> None:
+    """Invariant: Claude Code's requests are accepted (no 4xx), and the second run of the
+    same prompt reads >= 90% of its input tokens from the prefix cache."""
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ["--model", str(tiny_model("qwen3")), "--served-model-name", "qwen3", "--no-warmup"]
+    with LocalServer(args) as server:
+        runs = [
+            claude_result(claude(server.base_url, "qwen3", "Say hello.", tmp_path / f"home{i}",
+                                 work))  # fmt: skip
+            for i in range(2)
+        ]
+        log = server.log(200_000)
+    assert " 400 " not in log and " 422 " not in log, log[-5000:]
+    first, second = runs
+    assert not first["is_error"] and not second["is_error"], runs
+    assert first["usage"]["input_tokens"] + first["usage"].get("cache_read_input_tokens", 0) > 5000
+    assert _cached_share(second) >= 0.9, second["usage"]
+
+
+@pytest.fixture
+def scripted(tmp_path: Path):  # noqa: ANN201
+    script = tmp_path / "rules.json"
+    script.write_text(json.dumps(RULES))
+    launcher = [str(HERE / "scripted_server.py"), str(script)]
+    args = ["--model", str(tiny_model("qwen3")), "--served-model-name", "qwen3", "--no-warmup"]
+    with LocalServer(args, launcher=launcher) as server:
+        yield server
+
+
+def test_claude_code_runs_the_bash_call_and_sends_the_result_back(
+    scripted: LocalServer, tmp_path: Path
+) -> None:
+    """Invariant: a Bash tool call from the model (as tool_use blocks, streamed) is run by
+    Claude Code, its tool_result goes back in the next request, and the run ends on the
+    model's answer to it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    run = claude(scripted.base_url, "qwen3", "Write the proof file.", tmp_path / "home", work,
+                 "--allowedTools", "Bash")  # fmt: skip
+    result = claude_result(run)
+    assert (work / "proof.txt").read_text().strip() == PROOF, run.explain()
+    assert result["result"] == "The proof file is written.", result
+    assert result["num_turns"] >= 2, result
