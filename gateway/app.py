@@ -159,7 +159,7 @@ class Gateway:
 
     def _drain(self) -> None:
         if self._shutdown_begun:  # a second signal: uvicorn exits at once, end streams now
-            self._interrupt()
+            self._interrupt(forced=True)
             return
         self._shutdown_begun = True
         self.pipeline.close()
@@ -169,14 +169,19 @@ class Gateway:
         # deadline cancels their tasks.
         self._loop.call_later(max(0.0, grace - min(1.0, grace / 2)), self._interrupt)
 
-    def _interrupt(self) -> None:
-        grace = self.server.shutdown_grace_s
-        count = self.pipeline.interrupt_all(
-            f"the server is shutting down and its --shutdown-grace of {grace:g} s is over; "
-            "the answer is incomplete"
-        )
+    def _interrupt(self, forced: bool = False) -> None:
+        """End the running requests with an error that says why: the grace period is over, or
+        a second signal forced the shutdown (a client told 'the grace is over' a second after
+        Ctrl-C would look for a timeout that never was)."""
+        if forced:
+            why = "the server's shutdown was forced (a second Ctrl-C or signal while it drained)"
+        else:
+            grace = self.server.shutdown_grace_s
+            why = f"the server is shutting down and its --shutdown-grace of {grace:g} s is over"
+        count = self.pipeline.interrupt_all(f"{why}; the answer is incomplete")
         if count:
-            log.warning("shutdown: ended %d running request(s) with an error event", count)
+            how = "shutdown forced" if forced else "shutdown"
+            log.warning("%s: ended %d running request(s) with an error event", how, count)
 
     # ----- helpers ----------------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ and `run_app` for its ingress. Order matters for a new user: the port is bound f
 port fails in a second, not after minutes of model loading), then the model is resolved, then
 the app starts. SIGINT and SIGTERM (from a terminal's Ctrl-C or a service manager, to the
 whole process group) drain running requests and return normally: the process exits 0, without
-a traceback. SIGHUP rereads --api-keys-file.
+a traceback. A second one while draining forces the shutdown: running requests end at once
+with an error saying so, and the process still exits 0 without a traceback, within about a
+second. SIGHUP rereads --api-keys-file.
 
 What the server writes is its users' (cached images and prompts, docs/security.md): `serve`
 sets the process umask to 077 (the engine process inherits it), so every folder and file it
@@ -15,6 +17,7 @@ loading anything.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import errno
@@ -148,6 +151,9 @@ def resolve_model(engine: EngineConfig) -> tuple[EngineConfig, str | None]:
 
 
 PROBES = frozenset({"/health", "/metrics"})
+# After a forced shutdown (a second Ctrl-C), how long the interrupted streams may take to send
+# their error event and close before the app shuts down.
+FORCED_CLOSE_S = 1.0
 
 
 def quiet_probes(record: logging.LogRecord) -> bool:
@@ -213,6 +219,21 @@ def uvicorn_server(app: Any, server: ServerConfig) -> Any:
             finally:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().shutdown(sockets)
+            if self.force_exit:  # a second Ctrl-C while draining
+                # uvicorn skips the app's shutdown then, so asyncio cancels the lifespan task
+                # on its way out: a CancelledError traceback, and the engine is not stopped.
+                # The app already ended the running requests (begin_shutdown); their error
+                # events get a moment to reach the clients, then the app shuts down as usual.
+                await self._connections_closed(FORCED_CLOSE_S)
+                await self.lifespan.shutdown()
+
+        async def _connections_closed(self, timeout: float) -> None:
+            deadline = asyncio.get_running_loop().time() + timeout
+            while self.server_state.connections and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.02)
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)

@@ -1,6 +1,7 @@
 """`vision-gateway serve` as a process: a busy port fails at once, before the model loads, and
 Ctrl-C (SIGINT to the process group) or SIGTERM drains and exits 0 without a traceback, on
-both event loops.
+both event loops; a second Ctrl-C during the drain forces a prompt exit, still without a
+traceback, and tells the interrupted client that the shutdown was forced.
 
 Real signals to a real `python -m gateway serve` subprocess on 127.0.0.1 (the tiny model, no
 warm-up); each server runs in its own session so that its process group is the server and
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -77,6 +79,51 @@ def test_a_signal_to_the_process_group_drains_and_exits_0(sig: int, loop: str) -
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err and "terminate called" not in err, err[-3000:]
     assert "Application shutdown complete" in err, err[-3000:]
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_a_second_ctrl_c_forces_the_shutdown_without_a_traceback(loop: str) -> None:
+    """Invariant: a second Ctrl-C while a long stream keeps the drain waiting (the default 30 s
+    grace) exits at once, 0, without a traceback, and the stream's client (the openai SDK) gets
+    an error saying the shutdown was forced (was: a CancelledError traceback from the app's
+    lifespan, the engine left unstopped, and the client told the 30 s grace was over after 1 s)."""
+    import openai
+
+    port = free_port()
+    proc = _start(port, "--loop", loop)
+    _wait_ready(proc, port)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+    chunks, errors = [], []
+
+    def read() -> None:
+        try:
+            for chunk in client.chat.completions.create(
+                model=tiny_model().name, messages=[{"role": "user", "content": "a long story"}],
+                max_tokens=20_000, temperature=0, stream=True,
+            ):  # fmt: skip
+                chunks.append(chunk)
+        except openai.APIError as exc:
+            errors.append(exc.message)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 60
+    while len(chunks) < 3 and reader.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(chunks) >= 3, errors
+    os.killpg(proc.pid, signal.SIGINT)
+    time.sleep(1.0)
+    assert proc.poll() is None, "the first Ctrl-C did not wait for the running stream"
+    os.killpg(proc.pid, signal.SIGINT)
+    forced = time.monotonic()
+    err = _finish(proc, 30)
+    assert time.monotonic() - forced < 5, err[-3000:]
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "terminate called" not in err, err[-3000:]
+    assert "Application shutdown complete" in err, err[-3000:]  # the engine was stopped
+    reader.join(10)
+    assert len(errors) == 1 and "shutdown was forced" in errors[0], errors
+    assert "grace" not in errors[0], errors
 
 
 def test_a_busy_port_fails_before_the_model_loads() -> None:
