@@ -107,16 +107,21 @@ def test_a_second_ctrl_c_forces_the_shutdown_without_a_traceback(loop: str) -> N
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    deadline = time.monotonic() + 60
-    while len(chunks) < 3 and reader.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(chunks) >= 3, errors
-    os.killpg(proc.pid, signal.SIGINT)
-    time.sleep(1.0)
-    assert proc.poll() is None, "the first Ctrl-C did not wait for the running stream"
-    os.killpg(proc.pid, signal.SIGINT)
-    forced = time.monotonic()
-    err = _finish(proc, 30)
+    try:
+        deadline = time.monotonic() + 60
+        while len(chunks) < 3 and reader.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(chunks) >= 3, errors
+        os.killpg(proc.pid, signal.SIGINT)
+        time.sleep(1.0)
+        assert proc.poll() is None, "the first Ctrl-C did not wait for the running stream"
+        os.killpg(proc.pid, signal.SIGINT)
+        forced = time.monotonic()
+        err = _finish(proc, 30)
+    finally:  # a failed test leaves no server behind
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
     assert time.monotonic() - forced < 5, err[-3000:]
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err and "terminate called" not in err, err[-3000:]
