@@ -224,9 +224,10 @@ def uvicorn_server(app: Any, server: ServerConfig) -> Any:
             await super().shutdown(sockets)
             if self.force_exit:  # a second Ctrl-C while draining
                 # uvicorn skips the app's shutdown then, so asyncio cancels the lifespan task
-                # on its way out: a CancelledError traceback, and the engine is not stopped.
-                # The app already ended the running requests (begin_shutdown); their error
-                # events get a moment to reach the clients, then the app shuts down as usual.
+                # on its way out: a CancelledError traceback, the app's clean-up run under
+                # cancellation. The app already ended the running requests (begin_shutdown);
+                # their error events get a moment to reach the clients, then the app shuts
+                # down as usual.
                 await self._connections_closed(FORCED_CLOSE_S)
                 await self.lifespan.shutdown()
 
