@@ -40,6 +40,7 @@ from gateway.engine.core import Engine
 from gateway.engine.families.family import ModelFamily
 from gateway.engine.remote.client import RemoteEngine
 from gateway.errors import APIError
+from gateway.frontend.context import context_window
 from gateway.frontend.errors import engine_unavailable
 from gateway.frontend.pipeline import ChatPipeline
 from gateway.frontend.prompt import PromptBuilder
@@ -103,7 +104,7 @@ class Gateway:
             prompts = PromptBuilder(
                 self.engine.model,
                 self.engine.needs_pixels,
-                self.engine_config.max_context_tokens,
+                context_window(self.engine.model, self.engine_config, self.engine.on_gpu).tokens,
                 self.engine_config.default_max_tokens,
                 self.engine_config.tool_call_parser,
             )
@@ -211,6 +212,9 @@ class Gateway:
         model = self.engine.model
         if model is not None:  # the family, its media and what it caches
             card.update(model.describe())
+        prompts = self.pipeline.prompts
+        if prompts is not None:  # the context, prompt + answer (vLLM's and OpenRouter's names)
+            card.update(max_model_len=prompts.max_context, context_length=prompts.max_context)
         if self.notice:
             card["notice"] = self.notice
         return JSONResponse({"object": "list", "data": [card]})

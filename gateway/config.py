@@ -168,10 +168,18 @@ class EngineConfig:
     )
     default_max_tokens: int = flag(
         "--default-max-tokens",
-        "tokens to generate at most when a request sets no max_tokens (bounded by --max-context)",
+        "tokens to generate at most when a request sets no max_tokens (bounded by the context)",
         512,
     )
-    max_context_tokens: int = flag("--max-context", "prompt + completion tokens", 32768)
+    # 0: the checkpoint's own context bounded by memory (gateway.frontend.context decides
+    # once the model is loaded); a request's max_tokens is capped to the room its prompt
+    # leaves in it.
+    max_context_tokens: int = flag(
+        "--max-context",
+        "prompt + completion tokens; 0: the checkpoint's own context (max_position_embeddings), "
+        "bounded by the memory left for one row's KV after the weights and cache budgets",
+        0,
+    )
     tool_call_parser: str = flag(  # the tool-call syntax; auto: read from the chat template
         "--tool-call-parser",
         "tool-call syntax: auto (from the chat template), hermes, llama3_json, none (off)",
@@ -227,7 +235,10 @@ class EngineConfig:
         _require(self.prefill_chunk_tokens >= 16, "--prefill-chunk must be >= 16")
         _require(0 <= self.admission_budget <= 1000, "--admission-budget must be in 0..1000")
         _require(self.default_max_tokens >= 1, "--default-max-tokens must be >= 1")
-        _require(self.max_context_tokens >= 16, "--max-context must be >= 16")
+        _require(
+            self.max_context_tokens == 0 or self.max_context_tokens >= 16,
+            "--max-context must be 0 (the checkpoint's own) or >= 16",
+        )
         _require(
             all(16 <= s <= 4096 for s in self.warmup_image_sizes),
             "--warmup-image-size must be between 16 and 4096 pixels",

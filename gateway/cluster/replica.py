@@ -36,6 +36,7 @@ from gateway.config import EngineConfig
 from gateway.engine.client import EngineClient
 from gateway.engine.request import EngineRequest, Event, FinishEvent, ends_request
 from gateway.engine.wire import Call, Events, ReplicaInfo, answer
+from gateway.frontend.context import context_window
 from gateway.frontend.prompt import PromptBuilder
 from gateway.frontend.streams import EventStream, LoopDelivery
 
@@ -73,7 +74,7 @@ class EngineReplica:
             prompts = PromptBuilder(
                 self.engine.model,
                 self.engine.needs_pixels,
-                config.max_context_tokens,
+                context_window(self.engine.model, config, self.engine.on_gpu).tokens,
                 config.default_max_tokens,
                 config.tool_call_parser,
             )

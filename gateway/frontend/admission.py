@@ -53,14 +53,19 @@ class Admission:
     # events' `reasoning` text is rendered as the API's thinking (reasoning_content,
     # thinking blocks, reasoning items).
     thinks: bool = False
+    # The most tokens the answer may have: the request's max_tokens, or less where the
+    # prompt leaves less room in the context (None: not told).
+    max_tokens: int | None = None
 
     def headers(self) -> dict[str, str]:
         """x-request-id, x-cache (hits and cached tokens) and Server-Timing, the same for
-        every API; x-ignored-fields when the body held fields the API's parser ignored."""
+        every API; x-ignored-fields when the body held fields the API's parser ignored;
+        x-max-tokens-capped when its max_tokens was more than the context leaves."""
         e = self.event
         ignored = {"x-ignored-fields": ", ".join(self.chat.ignored_fields)}
         return {
             **(ignored if self.chat.ignored_fields else {}),
+            **self._capped(),
             "x-request-id": self.request_id,
             "x-cache": (
                 f"vision-hits={e.vision_hits}; vision-misses={e.vision_misses}; "
@@ -70,3 +75,18 @@ class Admission:
             ),
             "server-timing": self.timings.server_timing(),
         }
+
+    def _capped(self) -> dict[str, str]:
+        """`x-max-tokens-capped: requested=32000; capped=17231; prompt-tokens=23537;
+        context=40768` when the request's max_tokens (max_output_tokens) was more than the
+        room its prompt left in the context; the answer then ends with the API's length
+        reason if it gets there."""
+        asked, granted = self.chat.max_tokens, self.max_tokens
+        if asked is None or granted is None or granted >= asked:
+            return {}
+        prompt = self.event.prompt_tokens
+        value = (
+            f"requested={asked}; capped={granted}; prompt-tokens={prompt}; "
+            f"context={prompt + granted}"
+        )
+        return {"x-max-tokens-capped": value}

@@ -201,7 +201,8 @@ class ChatPipeline:
         calls = chat.tools is not None and chat.tools.constrained
         fmt = prompts.tool_format if calls else None
         thinks = prepared.sampling.thinking is not None
-        return Admission(request_id, chat, first, stream, timings, fmt, thinks)
+        cap = prepared.sampling.max_tokens
+        return Admission(request_id, chat, first, stream, timings, fmt, thinks, cap)
 
 
 async def _both(first: Awaitable[_A], second: Awaitable[_B]) -> tuple[_A, _B]:

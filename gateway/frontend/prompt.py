@@ -110,6 +110,11 @@ class PromptBuilder:
         # The thinking markers of this checkpoint (None: it does not think; answers are whole).
         self.reasoning: Reasoning | None = Reasoning.of(model.chat_template, model.tokenize)
 
+    @property
+    def max_context(self) -> int:
+        """Prompt + answer tokens a request may take (/v1/models' max_model_len)."""
+        return self._max_context
+
     def count(self, chat: ChatRequest, media: Sequence[Media]) -> int:
         """The prompt's length in tokens, image and video tokens included (no pixel work)."""
         return len(self._layout(chat, media)[0])
@@ -273,20 +278,15 @@ class PromptBuilder:
     def _sampling(
         self, chat: ChatRequest, prompt_len: int, thinking: ThinkingParams | None
     ) -> SamplingParams:
+        # `prompt_len` is the count usage reports (the engine's prompt_tokens): one number.
         room = self._max_context - prompt_len
         if room < 1:
             raise invalid(
-                f"the prompt is {prompt_len} tokens (images included) but this server's context "
-                f"is {self._max_context} tokens; shorten the conversation, send smaller or fewer "
-                "images, or start the server with a larger --max-context",
+                f"the prompt is {prompt_len} tokens (images, tools and the chat template "
+                f"included) and this server's context is {self._max_context} tokens (prompt + "
+                "answer), which leaves no room for an answer; shorten the conversation, send "
+                "smaller or fewer images, or start the server with a larger --max-context",
                 "messages",
-                "context_length_exceeded",
-            )
-        if chat.max_tokens is not None and chat.max_tokens > room:
-            raise invalid(
-                f"max_tokens ({chat.max_tokens}) plus the prompt ({prompt_len} tokens) exceeds "
-                f"the context of {self._max_context} tokens; ask for at most {room}",
-                "max_tokens",
                 "context_length_exceeded",
             )
         grammar = self.tool_grammar(chat)
@@ -296,14 +296,17 @@ class PromptBuilder:
                 "`min_tokens` cannot be combined with structured output or tools; omit it",
                 "min_tokens",
             )
-        max_tokens = chat.max_tokens or min(self._default_max_tokens, room)
+        # Agents send max_tokens as a ceiling (Claude Code: 32000 on every request): more than
+        # the room left is capped to it, and the answer ends with the length reason there.
+        max_tokens = min(chat.max_tokens or self._default_max_tokens, room)
         calls = self.call_format(chat)
         # Stop strings end only the text before the first call: a call is never cut into
         # invalid JSON.
         stop_until = (calls.open or calls.head) if calls is not None else None
-        if chat.min_tokens > max_tokens:
+        if chat.min_tokens > max_tokens:  # asks for more tokens than the answer may have
             raise invalid(
-                f"`min_tokens` ({chat.min_tokens}) exceeds max_tokens ({max_tokens})",
+                f"`min_tokens` ({chat.min_tokens}) exceeds "
+                + self._answer_limit(chat, max_tokens, prompt_len),
                 "min_tokens",
             )
         return SamplingParams(
@@ -327,6 +330,18 @@ class PromptBuilder:
             n=chat.n,
             thinking=thinking,
         )
+
+    def _answer_limit(self, chat: ChatRequest, max_tokens: int, prompt_len: int) -> str:
+        """What limits the answer to `max_tokens`, in words: the room the prompt leaves in
+        the context, else max_tokens (the request's or the server's default)."""
+        if max_tokens < (chat.max_tokens or self._default_max_tokens):
+            return (
+                f"the {max_tokens} tokens the prompt ({prompt_len} tokens) leaves in this "
+                f"server's context of {self._max_context}"
+            )
+        if chat.max_tokens is None:
+            return f"the server's default max_tokens ({max_tokens}); send a larger max_tokens"
+        return f"max_tokens ({max_tokens})"
 
     def _logit_bias(self, chat: ChatRequest) -> tuple[tuple[int, float], ...]:
         """`logit_bias` with every token id inside the tokenizer's vocabulary (else a 400

@@ -63,7 +63,7 @@ def test_a_numeric_flag_sets_its_field(config: type, f: dataclasses.Field, spec:
     """Each numeric flag, given a value other than its default, puts it in its own field."""
     kind = _numeric(config, f)
     assert kind is not None
-    value = kind((f.default or 0) * 2 or 1)
+    value = kind((f.default or 0) * 2 or 16)  # (0 / None defaults: a value every such flag takes)
     built = _config_of(config, _parse(spec.name, str(value)))
     assert getattr(built, f.name) == value, spec.name
 
@@ -105,6 +105,15 @@ def test_keys_come_from_the_environment_unless_given(monkeypatch: pytest.MonkeyP
     assert (server.api_key, server.metrics_api_key) == ("from-env", "metrics-env")
     server, _, _ = _parse("--api-key", "flag")
     assert server.api_key == "flag"
+
+
+def test_max_context_defaults_to_the_checkpoints_own() -> None:
+    """Invariant: no --max-context is 0 (the checkpoint's own context, decided at load: see
+    tests/gateway/frontend/test_context.py); a value is taken as given from 16 up."""
+    assert _parse()[1].max_context_tokens == 0
+    assert _parse("--max-context", "16")[1].max_context_tokens == 16
+    with pytest.raises(ValueError, match="--max-context"):
+        _parse("--max-context", "8")
 
 
 def test_bad_values_are_refused_naming_the_flag() -> None:

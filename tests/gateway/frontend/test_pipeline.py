@@ -3,7 +3,8 @@ parsed `ChatRequest` in, an `Admission` or an `APIError` out.
 
 Pinned: a request is refused (503) before it is read while the pipeline is closed or draining;
 a wrong model is a 404 before any media is loaded; an admitted request carries the engine's
-admission event, the affinity key and Timings from the caller's marks; a full engine queue is
+admission event, the affinity key, Timings from the caller's marks and the max_tokens the
+prompt builder granted (a capped one named in a header); a full engine queue is
 `Overloaded` (429 + Retry-After), a gone engine a 503, an engine error before admission its
 APIError; a client that leaves before admission cancels the request in the engine
 (`ClientGone`); `interrupt_all` ends every admitted stream with a shutting-down error.
@@ -111,6 +112,19 @@ def test_admits_a_request_with_its_event_affinity_and_timings() -> None:
     t = admission.timings
     assert (t.arrival, t.read) == (1.0, 2.0) and t.read <= t.media <= t.prompt <= t.admit
     assert admission.headers()["x-request-id"] == admission.request_id
+
+
+def test_a_capped_max_tokens_is_named_in_a_header() -> None:
+    """Invariant: an admission whose prompt builder granted fewer tokens than the request's
+    max_tokens says so in `x-max-tokens-capped` (asked, granted, the prompt, the context
+    they make); one granted what it asked has no such header."""
+    admission = _run(FakeEngine(), lambda p: _admit(p, replace(_chat(), max_tokens=32_000)))
+    assert admission.max_tokens == 4  # what the prompt builder granted
+    assert admission.headers()["x-max-tokens-capped"] == (
+        "requested=32000; capped=4; prompt-tokens=5; context=9"
+    )
+    admission = _run(FakeEngine(), _admit)  # asks 4, granted 4
+    assert "x-max-tokens-capped" not in admission.headers()
 
 
 def test_more_choices_than_rows_is_a_400_before_the_engine() -> None:

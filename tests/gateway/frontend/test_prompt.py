@@ -1,6 +1,7 @@
 """The prompt builder: image placeholders stay exactly where the user put them (so an image's
 KV never depends on the question after it), one image span per image in order, pixels only
-for images the engine will encode, and context limits refused with the field to fix."""
+for images the engine will encode; a prompt over the context refused with the field to fix,
+and max_tokens over the room it leaves capped to that room."""
 
 from __future__ import annotations
 
@@ -75,21 +76,54 @@ def test_pixels_are_prepared_only_for_images_the_engine_will_encode(
     assert [i.content_hash for i in built.images] == [i.content_hash for i in images]
 
 
-def test_context_limits_name_the_field_to_fix(model: QwenVL) -> None:
-    """Invariant: a prompt over the context is a 400 on `messages`; max_tokens over the room
-    left is a 400 on `max_tokens` that says how many fit; the default fits the room."""
+def test_a_prompt_over_the_context_is_a_400_on_messages_counting_what_usage_counts(
+    model: QwenVL,
+) -> None:
+    """Invariant: a prompt that leaves no room (context <= its tokens) is a 400
+    `context_length_exceeded` on `messages` whose count is the prompt's length as built (what
+    usage reports); one token more of context fits, with an answer of one token."""
     message = ChatMessage("user", (TextPart("hello " * 40),))
+    fits = PromptBuilder(model, lambda i, s: [], 10_000, 16).build(_chat(message), [], "r", 0.0)
+    n = len(fits.prompt_ids)
     with pytest.raises(APIError) as info:
-        PromptBuilder(model, lambda i, s: [], 20, 16).build(_chat(message), [], "r", 0.0)
+        PromptBuilder(model, lambda i, s: [], n, 16).build(_chat(message), [], "r", 0.0)
     assert (info.value.status, info.value.param) == (400, "messages")
     assert info.value.code == "context_length_exceeded"
+    assert f"the prompt is {n} tokens" in info.value.message
+    edge = PromptBuilder(model, lambda i, s: [], n + 1, 16).build(_chat(message), [], "r", 0.0)
+    assert edge.sampling.max_tokens == 1
+
+
+def test_max_tokens_over_the_room_left_is_capped_to_it(model: QwenVL) -> None:
+    """Invariant: max_tokens (or the default) above the room the prompt leaves in the context
+    is capped to that room, never refused; within it, it is kept."""
+    message = ChatMessage("user", (TextPart("hello " * 40),))
     builder = PromptBuilder(model, lambda i, s: [], 200, 500)
     built = builder.build(_chat(message), [], "r", 0.0)
     room = 200 - len(built.prompt_ids)
-    assert built.sampling.max_tokens == room
+    assert built.sampling.max_tokens == room  # the default, capped
+    for asked, granted in ((32_000, room), (room + 1, room), (room, room), (3, 3)):
+        built = builder.build(_chat(message, max_tokens=asked), [], "r", 0.0)
+        assert built.sampling.max_tokens == granted, asked
+
+
+def test_min_tokens_over_the_capped_max_tokens_is_a_400_saying_why(model: QwenVL) -> None:
+    """Invariant: min_tokens above what the answer may have is a 400 on `min_tokens`; when
+    the context is the limit, the message says so (the room, the prompt, the context)."""
+    message = ChatMessage("user", (TextPart("hello " * 40),))
+    builder = PromptBuilder(model, lambda i, s: [], 200, 500)
+    room = 200 - builder.count(_chat(message), [])
+    chat = ChatRequest.greedy("m", (message,), 32_000, min_tokens=room + 1)
     with pytest.raises(APIError) as info:
-        builder.build(_chat(message, max_tokens=room + 1), [], "r", 0.0)
-    assert info.value.param == "max_tokens" and f"at most {room}" in info.value.message
+        builder.build(chat, [], "r", 0.0)
+    assert info.value.param == "min_tokens"
+    assert f"the {room} tokens the prompt" in info.value.message
+    assert "context of 200" in info.value.message
+    chat = ChatRequest.greedy("m", (message,), 4, min_tokens=5)
+    with pytest.raises(APIError, match=r"exceeds max_tokens \(4\)"):
+        builder.build(chat, [], "r", 0.0)
+    built = builder.build(ChatRequest.greedy("m", (message,), 32_000, min_tokens=room), [], "r", 0)
+    assert built.sampling.max_tokens == built.sampling.min_tokens == room
 
 
 def test_an_image_the_processor_refuses_is_named_by_its_index(
