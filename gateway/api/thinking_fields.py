@@ -5,7 +5,9 @@ gateway.frontend.reasoning for what they do):
                       `enable_thinking`), `reasoning_effort` ("none" turns thinking off,
                       any other effort on); an assistant message's `reasoning_content`
     Messages          `thinking`: {type: enabled, budget_tokens} (on, at most that many
-                      thinking tokens), {type: disabled}, {type: adaptive} (on, no budget)
+                      thinking tokens), {type: disabled}, {type: adaptive} (on where the
+                      model thinks, no budget), `display: "omitted"` (the thinking's text
+                      left out of the answer); `output_config.effort` as an effort
     Responses         `reasoning`: {effort, summary} (effort as above)
 
 Pure; every mistake is an APIError naming the field.
@@ -15,12 +17,17 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.api import fields
 from gateway.errors import invalid
 
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+ANTHROPIC_EFFORTS = ("low", "medium", "high", "xhigh", "max")
+# Messages' `thinking.display`: "omitted" leaves the thinking's text out of the answer;
+# "updates" (a beta) is served as "summarized": the thinking as it comes.
+DISPLAYS = ("summarized", "omitted", "updates")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 MAX_KWARGS_BYTES = 16 * 1024
 
@@ -57,25 +64,48 @@ def effort_switch(value: Any, field: str) -> bool | None:
     return value != "none"
 
 
-def anthropic_thinking(body: dict[str, Any], max_tokens: int) -> tuple[bool | None, int | None]:
-    """Messages' `thinking` -> (switch, budget). `budget_tokens` must be at least 1 and
-    below `max_tokens` (the thinking is part of the answer's tokens)."""
+@dataclass(frozen=True)
+class AnthropicThinking:
+    """Messages' `thinking` parsed: the template switch (None: the template's default), the
+    thinking budget, whether the switch is optional (adaptive: think if the model can; a
+    model that does not think answers without), whether the thinking's text is left out of
+    the answer (`display: "omitted"`), and the keys this server ignored (named back)."""
+
+    switch: bool | None = None
+    budget: int | None = None
+    optional: bool = False
+    omit: bool = False
+    ignored: tuple[str, ...] = ()
+
+
+def anthropic_thinking(body: dict[str, Any], max_tokens: int) -> AnthropicThinking:
+    """Messages' `thinking`: {type: enabled, budget_tokens} (on; `budget_tokens` at least 1
+    and below `max_tokens`: the thinking is part of the answer's tokens), {type: adaptive}
+    (on where the model thinks), {type: disabled}; `display` summarized / omitted /
+    updates. `block_binding` and unknown keys are ignored and named."""
     raw = body.get("thinking")
     if raw is None:
-        return None, None
+        return AnthropicThinking()
     if not isinstance(raw, dict):
         raise invalid(
             "`thinking` must be an object such as {type: enabled, budget_tokens: N}", "thinking"
         )
     kind = raw.get("type")
-    if kind == "disabled":
-        return False, None
-    if kind == "adaptive":
-        return True, None
-    if kind != "enabled":
+    if kind not in ("enabled", "disabled", "adaptive"):
         raise invalid(
             "`thinking.type` must be 'enabled', 'disabled' or 'adaptive'", "thinking.type"
         )
+    display = raw.get("display")
+    if display is not None and display not in DISPLAYS:
+        raise invalid(f"`thinking.display` must be one of {', '.join(DISPLAYS)}",
+                      "thinking.display")  # fmt: skip
+    known = {"type", "display"} | ({"budget_tokens"} if kind == "enabled" else set())
+    ignored = tuple(f"thinking.{k}" for k, v in raw.items() if k not in known and v is not None)
+    omit = display == "omitted"
+    if kind == "disabled":
+        return AnthropicThinking(False, ignored=ignored)
+    if kind == "adaptive":
+        return AnthropicThinking(True, optional=True, omit=omit, ignored=ignored)
     budget = fields.opt_int(
         {"thinking.budget_tokens": raw.get("budget_tokens")}, "thinking.budget_tokens", 1, 1_000_000
     )
@@ -89,7 +119,18 @@ def anthropic_thinking(body: dict[str, Any], max_tokens: int) -> tuple[bool | No
             f"`thinking.budget_tokens` ({budget}) must be less than `max_tokens` ({max_tokens})",
             "thinking.budget_tokens",
         )
-    return True, budget
+    return AnthropicThinking(True, budget, omit=omit, ignored=ignored)
+
+
+def anthropic_effort(value: Any, field: str) -> bool | None:
+    """An `output_config.effort` (low ... max): as a Chat Completions effort other than
+    "none", thinking on (optionally: where the model thinks); absent -> None. The effort
+    does not size the thinking."""
+    if value is None:
+        return None
+    if value not in ANTHROPIC_EFFORTS:
+        raise invalid(f"`{field}` must be one of {', '.join(ANTHROPIC_EFFORTS)}", field)
+    return True
 
 
 def responses_reasoning(body: dict[str, Any]) -> tuple[bool | None, str | None]:

@@ -104,6 +104,9 @@ class ChatRequest:
     # variables (`chat_template_kwargs`), as (name, JSON value) pairs.
     thinking: bool | None = None
     thinking_field: str = "thinking"
+    # `thinking` True asked for where the model can think (Anthropic's adaptive thinking, an
+    # effort): a model that does not think answers without thinking instead of a 400.
+    thinking_optional: bool = False
     thinking_budget: int | None = None
     template_kwargs: tuple[tuple[str, Any], ...] = ()
     # Body fields the API's parser does not know and ignored (named back to the client in an

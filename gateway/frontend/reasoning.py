@@ -145,7 +145,8 @@ def switch(chat: ChatRequest) -> bool | None:
 def template_kwargs(chat: ChatRequest, reasoning: Reasoning | None) -> dict[str, Any]:
     """The template variables for `chat`: its `chat_template_kwargs` with the thinking
     switch applied. Asking a model that does not think to think is a 400 naming the field
-    that asked (a switch that turns thinking off is honoured by any model)."""
+    that asked, unless the request asked optionally (`thinking_optional`: it then answers
+    without thinking); a switch that turns thinking off is honoured by any model."""
     kwargs = dict(chat.template_kwargs)
     for name in kwargs:
         if name in RESERVED:
@@ -154,6 +155,8 @@ def template_kwargs(chat: ChatRequest, reasoning: Reasoning | None) -> dict[str,
                 f"chat_template_kwargs.{name}",
             )
     on = switch(chat)
+    if on and reasoning is None and chat.thinking_optional:
+        on = None  # "think if you can": the template's own default, which does not think
     if on and reasoning is None:
         field = f"chat_template_kwargs.{SWITCH}"
         if chat.thinking is not None:

@@ -14,12 +14,8 @@ from typing import Any
 
 from starlette.responses import Response
 
-from gateway.api.anthropic.tool_render import (
-    BlockStream,
-    content_blocks,
-    thinking_block,
-    tool_stop,
-)
+from gateway.api.anthropic.thinking import thinking_block
+from gateway.api.anthropic.tool_render import BlockStream, content_blocks, tool_stop
 from gateway.api.http import json_response
 from gateway.api.sse import sse_data
 from gateway.engine.request import ErrorEvent, FinishEvent, TokenEvent
@@ -106,8 +102,12 @@ def message_body(
     }
 
 
-async def collect(admission: Admission) -> dict[str, Any]:
-    """The whole answer as one `message` (raises the APIError of an engine failure)."""
+async def collect(
+    admission: Admission, omit: bool = False, context: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The whole answer as one `message` (raises the APIError of an engine failure). `omit`:
+    the thinking's text only in its block's signature (`thinking.display: "omitted"`);
+    `context`: the message's `context_management` (the edits applied), if asked for."""
     pieces: list[str] = []
     thoughts: list[str] = []
     while True:
@@ -127,7 +127,9 @@ async def collect(admission: Admission) -> dict[str, Any]:
                 body["content"] = content_blocks(splitter.text, splitter.calls)
                 body["stop_reason"] = tool_stop(event, splitter.calls, body["stop_reason"])
             if any(thoughts):  # the thinking comes first, as its own block
-                body["content"].insert(0, thinking_block("".join(thoughts)))
+                body["content"].insert(0, thinking_block("".join(thoughts), omit))
+            if context is not None:
+                body["context_management"] = context
             return body
         elif isinstance(event, ErrorEvent):
             raise engine_error(event)
@@ -142,11 +144,17 @@ def _delta(text: str) -> str:
     return sse_data(body, "content_block_delta")
 
 
-async def sse_stream(admission: Admission, on_abandon: Callable[[], None]) -> AsyncIterator[str]:
+async def sse_stream(
+    admission: Admission,
+    on_abandon: Callable[[], None],
+    omit: bool = False,
+    context: dict[str, Any] | None = None,
+) -> AsyncIterator[str]:
     """The Messages streaming sequence: message_start, content_block_start, ping,
     content_block_delta (text_delta)..., content_block_stop, message_delta (stop_reason,
-    output usage), message_stop; an engine failure ends it with an `error` event.
-    `on_abandon` runs if the client goes away before the end, to free the request's row."""
+    output usage, and `context` as its `context_management` if asked for), message_stop;
+    an engine failure ends it with an `error` event. `omit` as in `collect`. `on_abandon`
+    runs if the client goes away before the end, to free the request's row."""
     done = False
     start = {"type": "message_start", "message": message_body(admission, "", (None, None), 0)}
     block = {
@@ -156,9 +164,9 @@ async def sse_stream(admission: Admission, on_abandon: Callable[[], None]) -> As
     }
     blocks = None
     if admission.tool_format is not None:  # blocks open as text and calls come
-        blocks = BlockStream(CallSplitter(admission.tool_format, "toolu_"))
+        blocks = BlockStream(CallSplitter(admission.tool_format, "toolu_"), omit)
     elif admission.thinks:  # blocks open as thinking and text come
-        blocks = BlockStream(None)
+        blocks = BlockStream(None, omit)
     try:
         opening = "" if blocks is not None else sse_data(block, "content_block_start")
         yield (sse_data(start, "message_start") + opening + sse_data({"type": "ping"}, "ping"))
@@ -174,7 +182,7 @@ async def sse_stream(admission: Admission, on_abandon: Callable[[], None]) -> As
                         out.append(_delta(event.text))
                 elif isinstance(event, FinishEvent):
                     done = True
-                    out.append(_final(event, blocks))
+                    out.append(_final(event, blocks, context))
                     break
                 elif isinstance(event, ErrorEvent):
                     done = True
@@ -187,7 +195,9 @@ async def sse_stream(admission: Admission, on_abandon: Callable[[], None]) -> As
             on_abandon()
 
 
-def _final(event: FinishEvent, blocks: BlockStream | None = None) -> str:
+def _final(
+    event: FinishEvent, blocks: BlockStream | None = None, context: dict[str, Any] | None = None
+) -> str:
     reason, sequence = stop_reason(event)
     if blocks is not None:
         thought = blocks.think(event.reasoning) if event.reasoning else ""
@@ -202,6 +212,8 @@ def _final(event: FinishEvent, blocks: BlockStream | None = None) -> str:
         "delta": {"stop_reason": reason, "stop_sequence": sequence},
         "usage": {"output_tokens": event.usage.completion_tokens},
     }
+    if context is not None:
+        delta["context_management"] = context
     return (
         closing
         + sse_data(delta, "message_delta")

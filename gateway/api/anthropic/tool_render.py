@@ -10,6 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from gateway.api.anthropic.thinking import sign, thinking_block
 from gateway.api.sse import sse_data
 from gateway.engine.request import FinishEvent
 from gateway.tools.calls import CallArgs, CallEnd, CallSplitter, CallStart, Piece, TextPiece
@@ -36,19 +37,17 @@ def tool_stop(event: FinishEvent, calls: Sequence[ToolCall], reason: str) -> str
     return "tool_use" if calls and event.finish_reason == "stop" else reason
 
 
-def thinking_block(text: str) -> dict[str, Any]:
-    """A `thinking` content block. Its `signature` is empty: this server does not sign
-    thinking (a client sends the block back as it got it; it is read as text)."""
-    return {"type": "thinking", "thinking": text, "signature": ""}
-
-
 class BlockStream:
     """The streamed content blocks of one answer split by `splitter` (None: no tools, all
     text): thinking opens a `thinking` block (`think`), text a text block (when none is
-    open), a call closes it and opens a `tool_use` block."""
+    open), a call closes it and opens a `tool_use` block. `omit`: the thinking's text is not
+    streamed; its block closes with the signature that keeps it (gateway.api.anthropic.
+    thinking)."""
 
-    def __init__(self, splitter: CallSplitter | None) -> None:
+    def __init__(self, splitter: CallSplitter | None, omit: bool = False) -> None:
         self.splitter = splitter
+        self._omit = omit
+        self._thought: list[str] = []  # the open thinking block's text, when omitted
         self._index = -1
         self._open: str | None = None  # "thinking" | "text" | "tool_use" | None
 
@@ -61,6 +60,9 @@ class BlockStream:
         out = ""
         if self._open != "thinking":
             out += self._close() + self._start(thinking_block(""), "thinking")
+        if self._omit:
+            self._thought.append(text)
+            return out
         return out + _block_delta(self._index, {"type": "thinking_delta", "thinking": text})
 
     def feed(self, text: str, end: bool = False, cut: bool = False) -> str:
@@ -97,10 +99,11 @@ class BlockStream:
     def _close(self) -> str:
         if self._open is None:
             return ""
-        if self._open == "thinking":  # the block's (empty) signature, as the API sends it
-            signed = _block_delta(self._index, {"type": "signature_delta", "signature": ""})
-            self._open = None
-            return signed + self._close_open()
+        if self._open == "thinking":  # the block's signature, as the API sends it
+            signature = sign("".join(self._thought)) if self._omit else ""
+            self._thought = []
+            delta = {"type": "signature_delta", "signature": signature}
+            return _block_delta(self._index, delta) + self._close_open()
         return self._close_open()
 
     def _close_open(self) -> str:

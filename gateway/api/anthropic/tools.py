@@ -1,6 +1,6 @@
 """The tool fields of a Messages body: `tools`, `tool_choice`, `tool_use` blocks in assistant
-messages and `tool_result` blocks (text and images) in user messages. Pure validation; every
-mistake is a 400 naming the field.
+messages and `tool_result` blocks (text and images) in user messages, and the tool changes of
+system turns. Pure validation; every mistake is a 400 naming the field.
 """
 
 from __future__ import annotations
@@ -8,50 +8,106 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from gateway.api.anthropic.system import ToolChange
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatMessage, Part
-from gateway.tools.spec import ToolCall, ToolChoice, ToolSet, check_named, check_tool, check_tools
+from gateway.tools.spec import (
+    Tool,
+    ToolCall,
+    ToolChoice,
+    ToolSet,
+    check_named,
+    check_tool,
+    check_tools,
+)
 
 _CHOICES = "'auto', 'any', 'tool' (with `name`) or 'none'"
 
 
-def parse_tools(body: dict[str, Any]) -> ToolSet | None:
-    """The request's tools (None: it offers none). Server tools (a `type` other than
-    "custom") are refused, naming the tool."""
+# Keys of a client tool this server reads or for which it needs nothing: `cache_control`
+# (caching is automatic), `defer_loading` (every tool is offered from the start: there is no
+# tool search to load it later), `eager_input_streaming` (arguments stream as they come).
+_TOOL_KEYS = frozenset(
+    {"name", "description", "input_schema", "type", "strict", "cache_control",
+     "defer_loading", "eager_input_streaming"}
+)  # fmt: skip
+
+
+def parse_tools(
+    body: dict[str, Any], changes: tuple[ToolChange, ...] = ()
+) -> tuple[ToolSet | None, tuple[str, ...]]:
+    """The request's tools (None: it offers none) after the system turns' tool `changes`,
+    and the names of what was ignored: server tools (a `type` other than "custom": tools
+    Anthropic runs, or whose schema only Anthropic knows) are dropped and named `tools[i]`,
+    as are keys of a client tool with no meaning here (`input_examples`, ...)."""
     raw, choice = body.get("tools"), body.get("tool_choice")
-    if raw is None or raw == []:
-        if choice is not None and not (isinstance(choice, dict) and choice.get("type") == "none"):
-            raise invalid("`tool_choice` requires `tools`", "tool_choice")
-        return None
-    if not isinstance(raw, list):
+    if raw is not None and not isinstance(raw, list):
         raise invalid("`tools` must be an array of tools", "tools")
-    tools = []
-    for i, entry in enumerate(raw):
+    offered: dict[str, Tool] = {}
+    ignored: list[str] = []
+    for i, entry in enumerate(raw or []):
         where = f"tools[{i}]"
         if not isinstance(entry, dict):
             raise invalid(f"`{where}` must be an object with `name` and `input_schema`", where)
-        if entry.get("type", "custom") != "custom":
-            raise invalid(
-                f"`{where}.type`: server tools ({entry.get('type')!r}) are not supported by "
-                "this server; send client tools (`name`, `input_schema`)",
-                f"{where}.type",
-            )
-        if not isinstance(entry.get("input_schema"), dict):
-            raise invalid(f"`{where}.input_schema` must be a JSON Schema object", where)
-        tools.append(
-            check_tool(
-                entry.get("name"),
-                entry.get("description"),
-                entry["input_schema"],
-                entry.get("strict"),
-                where,
-                "input_schema",
-            )
-        )
-    checked = check_tools(tools, "tools")
+        if entry.get("type", "custom") not in ("custom", None):
+            ignored.append(where)
+            continue
+        _add(offered, client_tool(entry, where), f"{where}.name")
+        ignored.extend(f"{where}.{key}" for key in entry if key not in _TOOL_KEYS)
+    offered = _changed(offered, changes)
+    if not offered:
+        kind = choice.get("type") if isinstance(choice, dict) else None
+        # `none` asks for no tools; `auto` neither, when the tools sent are all server tools
+        if choice is not None and kind != "none" and not (kind == "auto" and raw):
+            raise invalid("`tool_choice` requires `tools` (client tools this server offers)",
+                          "tool_choice")  # fmt: skip
+        return None, tuple(ignored)
+    checked = check_tools(list(offered.values()), "tools")
     mode, parallel = _choice(choice)
     check_named(mode, checked, "tool_choice.name")
-    return ToolSet(checked, mode, parallel)
+    return ToolSet(checked, mode, parallel), tuple(ignored)
+
+
+def client_tool(entry: dict[str, Any], where: str) -> Tool:
+    """A client tool (`name`, `input_schema`, `description`, `strict`) at `where`."""
+    if not isinstance(entry.get("input_schema"), dict):
+        raise invalid(f"`{where}.input_schema` must be a JSON Schema object", where)
+    return check_tool(
+        entry.get("name"),
+        entry.get("description"),
+        entry["input_schema"],
+        entry.get("strict"),
+        where,
+        "input_schema",
+    )
+
+
+def _add(offered: dict[str, Tool], tool: Tool, where: str) -> None:
+    if tool.name in offered:
+        raise invalid(f"`{where}`: {tool.name!r} is defined twice", where)
+    offered[tool.name] = tool
+
+
+def _changed(declared: dict[str, Tool], changes: tuple[ToolChange, ...]) -> dict[str, Tool]:
+    """The tools offered after the system turns' additions and removals (declared ones in
+    their order, then inline ones). A tool withdrawn and not offered again is not offered;
+    one added (by reference or inline) is offered from the start of the prompt (templates
+    render tools there)."""
+    known = dict(declared)  # every tool a reference may name
+    offered = set(declared)
+    for change in changes:
+        if change.definition is not None:
+            tool = client_tool(change.definition, change.where)
+            _add(known, tool, f"{change.where}.name")
+            offered.add(tool.name)
+        elif change.name not in known:
+            where = f"{change.where}.tool.name"
+            raise invalid(f"`{where}`: {change.name!r} is not one of the request's tools", where)
+        elif change.added:
+            offered.add(change.name)
+        else:
+            offered.discard(change.name)
+    return {name: tool for name, tool in known.items() if name in offered}
 
 
 def _choice(raw: Any) -> tuple[ToolChoice, bool]:

@@ -94,6 +94,13 @@ RESPONSES = {
     "background": ({}, True),
     "max_tool_calls": ({}, 3),
 }
+# An assistant turn that thought, and the edit that clears every turn's thinking.
+THOUGHT = [
+    {"role": "user", "content": "hi"},
+    {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": ""}]},
+    {"role": "user", "content": "and?"},
+]
+CLEAR_THINKING = {"type": "clear_thinking_20251015", "keep": {"type": "thinking_turns", "value": 0}}
 ANTHROPIC = {
     "thinking": ({}, {"type": "disabled"}),
     "model": ({}, "other"),
@@ -113,7 +120,9 @@ ANTHROPIC = {
     "cache_control": ({}, {"type": "ephemeral"}),
     "mcp_servers": ({}, [{"type": "url", "url": "https://x", "name": "x"}]),
     "container": ({}, "c"),
-    "context_management": ({}, {"edits": []}),
+    "context_management": ({"messages": THOUGHT}, {"edits": [CLEAR_THINKING]}),
+    "output_config": ({}, {"effort": "low"}),
+    "output_format": ({}, {"type": "json_schema", "schema": {"type": "object"}}),
 }
 CHAT_BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 RESPONSES_BASE = {"model": "m", "input": "hi"}

@@ -2,11 +2,12 @@
 
 Pinned: Chat Completions' `chat_template_kwargs` (identifier names, JSON values) and
 `reasoning_effort` ("none" off, any other effort on) and an assistant's `reasoning_content`;
-Messages' `thinking` (enabled with a budget below max_tokens, disabled, adaptive) and an
-assistant's `thinking` blocks (redacted ones dropped); Responses' `reasoning` (effort,
-summary) and `reasoning` input items, which the next assistant turn owns. Absent fields
-leave the request as it was (no switch, no budget, no template variables). Mistakes are
-400s naming the field.
+Messages' `thinking` (enabled with a budget below max_tokens, disabled, adaptive: optional,
+so a model that does not think answers without where `enabled` is a 400; `display`
+omitted) and an assistant's `thinking` blocks (redacted ones dropped); Responses'
+`reasoning` (effort, summary) and `reasoning` input items, which the next assistant turn
+owns. Absent fields leave the request as it was (no switch, no budget, no template
+variables). Mistakes are 400s naming the field.
 """
 
 from __future__ import annotations
@@ -63,7 +64,12 @@ def test_messages_thinking() -> None:
     r = _messages(thinking={"type": "enabled", "budget_tokens": 10})
     assert (r.thinking, r.thinking_budget, r.thinking_field) == (True, 10, "thinking")
     assert _messages(thinking={"type": "disabled"}).thinking is False
-    assert _messages(thinking={"type": "adaptive"}).thinking_budget is None
+    adaptive = _messages(thinking={"type": "adaptive"})
+    assert (adaptive.thinking, adaptive.thinking_optional, adaptive.thinking_budget) == (
+        True, True, None)  # fmt: skip
+    assert _messages(thinking={"type": "enabled", "budget_tokens": 10}).thinking_optional is False
+    assert _param(_messages, thinking={"type": "adaptive", "display": "hidden"}) == (
+        "thinking.display")  # fmt: skip
     assert _param(_messages, thinking={"type": "enabled", "budget_tokens": 50}) == (
         "thinking.budget_tokens"  # not below max_tokens
     )
@@ -91,3 +97,31 @@ def test_responses_reasoning() -> None:
     call = {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}
     r = parse_responses_request({"model": "m", "input": [USER, thought, call]})
     assert r.input[1].reasoning == "s" and r.input[1].tool_calls[0].name == "f"
+
+
+def test_messages_thinking_display_and_ignored_keys() -> None:
+    """Invariant: `display: "omitted"` asks for the thinking's text to be left out (the
+    response's business: the request is the same); `block_binding` and unknown keys are
+    named, not refused."""
+    from gateway.api.thinking_fields import anthropic_thinking
+
+    omitted = anthropic_thinking({"thinking": {"type": "adaptive", "display": "omitted"}}, 50)
+    assert omitted.omit and omitted.optional
+    shown = anthropic_thinking({"thinking": {"type": "enabled", "budget_tokens": 9,
+                                             "display": "summarized"}}, 50)  # fmt: skip
+    assert not shown.omit and shown.budget == 9
+    bound = {"type": "adaptive", "block_binding": {"prefix_mismatch_behavior": "drop"}}
+    assert _messages(thinking=bound).ignored_fields == ("thinking.block_binding",)
+
+
+def test_optional_thinking_on_a_model_that_does_not_think() -> None:
+    """Invariant: adaptive thinking (or an effort) on a model without thinking markers is no
+    thinking, the template's default; `enabled` there stays a 400 naming `thinking`."""
+    from gateway.frontend.reasoning import template_kwargs
+
+    assert template_kwargs(_messages(thinking={"type": "adaptive"}), None) == {}
+    assert template_kwargs(_messages(output_config={"effort": "high"}), None) == {}
+    enabled = _messages(thinking={"type": "enabled", "budget_tokens": 10})
+    with pytest.raises(APIError) as info:
+        template_kwargs(enabled, None)
+    assert info.value.param == "thinking"

@@ -4,7 +4,8 @@ applied, plain and streamed, and one it cannot apply is refused.
 Pinned: top_k=1 and a tiny top_p turn a temperature-1 request into the greedy answer (so
 both are applied); `system` and `stop_sequences` change the answer; `metadata`,
 `service_tier` and a top-level `cache_control` are accepted and change nothing; each answer
-streams to the same text; `output_config` (which the SDK documents) is a 400 naming it.
+streams to the same text; hints (adaptive thinking, an effort, `speed`) are accepted on a
+model that does not think, an unknown field is named, `mcp_servers` is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -57,14 +58,26 @@ def test_every_accepted_field_is_applied_plain_and_streamed(server: ServerProces
     assert same == greedy
 
 
-def test_a_documented_field_the_server_cannot_apply_is_refused(server: ServerProcess) -> None:
-    """Invariant: `output_config` is a 400 invalid_request_error naming the field."""
+def test_hints_are_accepted_and_what_cannot_be_done_is_refused(server: ServerProcess) -> None:
+    """Invariant: on this model, which does not think, adaptive thinking and an effort are
+    no thinking (the greedy answer, a 200); an unknown field is named in x-ignored-fields;
+    `mcp_servers` (the model would lack their tools) is a 400 naming the field."""
     client = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0)
+    greedy = _both(client, {"temperature": 0})
+    hinted = {"temperature": 0, "output_config": {"effort": "high"}, "speed": "fast"}
+    assert _both(client, hinted, thinking={"type": "adaptive", "display": "omitted"}) == greedy
+    raw = client.messages.with_raw_response.create(
+        model="test",
+        max_tokens=4,
+        messages=QUESTION,  # type: ignore[arg-type]
+        extra_body={"temperature": 0, "not_a_field": 1},
+    )
+    assert raw.headers["x-ignored-fields"] == "not_a_field"
     with pytest.raises(anthropic.BadRequestError) as info:
         client.messages.create(
             model="test",
             max_tokens=4,
             messages=QUESTION,  # type: ignore[arg-type]
-            extra_body={"output_config": {"effort": "low"}},
+            extra_body={"mcp_servers": [{"type": "url", "url": "https://x.test", "name": "x"}]},
         )
-    assert "output_config" in info.value.message
+    assert "mcp_servers" in info.value.message

@@ -1,6 +1,7 @@
 """Anthropic Messages request parsing: every field validated with a message naming it;
-unsupported features and unknown fields refused, never ignored; valid requests become the same
-`ChatRequest` parts an OpenAI request would (so the same prompt, caches and batch)."""
+unsupported features that would change the answer refused; unknown fields ignored and named
+for the x-ignored-fields header; valid requests become the same `ChatRequest` parts an OpenAI
+request would (so the same prompt, caches and batch)."""
 
 from __future__ import annotations
 
@@ -109,7 +110,8 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
         (_with(max_tokens="5"), "max_tokens"),
         (_with(messages=[]), "messages"),
         (_with(messages=[{"role": "assistant", "content": "x"}]), "messages"),
-        (_with(messages=[{"role": "system", "content": "x"}]), "messages[0].role"),
+        (_with(messages=[{"role": "system", "content": "x"}]), "messages"),
+        (_with(messages=[{"role": "developer", "content": "x"}]), "messages[0].role"),
         (_with(messages=[{"role": "user", "content": 5}]), "messages[0].content"),
         (_user({"type": "text"}), "messages[0].content[0].text"),
         (_user({"type": "audio"}), "messages[0].content[0].type"),
@@ -154,7 +156,12 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
         (_with(thinking={"type": "enabled"}), "thinking.budget_tokens"),
         (_with(thinking={"type": "on"}), "thinking.type"),
         (_with(thinking=True), "thinking"),
-        (_with(n=2), "n"),
+        (_with(mcp_servers=[{"type": "url", "url": "https://x.test", "name": "x"}]),
+         "mcp_servers"),
+        (_with(container="c"), "container"),
+        (_with(compaction={"type": "summarize"}), "compaction"),
+        (_with(thread={"type": "create"}), "thread"),
+        (_with(metadata={"user_id": 5}), "metadata.user_id"),
         (_with(messages=[{"role": "user", "content": "\ud800"}]), "messages[0].content"),
     ],
 )  # fmt: skip
@@ -232,3 +239,15 @@ def test_a_tool_use_is_answered_in_the_next_message(messages: list, param: str) 
     more = {"role": "user", "content": [*OK["content"], {"type": "text", "text": "so?"}]}
     done = [{"role": "user", "content": "go"}, CALL, more]
     assert parse_messages_request(_with(messages=done)).messages[-1].role == "user"
+
+
+def test_unknown_fields_are_ignored_and_named() -> None:
+    """Invariant: a field no table lists (a typo, a newer API's field) is accepted and named
+    for the x-ignored-fields header, as the OpenAI parsers do; documented fields that change
+    nothing (`metadata.user_id`, `speed`, `inference_geo`, ...) are accepted unnamed, other
+    `metadata` keys named."""
+    r = parse_messages_request(
+        _with(n=2, max_token=3, speed="fast", inference_geo="us", metadata={"user_id": "u", "a": 1})
+    )
+    assert r.ignored_fields == ("max_token", "n", "metadata.a")
+    assert parse_messages_request(BASE).ignored_fields == ()
