@@ -11,9 +11,8 @@ The thinking fields (OpenAI's `reasoning_effort` and `chat_template_kwargs`, Ant
 `thinking`, Responses' `reasoning`) are applied by their own parser (gateway/api/
 thinking_fields.py; docs/api.md, "Thinking"). OTHER remains for a field whose parser lives
 elsewhere and is walked by that parser's own tests. Unknown fields: the
-OpenAI and Responses parsers ignore them (clients send extras, as vLLM allows) and name them
-back in an `x-ignored-fields` response header; Anthropic's refuses them (as the API itself
-does). Pure data and pure checks.
+parsers ignore them (clients send extras, as vLLM allows) and name them back in an
+`x-ignored-fields` response header. Pure data and pure checks.
 """
 
 from __future__ import annotations
@@ -90,7 +89,7 @@ _OPENAI_NEUTRAL = {"modalities": (["text"],)}
 
 ANTHROPIC_MESSAGES: dict[str, tuple[str, str]] = {
     "model": (APPLIED, "the served model's name"),
-    "messages": (APPLIED, "text, image, tool_use, tool_result blocks; a final assistant prefill"),
+    "messages": (APPLIED, "text, image, tool, thinking blocks; system turns; an assistant prefill"),
     "system": (APPLIED, "a string or text blocks"),
     "max_tokens": (APPLIED, "required: the most tokens to generate"),
     "temperature": (APPLIED, "0 to 1; 0 is greedy"),
@@ -98,23 +97,28 @@ ANTHROPIC_MESSAGES: dict[str, tuple[str, str]] = {
     "top_k": (APPLIED, "keep the k most likely tokens"),
     "stop_sequences": (APPLIED, "up to 16 stop strings"),
     "stream": (APPLIED, "server-sent events"),
-    "tools": (APPLIED, "client tools"),
+    "tools": (APPLIED, "client tools; server tools are dropped and named in x-ignored-fields"),
     "tool_choice": (APPLIED, "auto / any / tool / none"),
     "cache_salt": (APPLIED, "vLLM: scopes cache reuse"),
+    "context_management": (APPLIED, "clear_thinking / clear_tool_uses edits (docs/api.md)"),
+    "output_config": (APPLIED, "effort: thinking on where the model thinks; format: a grammar"),
+    "output_format": (APPLIED, "the deprecated name of output_config.format"),
     "metadata": (INFORMATIONAL, "user_id; no effect on the answer"),
     "service_tier": (INFORMATIONAL, "one tier; no effect on the answer"),
     "cache_control": (INFORMATIONAL, "prompt caching is automatic (docs/caching.md)"),
-    "mcp_servers": (REFUSED, "MCP servers"),
+    "speed": (INFORMATIONAL, "one speed; no effect on the answer"),
+    "inference_geo": (INFORMATIONAL, "where it runs; no effect on the answer"),
+    "diagnostics": (INFORMATIONAL, "no cache-miss report; no effect on the answer"),
+    "user_profile_id": (INFORMATIONAL, "attribution; no effect on the answer"),
+    "workspace_id": (INFORMATIONAL, "one workspace; no effect on the answer"),
+    "billing_policy": (INFORMATIONAL, "nothing is billed; no effect on the answer"),
+    "fallback_credit_token": (INFORMATIONAL, "nothing is billed; no effect on the answer"),
+    "fallbacks": (INFORMATIONAL, "one model, which never declines; no effect on the answer"),
+    "mcp_servers": (REFUSED, "MCP servers (the model would lack their tools)"),
     "container": (REFUSED, "code execution containers"),
-    "context_management": (REFUSED, "context management"),
-    # Refused by the parser's unknown-field rule, with a 400 naming them:
-    "output_config": (REFUSED, "output configuration (structured output, effort)"),
-    "speed": (REFUSED, "speed modes"),
-    "inference_geo": (REFUSED, "inference geography"),
-    "diagnostics": (REFUSED, "diagnostics"),
-    "user_profile_id": (REFUSED, "user profiles"),
-    "workspace_id": (REFUSED, "workspaces"),
-    "thinking": (APPLIED, "enabled (budget_tokens: a thinking budget) / disabled / adaptive"),
+    "compaction": (REFUSED, "compaction requests (the answer would be no summary)"),
+    "thread": (REFUSED, "server-held threads (send the whole conversation)"),
+    "thinking": (APPLIED, "enabled (budget_tokens) / disabled / adaptive; display omitted"),
 }
 
 RESPONSES: dict[str, tuple[str, str]] = {
