@@ -298,7 +298,7 @@ def create_app(
     routes = [
         *openai_api.routes(gateway.intake),
         *anthropic_api.routes(gateway.intake),
-        *responses_api.routes(gateway.intake, server),  # /v1/responses and its state
+        *responses_api.routes(gateway.intake, server, engine.cache),  # /v1/responses, state
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/health", gateway.health, methods=["GET"]),
         Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),

@@ -1,9 +1,10 @@
 """Every documented request field of each API, and what this server does with it.
 
 A field is APPLIED (it changes the answer as the API documents), INFORMATIONAL (accepted; it
-has no effect on the answer by the API's own definition: an end-user id, metadata, a cache
-hint the server's automatic caches make moot) or REFUSED (the server cannot honour it: a 400
-naming the field whenever it is present with anything but its neutral value). Nothing a
+has no effect on the answer here: an end-user id, metadata, a cache hint the server's
+automatic caches make moot, a latency or style hint the served model has no control for) or
+REFUSED (ignoring it would change what the client gets and the server cannot honour it: a
+400 naming the field whenever it is present with anything but its neutral value). Nothing a
 client sends is accepted and silently ignored. `tests/gateway/api/test_accepted.py` walks
 these tables against the real parsers, and docs/api.md lists them.
 
@@ -65,21 +66,24 @@ OPENAI_CHAT: dict[str, tuple[str, str]] = {
     "prompt_cache_key": (INFORMATIONAL, "prompt caching is automatic (docs/caching.md)"),
     "prompt_cache_retention": (INFORMATIONAL, "prompt caching is automatic"),
     "prompt_cache_options": (INFORMATIONAL, "prompt caching is automatic"),
-    "audio": (REFUSED, "audio output"),
-    "modalities": (REFUSED, "output modalities other than text"),
-    "prediction": (REFUSED, "predicted outputs"),
-    "web_search_options": (REFUSED, "web search"),
-    "verbosity": (REFUSED, "verbosity control"),
-    "moderation": (REFUSED, "moderation"),
+    "prediction": (INFORMATIONAL, "predicted outputs only shorten the wait, never the answer"),
+    "verbosity": (
+        INFORMATIONAL,
+        "a style hint the served model has no control for; the answer is the model's own length",
+    ),
+    "audio": (REFUSED, "audio output (ignored, the client would get no audio it asked for)"),
+    "modalities": (REFUSED, "output modalities other than text (audio cannot be produced)"),
+    "web_search_options": (REFUSED, "web search (the answer would lack the search it asked for)"),
+    "moderation": (REFUSED, "moderation (blocking or scoring the answer is not done here)"),
     "functions": (REFUSED, "the deprecated `functions` (use `tools`)"),
     "function_call": (REFUSED, "the deprecated `function_call` (use `tool_choice`)"),
-    # vLLM sampling extensions this server does not implement
+    # vLLM sampling extensions this server does not implement: each changes the answer
     "best_of": (REFUSED, "best_of"),
     "use_beam_search": (REFUSED, "beam search"),
     "length_penalty": (REFUSED, "length_penalty (beam search)"),
     "min_p": (REFUSED, "min_p"),
     "stop_token_ids": (REFUSED, "stop_token_ids"),
-    "prompt_logprobs": (REFUSED, "prompt_logprobs"),
+    "prompt_logprobs": (REFUSED, "prompt_logprobs (the prompt's log-probabilities)"),
     "reasoning_effort": (APPLIED, "none: thinking off; any other effort: on (docs/api.md)"),
     "chat_template_kwargs": (APPLIED, "vLLM: chat template variables, e.g. enable_thinking"),
 }
@@ -123,7 +127,7 @@ ANTHROPIC_MESSAGES: dict[str, tuple[str, str]] = {
 
 RESPONSES: dict[str, tuple[str, str]] = {
     "model": (APPLIED, "the served model's name"),
-    "input": (APPLIED, "text, input_image, function_call(_output) items"),
+    "input": (APPLIED, "text, input_image, function/custom tool call and output, reasoning items"),
     "instructions": (APPLIED, "a system message"),
     "previous_response_id": (APPLIED, "continues a stored response"),
     "max_output_tokens": (APPLIED, "the most tokens to generate"),
@@ -131,9 +135,16 @@ RESPONSES: dict[str, tuple[str, str]] = {
     "top_p": (APPLIED, "nucleus cut"),
     "seed": (APPLIED, "batch-independent draws"),
     "top_logprobs": (APPLIED, "0 to 20 alternatives"),
-    "include": (APPLIED, "message.output_text.logprobs only"),
-    "text": (APPLIED, "format: text / json_object / json_schema"),
-    "tools": (APPLIED, "function tools"),
+    "include": (
+        APPLIED,
+        "message.output_text.logprobs, reasoning.encrypted_content; built-in tools' outputs: "
+        "none made (x-ignored-fields)",
+    ),
+    "text": (APPLIED, "format: text / json_object / json_schema; verbosity: a hint, ignored"),
+    "tools": (
+        APPLIED,
+        "function, namespace and custom (text) tools; built-in tools left out (x-ignored-fields)",
+    ),
     "tool_choice": (APPLIED, "none / auto / required / a named function"),
     "parallel_tool_calls": (APPLIED, "false: at most one call"),
     "stream": (APPLIED, "server-sent events"),
@@ -145,19 +156,30 @@ RESPONSES: dict[str, tuple[str, str]] = {
     "safety_identifier": (INFORMATIONAL, "an end-user id; no effect on the answer"),
     "service_tier": (INFORMATIONAL, "one tier; no effect on the answer"),
     "stream_options": (INFORMATIONAL, "include_obfuscation: events carry no padding"),
-    "prompt_cache_key": (INFORMATIONAL, "prompt caching is automatic (docs/caching.md)"),
+    "prompt_cache_key": (
+        INFORMATIONAL,
+        "a routing hint: prompt caching is automatic, a conversation keeps its replica",
+    ),
+    "client_metadata": (INFORMATIONAL, "Codex's bookkeeping (session, turn ids); no effect"),
+    "max_tool_calls": (INFORMATIONAL, "caps built-in tool calls; this server runs none"),
+    "context_management": (
+        INFORMATIONAL,
+        "compaction: the model reads the whole conversation (too long for the context: a 400)",
+    ),
     "prompt_cache_retention": (INFORMATIONAL, "prompt caching is automatic"),
     "prompt_cache_options": (INFORMATIONAL, "prompt caching is automatic"),
     "background": (REFUSED, "background responses"),
     "background_options": (REFUSED, "background responses"),
     "conversation": (REFUSED, "the Conversations API (use `previous_response_id`)"),
     "prompt": (REFUSED, "stored prompt templates"),
-    "max_tool_calls": (REFUSED, "a cap on built-in tool calls"),
-    "context_management": (REFUSED, "context management"),
     "moderation": (REFUSED, "moderation"),
     "image": (REFUSED, "image generation options"),
     "access_programs": (REFUSED, "access programs"),
-    "reasoning": (APPLIED, "effort: thinking on / off (none); summary: a summary part"),
+    "reasoning": (
+        APPLIED,
+        "effort: thinking on / off (none); summary: the thinking as a summary part, on a "
+        "model that thinks (none on one that does not)",
+    ),
 }
 
 

@@ -1,42 +1,46 @@
 """The OpenAI Responses API's request body -> a typed `ResponsesRequest` (pure).
 
-    input: "text" | [ {role, content: "text" | [input_text | input_image | output_text]}
-                     | {type: function_call, call_id, name, arguments}
-                     | {type: function_call_output, call_id, output: "text" | [input_text |
-                        input_image]}
-                     | {type: reasoning, content | summary: [{text}]} (earlier thinking) ]
-
-`instructions` become a system message of this turn only (OpenAI does not carry them over
-a `previous_response_id`). `text.format` maps onto the structured output of Chat
-Completions' `response_format`. Function tools are parsed by `gateway.api.responses.tools`;
-built-in tools, files and the features this server does not have are refused with a 400 that
-names the field, never silently ignored.
+`input` is parsed by gateway.api.responses.input_items, `tools` by gateway.api.responses.
+tool_list. `instructions` become a system message of this turn only (OpenAI does not carry
+them over a `previous_response_id`). `text.format` maps onto the structured output of Chat
+Completions' `response_format`. What the server cannot do and would change the answer is a
+400 naming the field (gateway.api.accepted); parts of a field that are left out (built-in
+tools, `include` values about built-in tools' output, `text.verbosity`) are named back with
+the unknown fields in `x-ignored-fields`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.api import fields
 from gateway.api.accepted import RESPONSES, refuse_unapplied, unknown_fields
-from gateway.api.responses.tools import (
-    function_call,
-    output_call_id,
-    parse_tools,
-    tool_message,
-    with_calls,
-)
-from gateway.api.thinking_fields import responses_reasoning
+from gateway.api.responses.input_items import parse_input
+from gateway.api.responses.sealed import ReasoningSeal
+from gateway.api.responses.tool_list import ToolNames, parse_tool_list
+from gateway.api.thinking_fields import effort_switch, responses_reasoning
 from gateway.errors import APIError, invalid
-from gateway.frontend.chat import ChatMessage, ImagePart, TextPart
+from gateway.frontend.chat import ChatMessage
 from gateway.structured.response_format import response_format_grammar
 from gateway.tools.spec import ToolSet
 
-ROLES = ("system", "developer", "user", "assistant")
 MAX_TOP_LOGPROBS = 20
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
+REASONING_INCLUDE = "reasoning.encrypted_content"
+# Output of items this server never makes (built-in tools' calls; input items are not listed
+# back): asking for it changes nothing, and the value is named in x-ignored-fields.
+NO_OP_INCLUDES = (
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "message.input_image.image_url",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+)
+VERBOSITY = ("low", "medium", "high")
 MAX_METADATA = 16
+MAX_IGNORED = 16
 
 
 @dataclass(frozen=True)
@@ -64,18 +68,22 @@ class ResponsesRequest:
     tools: ToolSet | None = None
     tools_echo: tuple[dict[str, Any], ...] = ()  # `tools` as the response body repeats them
     tool_choice_echo: Any = "auto"
+    tool_names: ToolNames = ToolNames()  # the calls' wire names (namespaced, custom tools)
     # The `call_id` field path of each function_call_output of `input`, in order (for the
     # 400 when it answers no call; checked once the stored conversation is known).
     output_params: tuple[str, ...] = ()
-    # `reasoning`: the thinking switch (`effort`: "none" off, else on; None: the template's
-    # default) and the `summary` asked for (None: none); echoed in the body.
+    # `reasoning`: the thinking switch of `effort` ("none" off, else on; None: the
+    # template's default, or with a summary thinking where the model thinks: gateway.api.
+    # responses.turn) and the `summary` asked for (None: none); echoed in the body.
     thinking: bool | None = None
     reasoning_summary: str | None = None
-    ignored_fields: tuple[str, ...] = ()  # fields no table lists (gateway.api.accepted)
+    encrypted_reasoning: bool = False  # `include: ["reasoning.encrypted_content"]`
+    ignored_fields: tuple[str, ...] = ()  # fields and parts left out (x-ignored-fields)
 
 
-def parse_responses_request(body: Any) -> ResponsesRequest:
-    """Validate a decoded JSON body (unknown fields are ignored, as in `parse_chat_request`)."""
+def parse_responses_request(body: Any, seal: ReasoningSeal | None = None) -> ResponsesRequest:
+    """Validate a decoded JSON body (unknown fields are ignored, as in `parse_chat_request`);
+    `seal` opens the reasoning items' `encrypted_content` (gateway.api.responses.sealed)."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     model = body.get("model")
@@ -92,27 +100,20 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
     top_p = fields.opt_num(body, "top_p", 0.0, 1.0, default=1.0)
     if top_p == 0.0:
         raise invalid("`top_p` must be greater than 0 (use temperature 0 for greedy)", "top_p")
-    include = body.get("include") or []
-    if not isinstance(include, list) or not all(isinstance(i, str) for i in include):
-        raise invalid("`include` must be an array of strings", "include")
-    for item in include:
-        if item != LOGPROBS_INCLUDE:
-            raise invalid(
-                f"`include` value {item!r} is not supported; this server can include only "
-                f"{LOGPROBS_INCLUDE!r}",
-                "include",
-            )
+    include, no_ops = _include(body.get("include"))
     top_logprobs = fields.opt_int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
     seed = fields.opt_int(body, "seed", -(2**63), 2**64 - 1)
-    text_format, grammar = _text_format(body.get("text"))
-    tools, tools_echo = parse_tools(body)
-    messages, output_params = _input(body.get("input"))
-    thinking, summary = responses_reasoning(body)
+    text_format, grammar, hints = _text(body.get("text"))
+    tools = parse_tool_list(body)
+    messages, output_params = parse_input(body.get("input"), seal)
+    _, summary = responses_reasoning(body)  # validates `reasoning`
+    effort = body["reasoning"].get("effort") if body.get("reasoning") else None
     truncation = body.get("truncation") or "disabled"
     if truncation not in ("disabled", "auto"):
         raise invalid("`truncation` must be 'disabled' or 'auto'", "truncation")
+    ignored = (*unknown_fields(body, RESPONSES), *tools.dropped, *no_ops, *hints)
     return ResponsesRequest(
-        ignored_fields=unknown_fields(body, RESPONSES),
+        ignored_fields=ignored[:MAX_IGNORED],
         model=model,
         input=messages,
         instructions=fields.text(instructions, "instructions") if instructions else None,
@@ -130,122 +131,43 @@ def parse_responses_request(body: Any) -> ResponsesRequest:
         metadata=_metadata(body.get("metadata")),
         truncation=truncation,
         cache_salt=fields.cache_salt(body),
-        tools=tools,
-        tools_echo=tuple(tools_echo),
-        tool_choice_echo=body.get("tool_choice") or ("auto" if tools else "none"),
+        tools=tools.tools,
+        tools_echo=tools.echo,
+        tool_choice_echo=body.get("tool_choice") or ("auto" if tools.tools else "none"),
+        tool_names=tools.names,
         output_params=output_params,
-        thinking=thinking,
+        thinking=effort_switch(effort, "reasoning.effort"),
         reasoning_summary=summary,
+        encrypted_reasoning=REASONING_INCLUDE in include,
     )
 
 
-def _input(raw: Any) -> tuple[tuple[ChatMessage, ...], tuple[str, ...]]:
-    """The input's messages (function calls joined to the assistant message they follow)
-    and the field paths of its function_call_outputs' `call_id`s."""
-    if isinstance(raw, str):
-        return (ChatMessage("user", (TextPart(fields.text(raw, "input")),)),), ()
-    if not isinstance(raw, list) or not raw:
-        raise invalid("`input` must be a string or a non-empty array of message items", "input")
-    messages: list[ChatMessage] = []
-    params: list[str] = []
-    for i, item in enumerate(raw):
-        where = f"input[{i}]"
-        kind = item.get("type", "message") if isinstance(item, dict) else None
-        if kind == "function_call":
-            with_calls(messages, function_call(item, where))
-        elif kind == "reasoning":  # earlier thinking: the assistant turn after it owns it
-            messages.append(ChatMessage("assistant", (), reasoning=_reasoning_item(item, where)))
-        elif kind == "function_call_output":
-            call_id = output_call_id(item, where)
-            parts = _content(item.get("output"), f"{where}.output", "tool")
-            messages.append(tool_message(call_id, parts))
-            params.append(f"{where}.call_id")
-        else:
-            message = _item(item, where)
-            last = messages[-1] if messages else None
-            if last and message.role == "assistant" and last.role == "assistant" and not last.parts:
-                message = replace(message, reasoning=last.reasoning, tool_calls=last.tool_calls)
-                messages.pop()
-            messages.append(message)
-    for i, message in enumerate(messages):
-        if message.role == "assistant" and not message.parts:  # thinking without a turn after it
-            messages[i] = replace(message, parts=(TextPart(""),))
-    return tuple(messages), tuple(params)
-
-
-def _reasoning_item(item: dict[str, Any], where: str) -> str:
-    """A `reasoning` input item's text: its `content` (reasoning_text parts), else its
-    `summary` (summary_text parts); `encrypted_content` is not readable here and dropped."""
-    for key in ("content", "summary"):
-        parts = item.get(key) or []
-        if not isinstance(parts, list):
-            raise invalid(f"`{where}.{key}` must be an array", f"{where}.{key}")
-        texts = []
-        for j, part in enumerate(parts):
-            text = part.get("text") if isinstance(part, dict) else None
-            if not isinstance(text, str):
-                raise invalid(f"`{where}.{key}[{j}].text` must be a string", f"{where}.{key}[{j}]")
-            texts.append(fields.text(text, f"{where}.{key}[{j}].text"))
-        if texts:
-            return "\n\n".join(texts)
-    return ""
-
-
-def _item(item: Any, where: str) -> ChatMessage:
-    if not isinstance(item, dict):
-        raise invalid(f"`{where}` must be a message object with `role` and `content`", where)
-    kind = item.get("type", "message")
-    if kind != "message":
-        raise invalid(
-            f"`{where}.type` {kind!r}: this server accepts message, function_call, "
-            "function_call_output and reasoning items (continue a conversation with "
-            "`previous_response_id`)",
-            f"{where}.type",
-        )
-    role = item.get("role")
-    if role not in ROLES:
-        raise invalid(f"`{where}.role` must be one of {', '.join(ROLES)}", f"{where}.role")
-    role = "system" if role == "developer" else role
-    return ChatMessage(role, _content(item.get("content"), f"{where}.content", role))
-
-
-def _content(content: Any, where: str, role: str) -> tuple[TextPart | ImagePart, ...]:
-    if isinstance(content, str):
-        return (TextPart(fields.text(content, where)),)
-    if not isinstance(content, list) or not content:
-        raise invalid(f"`{where}` must be a string or an array of parts", where)
-    return tuple(_part(p, f"{where}[{j}]", role) for j, p in enumerate(content))
-
-
-def _part(part: Any, at: str, role: str) -> TextPart | ImagePart:
-    kind = part.get("type") if isinstance(part, dict) else None
-    if kind in ("input_text", "output_text", "text"):
-        if not isinstance(part.get("text"), str):
-            raise invalid(f"`{at}.text` must be a string", f"{at}.text")
-        return TextPart(fields.text(part["text"], f"{at}.text"))
-    if kind == "input_image":
-        if role not in ("user", "tool"):  # a tool's output: the agent's screenshot
+def _include(raw: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """`include`: its values, and the field paths of those that ask for nothing here."""
+    include = raw or []
+    if not isinstance(include, list) or not all(isinstance(i, str) for i in include):
+        raise invalid("`include` must be an array of strings", "include")
+    for j, item in enumerate(include):
+        if item not in (LOGPROBS_INCLUDE, REASONING_INCLUDE, *NO_OP_INCLUDES):
             raise invalid(
-                f"`{at}`: images are only accepted in user messages and function call outputs",
-                at,
+                f"`include[{j}]` {item!r} is not one of the Responses API's values: "
+                f"{LOGPROBS_INCLUDE!r}, {REASONING_INCLUDE!r} or a built-in tool's output",
+                f"include[{j}]",
             )
-        if part.get("file_id") is not None:
-            raise invalid(
-                f"`{at}.file_id`: this server has no Files API; send the image as "
-                "`image_url` (an http(s) URL or a data:image/... URI)",
-                f"{at}.file_id",
-            )
-        url = part.get("image_url")
-        if not isinstance(url, str) or not url:
-            raise invalid(
-                f"`{at}.image_url` must be a string: an http(s) URL, a data:image/... URI "
-                "or a file path",
-                f"{at}.image_url",
-            )
-        return ImagePart(url, f"{at}.image_url")
-    if kind == "input_file":
-        raise invalid(f"`{at}`: file inputs are not supported; send text or images", at)
-    raise invalid(f"`{at}.type` must be 'input_text', 'input_image' or 'output_text'", at)
+    no_ops = tuple(f"include[{j}]" for j, item in enumerate(include) if item in NO_OP_INCLUDES)
+    return tuple(include), no_ops
+
+
+def _text(raw: Any) -> tuple[dict[str, Any], str | None, tuple[str, ...]]:
+    """`text`: its format (echo, grammar), and `text.verbosity` named when sent: a style hint
+    the served model has no control for (the answer is the model's own length)."""
+    if raw is not None and not isinstance(raw, dict):
+        raise invalid('`text` must be an object such as {"format": {"type": "text"}}', "text")
+    verbosity = (raw or {}).get("verbosity")
+    if verbosity is not None and verbosity not in VERBOSITY:
+        raise invalid(f"`text.verbosity` must be one of {', '.join(VERBOSITY)}", "text.verbosity")
+    fmt, grammar = _text_format((raw or {}).get("format"))
+    return fmt, grammar, ("text.verbosity",) if verbosity is not None else ()
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
@@ -258,13 +180,8 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             raise invalid(f"`{name}`: {why} are not supported by this server; omit it", name)
 
 
-def _text_format(raw: Any) -> tuple[dict[str, Any], str | None]:
+def _text_format(fmt: Any) -> tuple[dict[str, Any], str | None]:
     """`text.format` (flat: {type, name, schema, strict}) -> (echo, grammar)."""
-    if raw is None:
-        return {"type": "text"}, None
-    if not isinstance(raw, dict):
-        raise invalid('`text` must be an object such as {"format": {"type": "text"}}', "text")
-    fmt = raw.get("format")
     if fmt is None:
         return {"type": "text"}, None
     if not isinstance(fmt, dict):

@@ -16,12 +16,15 @@ each with a `sequence_number` counting from 0.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.api.openai.render import logprob_list
 from gateway.api.responses.parse import ResponsesRequest
+from gateway.api.responses.sealed import ReasoningSeal
+from gateway.api.responses.tool_list import ToolNames
 from gateway.api.sse import sse_data
 from gateway.engine.request import TokenLogprob, Usage
 from gateway.errors import APIError
@@ -38,6 +41,7 @@ class ResponseMeta:
     message_id: str
     created_at: int
     request: ResponsesRequest
+    seal: ReasoningSeal | None = None  # seals the thinking when `include` asks for it
 
 
 def usage_dict(usage: Usage) -> dict[str, Any]:
@@ -91,31 +95,50 @@ class MadeCall:
     complete: bool = True
 
 
-def call_item(call: ToolCall, status: str) -> dict[str, Any]:
-    """A `function_call` output item; its id is the call id's random part after `fc_`."""
-    return {
-        "type": "function_call",
-        "id": "fc_" + call.id.removeprefix("call_"),
-        "call_id": call.id,
-        "name": call.name,
-        "arguments": call.arguments,
-        "status": status,
-    }
+def call_item(call: ToolCall, status: str, names: ToolNames) -> dict[str, Any]:
+    """A `function_call` output item (with `namespace` and the inner `name` for a tool of a
+    namespace), or a `custom_tool_call` whose `input` is the string argument the model wrote
+    ("" while it is incomplete); its id is the call id's random part after `fc_` / `ctc_`."""
+    wire = names.wire(call.name)
+    key = call.id.removeprefix("call_")
+    item: dict[str, Any] = {"type": "function_call", "id": "fc_" + key, "call_id": call.id}
+    if wire.custom:
+        item = {"type": "custom_tool_call", "id": "ctc_" + key, "call_id": call.id}
+        item["input"] = custom_input(call.arguments)
+    else:
+        item["arguments"] = call.arguments
+    if wire.namespace is not None:
+        item["namespace"] = wire.namespace
+    return {**item, "name": wire.name, "status": status}
+
+
+def custom_input(arguments: str) -> str:
+    """A custom tool's `input` from the `{"input": "..."}` arguments the model wrote ("" for
+    arguments cut short)."""
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return ""
+    text = value.get("input") if isinstance(value, dict) else None
+    return text if isinstance(text, str) else ""
 
 
 def reasoning_item(meta: ResponseMeta, status: str, text: str) -> dict[str, Any]:
     """The `reasoning` output item: the model's thinking as `reasoning_text` content; with
     `reasoning.summary` asked, the same text as its one summary part (this server has no
-    separate summarizer: the summary is the thinking itself)."""
+    separate summarizer: the summary is the thinking itself); with `include:
+    ["reasoning.encrypted_content"]`, the thinking sealed (gateway.api.responses.sealed) for
+    the client to send back."""
     asked = meta.request.reasoning_summary and text
     summary = [{"type": "summary_text", "text": text}] if asked else []
+    seal = meta.seal if meta.request.encrypted_reasoning and text else None
     return {
         "type": "reasoning",
         "id": reasoning_id(meta),
         "status": status,
         "summary": summary,
         "content": [{"type": "reasoning_text", "text": text}],
-        "encrypted_content": None,
+        "encrypted_content": seal.seal(text) if seal is not None else None,
     }
 
 
@@ -153,7 +176,10 @@ def response_body(
     if text is not None and not blank and not (reasoning and not text):
         done = "completed" if calls else item_status  # a call after it closed it
         output.append(message_item(meta, done, text, logprobs))
-    output += [call_item(c.call, "completed" if c.complete else "incomplete") for c in calls]
+    names = r.tool_names
+    output += [
+        call_item(c.call, "completed" if c.complete else "incomplete", names) for c in calls
+    ]
     return {
         "id": meta.response_id,
         "object": "response",

@@ -5,7 +5,9 @@ conversations.
 A turn runs through the intake and the front end's pipeline like a chat completion
 (gateway.api.responses.turn builds its conversation); the engine's prefix cache then finds the
 KV of the conversation so far, and the stored decoded images spare the turn any image read,
-decode or hash. Errors are OpenAI error objects.
+decode or hash. A client that stores nothing here (`store: false`) keeps the thinking in
+the reasoning items' `encrypted_content`, sealed by the key in the disk cache's folder
+(gateway.api.responses.sealed). Errors are OpenAI error objects.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from gateway.api.responses.render import (
     error_event,
     response_body,
 )
+from gateway.api.responses.sealed import ReasoningSeal
 from gateway.api.responses.store import ResponseStore, StoredResponse
 from gateway.api.responses.tool_events import ToolEvents
 from gateway.api.responses.turn import Turn, not_found
-from gateway.config import ServerConfig
+from gateway.config import CacheConfig, ServerConfig
 from gateway.engine.request import ErrorEvent, Event, FinishEvent, TokenEvent, TokenLogprob, Usage
 from gateway.errors import APIError
 from gateway.frontend.admission import Admission
@@ -128,12 +131,17 @@ class Running:
 class ResponsesAPI:
     """The routes over one intake (and its pipeline) and one store. Event loop only."""
 
-    def __init__(self, intake: Intake, server: ServerConfig) -> None:
+    def __init__(
+        self, intake: Intake, server: ServerConfig, cache: CacheConfig | None = None
+    ) -> None:
         self.intake = intake
         self.pipeline = intake.pipeline
         self.keys = intake.keys
         self.store = ResponseStore(server.responses)
         self.running: dict[str, Running] = {}
+        folder = cache.cache_dir if cache is not None else None
+        group = cache.cache_dir_group if cache is not None else False
+        self.seal = ReasoningSeal.for_folder(folder, group)
 
     def routes(self) -> list[Route]:
         one = "/v1/responses/{response_id}"
@@ -146,14 +154,18 @@ class ResponsesAPI:
 
     async def create(self, request: Request) -> Response:
         owner = self.keys.authorize(request, "chat").owner
-        turn = Turn(self.pipeline, self.store, self.running, owner)
+        turn = Turn(self.pipeline, self.store, self.running, owner, self.seal)
         try:
             admission = await self.intake.admit(request, turn.parse, "resp_", turn.resolve)
         except ClientGone:
             return Response(status_code=499)
         assert turn.request is not None
         meta = ResponseMeta(
-            admission.request_id, f"msg_{uuid.uuid4().hex}", int(time.time()), turn.request
+            admission.request_id,
+            f"msg_{uuid.uuid4().hex}",
+            int(time.time()),
+            turn.request,
+            self.seal,
         )
         run = self.running[meta.response_id] = Running(turn.owner, meta)
         headers = admission.headers()
@@ -294,6 +306,9 @@ def _conflict(message: str) -> APIError:
     return APIError(409, message, "invalid_request_error", None, "response_state_conflict")
 
 
-def routes(intake: Intake, server: ServerConfig) -> list[Route]:
-    """The Responses API's routes over `intake`; stored state bounded by `server.responses`."""
-    return ResponsesAPI(intake, server).routes()
+def routes(
+    intake: Intake, server: ServerConfig, cache: CacheConfig | None = None
+) -> list[Route]:
+    """The Responses API's routes over `intake`; stored state bounded by `server.responses`;
+    the reasoning key kept in `cache.cache_dir` (None, or no folder: a key of this process)."""
+    return ResponsesAPI(intake, server, cache).routes()

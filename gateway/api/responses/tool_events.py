@@ -10,6 +10,10 @@ answer's pieces (gateway.tools.calls) arrive, each closed before the next one op
         response.output_item.added (function_call, arguments ""),
         response.function_call_arguments.delta*,
         response.function_call_arguments.done, response.output_item.done
+    or, a custom tool's call (its `input` is known once its arguments are whole):
+        response.output_item.added (custom_tool_call, input ""),
+        response.custom_tool_call_input.delta (the whole input),
+        response.custom_tool_call_input.done, response.output_item.done
     then response.completed | response.incomplete | response.failed
 
 The items and their `output_index`es are those of the final body (`response_body` leaves a
@@ -46,6 +50,7 @@ class ToolEvents:
         self.blank_opens = blank_opens
         self.message_seen = False
         self.meta = writer.meta
+        self.names = writer.meta.request.tool_names
         self.index = -1  # the open (or last) item's output_index
         self.message_open = False
         self.text = ""  # the message's text so far
@@ -174,7 +179,7 @@ class ToolEvents:
             out += self._close_message(message_item(self.meta, "completed", self.text, None))
         self.index += 1
         call = self.calls[piece.index] = ToolCall(piece.id, piece.name, "")
-        item = call_item(call, "in_progress")
+        item = call_item(call, "in_progress", self.names)
         return out + self.writer.event(
             "response.output_item.added", output_index=self.index, item=item
         )
@@ -182,7 +187,9 @@ class ToolEvents:
     def _call_args(self, piece: CallArgs) -> str:
         call = self.calls[piece.index]
         self.calls[piece.index] = ToolCall(call.id, call.name, call.arguments + piece.text)
-        item_id = call_item(call, "")["id"]
+        item_id = call_item(call, "", self.names)["id"]
+        if self.names.wire(call.name).custom:  # its input is JSON-escaped until it is whole
+            return ""
         return self.writer.event(
             "response.function_call_arguments.delta",
             item_id=item_id,
@@ -192,8 +199,17 @@ class ToolEvents:
 
     def _call_end(self, piece: CallEnd) -> str:
         call = self.calls[piece.index]
-        item = call_item(call, "completed" if piece.complete else "incomplete")
+        item = call_item(call, "completed" if piece.complete else "incomplete", self.names)
         w = self.writer
+        if item["type"] == "custom_tool_call":
+            at = {"item_id": item["id"], "output_index": self.index}
+            return "".join(
+                (
+                    w.event("response.custom_tool_call_input.delta", **at, delta=item["input"]),
+                    w.event("response.custom_tool_call_input.done", **at, input=item["input"]),
+                    w.event("response.output_item.done", output_index=self.index, item=item),
+                )
+            )
         return w.event(
             "response.function_call_arguments.done",
             item_id=item["id"],

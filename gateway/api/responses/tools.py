@@ -1,106 +1,49 @@
-"""The tool fields of a Responses body: function `tools` (flat: `{type, name, description,
-parameters, strict}`), `tool_choice`, `parallel_tool_calls`, and the `function_call` /
-`function_call_output` input items. Pure validation; every mistake is a 400 naming the field.
-
-A function tool's `strict` defaults to true, as OpenAI's Responses API does (its objects are
-closed). Built-in tools (web search, file search, computer use, MCP, ...) are refused naming
-the tool's `type`. A `function_call_output` names its call by `call_id`; whether that call was
-made (in this input or in the stored conversation) is checked by `link_outputs` once the
-stored conversation is known.
+"""The tool items of a Responses `input`: `function_call` (its `namespace`, if any, joined
+to the flat name the model saw: gateway.api.responses.tool_list), `custom_tool_call` (its
+`input` as the one argument of the function the model saw), and their outputs
+(`function_call_output`, `custom_tool_call_output`). Pure validation; every mistake is a 400
+naming the field. An output names its call by `call_id`; whether that call was made (in this
+input or in the stored conversation) is checked by `link_outputs` once the stored
+conversation is known.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 from gateway.api import fields
+from gateway.api.responses.tool_list import flat_name
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatMessage, Part, TextPart
 from gateway.tools.history import HistoryMistake, check_calls
-from gateway.tools.spec import ToolCall, ToolChoice, ToolSet, check_named, check_tool, check_tools
-
-_CHOICES = "'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}"
-
-
-def parse_tools(body: dict[str, Any]) -> tuple[ToolSet | None, list[dict[str, Any]]]:
-    """The request's tools (None: none) and their echo for the response body (each tool with
-    its defaults filled in, as OpenAI echoes them)."""
-    raw, choice = body.get("tools"), body.get("tool_choice")
-    if raw is None or raw == []:
-        if choice not in (None, "none", "auto"):
-            raise invalid("`tool_choice` is only allowed when `tools` are given", "tool_choice")
-        return None, []
-    if not isinstance(raw, list):
-        raise invalid("`tools` must be an array of function tools", "tools")
-    tools, echo = [], []
-    for i, entry in enumerate(raw):
-        where = f"tools[{i}]"
-        kind = entry.get("type") if isinstance(entry, dict) else None
-        if kind != "function":
-            raise invalid(
-                f"`{where}.type` {kind!r}: only function tools are supported by this server "
-                "(built-in tools are not)",
-                f"{where}.type",
-            )
-        if isinstance(entry.get("function"), dict) and "name" not in entry:
-            raise invalid(
-                f"`{where}`: the Responses API takes function tools flat: move `name`, "
-                "`description` and `parameters` out of `function` to the tool itself",
-                f"{where}.function",
-            )
-        strict = entry.get("strict")
-        strict = True if strict is None else strict
-        tool = check_tool(
-            entry.get("name"), entry.get("description"), entry.get("parameters"), strict, where,
-            "parameters",
-        )  # fmt: skip
-        tools.append(tool)
-        echo.append(
-            {
-                "type": "function",
-                "name": tool.name,
-                "description": entry.get("description"),
-                "parameters": entry.get("parameters"),
-                "strict": strict,
-            }
-        )
-    checked = check_tools(tools, "tools")
-    mode = _choice(choice)
-    check_named(mode, checked, "tool_choice.name")
-    return ToolSet(checked, mode, fields.opt_bool(body, "parallel_tool_calls", True)), echo
-
-
-def _choice(raw: Any) -> ToolChoice:
-    if raw is None:
-        return ToolChoice("auto")
-    if raw in ("none", "auto", "required"):
-        return ToolChoice(raw)
-    if isinstance(raw, dict) and raw.get("type") == "function":
-        name = raw.get("name")
-        if isinstance(raw.get("function"), dict) and name is None:
-            raise invalid(
-                '`tool_choice`: the Responses API names the function flat: {"type": '
-                '"function", "name": ...}, not inside `function`',
-                "tool_choice.function",
-            )
-        if not isinstance(name, str) or not name:
-            raise invalid("`tool_choice.name` must be a string", "tool_choice.name")
-        return ToolChoice("named", name)
-    raise invalid(f"`tool_choice` must be {_CHOICES}", "tool_choice")
+from gateway.tools.spec import ToolCall
 
 
 def function_call(item: dict[str, Any], where: str) -> ToolCall:
-    """A `function_call` input item (a call the model made, sent back by the client)."""
-    call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
+    """A `function_call` or `custom_tool_call` input item (a call the model made, sent back
+    by the client), as the call the model wrote: under its flat name, a custom tool's
+    `input` as the `{"input": ...}` arguments."""
+    call_id, name = item.get("call_id"), item.get("name")
     if not isinstance(call_id, str) or not call_id:
         raise invalid(f"`{where}.call_id` must be a non-empty string", f"{where}.call_id")
     if not isinstance(name, str) or not name:
         raise invalid(f"`{where}.name` must be a string", f"{where}.name")
-    if not isinstance(arguments, str):
-        raise invalid(f"`{where}.arguments` must be a JSON string", f"{where}.arguments")
-    return ToolCall(call_id, name, fields.text(arguments, f"{where}.arguments"))
+    namespace = item.get("namespace")
+    if namespace is not None and (not isinstance(namespace, str) or not namespace):
+        raise invalid(f"`{where}.namespace` must be a non-empty string", f"{where}.namespace")
+    if item.get("type") == "custom_tool_call":
+        if not isinstance(item.get("input"), str):
+            raise invalid(f"`{where}.input` must be a string", f"{where}.input")
+        arguments = json.dumps({"input": fields.text(item["input"], f"{where}.input")})
+    else:
+        arguments = item.get("arguments")
+        if not isinstance(arguments, str):
+            raise invalid(f"`{where}.arguments` must be a JSON string", f"{where}.arguments")
+        arguments = fields.text(arguments, f"{where}.arguments")
+    return ToolCall(call_id, flat_name(namespace, name) if namespace else name, arguments)
 
 
 def output_call_id(item: dict[str, Any], where: str) -> str:

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.api.responses.parse import ResponsesRequest, parse_responses_request
+from gateway.api.responses.sealed import ReasoningSeal
 from gateway.api.responses.store import HeldImage, ResponseStore
 from gateway.api.responses.tools import link_outputs
 from gateway.errors import APIError
@@ -46,23 +47,30 @@ class Turn:
     """The state of one `POST /v1/responses` while the pipeline admits it."""
 
     def __init__(
-        self, pipeline: ChatPipeline, store: ResponseStore, running: Container[str], owner: str
+        self,
+        pipeline: ChatPipeline,
+        store: ResponseStore,
+        running: Container[str],
+        owner: str,
+        seal: ReasoningSeal | None = None,
     ) -> None:
         self._pipeline = pipeline
         self._store = store
         self._running = running
         self.owner = owner
+        self._seal = seal
         self.request: ResponsesRequest | None = None
         self.history: tuple[ChatMessage, ...] = ()
         self.images: list[DecodedImage] = []
         self.input: tuple[ChatMessage, ...] = ()  # this turn's input, tool outputs named
 
     def parse(self, body: Any) -> ChatRequest:
-        r = self.request = parse_responses_request(body)
+        r = self.request = parse_responses_request(body, self._seal)
         if r.previous_response_id is not None:
             self.history = self._continued(r.previous_response_id)
         self.input = link_outputs(self.history, r.input, r.output_params)
         system = (ChatMessage("system", (TextPart(r.instructions),)),) if r.instructions else ()
+        summary_only = r.thinking is None and r.reasoning_summary is not None
         return ChatRequest(
             model=r.model,
             messages=(*system, *self.history, *self.input),
@@ -79,8 +87,12 @@ class Turn:
             grammar=r.grammar,
             grammar_field="text.format",
             cache_salt=r.cache_salt,
-            thinking=r.thinking,
-            thinking_field="reasoning.effort",
+            # A summary without an effort asks for thinking where the model thinks: a model
+            # that does not answers without (no reasoning item, no 400; Codex sends a summary
+            # to every model). Only `reasoning.effort` is a switch such a model refuses.
+            thinking=True if summary_only else r.thinking,
+            thinking_optional=summary_only,
+            thinking_field="reasoning.summary" if summary_only else "reasoning.effort",
             tools=r.tools,
             ignored_fields=r.ignored_fields,
         )

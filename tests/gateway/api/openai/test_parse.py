@@ -274,3 +274,27 @@ def test_a_tool_history_follows_openais_rules(body: dict, param: str) -> None:
                     {"role": "tool", "tool_call_id": "a", "content": "1"},
                     {"role": "user", "content": "and?"})  # fmt: skip
     assert len(parse_chat_request(done).messages) == 5
+
+
+def test_hints_pass_and_outputs_this_server_cannot_make_are_refused() -> None:
+    """Invariant (the field policy): hints and bookkeeping that change no answer here
+    (predicted outputs, verbosity, store, metadata, prompt_cache_key) parse to the same
+    request and are no unknown fields; asking for audio, an audio modality or a web search,
+    which this server cannot do and whose absence the client would not see, is a 400 naming
+    the field and saying what is missing."""
+    hints = {
+        "prediction": {"type": "content", "content": "def f(): pass"},
+        "verbosity": "low",
+        "store": True,
+        "metadata": {"run": "1"},
+        "prompt_cache_key": "session-1",
+    }
+    assert parse_chat_request(_with(**hints)) == parse_chat_request(_with())
+    for name, value, says in (
+        ("audio", {"voice": "alloy", "format": "wav"}, "audio"),
+        ("modalities", ["text", "audio"], "audio"),
+        ("web_search_options", {"search_context_size": "low"}, "search"),
+    ):
+        with pytest.raises(APIError) as info:
+            parse_chat_request(_with(**{name: value}))
+        assert info.value.param == name and says in info.value.message

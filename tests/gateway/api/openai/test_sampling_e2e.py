@@ -112,5 +112,5 @@ def test_refusals_name_their_field(server: ServerProcess) -> None:
             _ask(client, **kw)
         assert info.value.body["param"] == param  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(model="test", input="hi", max_tool_calls=2)
-    assert info.value.body["param"] == "max_tool_calls"  # type: ignore[index]
+        client.responses.create(model="test", input="hi", background=True)
+    assert info.value.body["param"] == "background"  # type: ignore[index]

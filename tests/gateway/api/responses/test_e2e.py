@@ -224,11 +224,15 @@ def test_cancel_running_response(client: openai.OpenAI) -> None:
 
 
 def test_errors_are_openai_error_objects(client: openai.OpenAI) -> None:
-    """Invariant: built-in tools, a named tool_choice not among the tools, file ids and
+    """Invariant: an unknown tool type, a required choice among built-in tools only (left
+    out: nothing could be called), a named tool_choice not among the tools, file ids and
     unknown models are 4xx OpenAI errors naming the field."""
     with pytest.raises(openai.BadRequestError) as info:
-        _create(client, input="x", tools=[{"type": "web_search"}])
+        _create(client, input="x", tools=[{"type": "wbe_search"}])
     assert info.value.body["param"] == "tools[0].type"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as info:
+        _create(client, input="x", tools=[{"type": "web_search"}], tool_choice="required")
+    assert info.value.body["param"] == "tool_choice"  # type: ignore[index]
     fn = {"type": "function", "name": "f", "parameters": {"type": "object"}}
     with pytest.raises(openai.BadRequestError) as info:
         _create(client, input="x", tools=[fn], tool_choice={"type": "function", "name": "g"})

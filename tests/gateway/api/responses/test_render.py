@@ -63,3 +63,46 @@ def test_a_response_body_validates_against_the_openai_sdks_types() -> None:
     usage = Usage(10, 3, 8, vision_hits=0, vision_misses=1)
     for status in ("completed", "incomplete"):
         Response.model_validate(response_body(META, status, "abc", None, usage))
+
+
+def test_codex_shaped_items_validate_and_carry_the_wire_names() -> None:
+    """Invariant: a namespaced tool's call is a `function_call` with `namespace` and the
+    inner `name`; a custom tool's is a `custom_tool_call` whose `input` is the string the
+    model wrote; the reasoning item carries the sealed thinking when `include` asks (and only
+    then); the body, with its namespace and custom tools echoed, validates as the SDK's
+    Response."""
+    from openai.types.responses import Response
+
+    from gateway.api.responses.render import MadeCall, reasoning_item
+    from gateway.api.responses.sealed import ReasoningSeal
+    from gateway.tools.spec import ToolCall
+
+    custom = {"type": "custom", "name": "apply_patch", "description": "patch"}
+    ns = {"type": "namespace", "name": "multi_agent_v1", "description": "agents", "tools": [
+        {"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}]}  # fmt: skip
+    body = {"model": "m", "input": "x", "tools": [ns, custom, {"type": "web_search"}],
+            "include": ["reasoning.encrypted_content"],
+            "reasoning": {"summary": "auto"}}  # fmt: skip
+    seal = ReasoningSeal.random()
+    meta = ResponseMeta("resp_1", "msg_1", 7, parse_responses_request(body), seal)
+    calls = [
+        MadeCall(ToolCall("call_a", "multi_agent_v1__spawn_agent", '{"message": "go"}')),
+        MadeCall(ToolCall("call_b", "apply_patch", '{"input": "*** Begin Patch\\n"}')),
+        MadeCall(ToolCall("call_c", "apply_patch", '{"input": "*** Be'), complete=False),
+    ]
+    out = response_body(meta, "completed", "", None, Usage(3, 4, 0), None, calls, "hmm")
+    Response.model_validate(out)
+    thought, spawn, patch, cut = out["output"]
+    assert seal.open(thought["encrypted_content"], "x") == "hmm"
+    assert thought["summary"] == [{"type": "summary_text", "text": "hmm"}]
+    assert (spawn["type"], spawn["namespace"], spawn["name"]) == (
+        "function_call", "multi_agent_v1", "spawn_agent")  # fmt: skip
+    assert spawn["arguments"] == '{"message": "go"}' and spawn["id"] == "fc_a"
+    assert (patch["type"], patch["name"], patch["input"]) == (
+        "custom_tool_call", "apply_patch", "*** Begin Patch\n")  # fmt: skip
+    assert "namespace" not in patch and patch["id"] == "ctc_b"
+    assert cut["input"] == "" and cut["status"] == "incomplete"
+    assert [t["type"] for t in out["tools"]] == ["namespace", "custom"]
+    unasked = ResponseMeta("resp_2", "msg_2", 7, META.request, seal)
+    assert reasoning_item(unasked, "completed", "hmm")["encrypted_content"] is None
+    assert reasoning_item(meta, "in_progress", "")["encrypted_content"] is None

@@ -94,3 +94,20 @@ def test_continuation_refusals() -> None:
         with pytest.raises(APIError) as info:
             turn.parse({"model": "m", "input": "x", "previous_response_id": rid})
         assert info.value.status == status and info.value.param == "previous_response_id"
+
+
+def test_a_summary_asks_for_thinking_only_where_the_model_thinks() -> None:
+    """Invariant: `reasoning.summary` without an effort asks for thinking optionally (a
+    model that does not think answers without: no 400, no reasoning item; the front end's
+    `thinking_optional`); an effort is the switch, required, whatever the summary."""
+    store = ResponseStore(ResponsesConfig())
+    turn = Turn(FakePipeline({}), store, set(), "")  # type: ignore[arg-type]
+    chat = turn.parse({"model": "m", "input": "x", "reasoning": {"summary": "auto"}})
+    assert (chat.thinking, chat.thinking_optional) == (True, True)
+    for effort, switch in (("none", False), ("high", True)):
+        reasoning = {"effort": effort, "summary": "auto"}
+        chat = turn.parse({"model": "m", "input": "x", "reasoning": reasoning})
+        assert (chat.thinking, chat.thinking_optional) == (switch, False)
+        assert chat.thinking_field == "reasoning.effort"
+    plain = turn.parse({"model": "m", "input": "x"})
+    assert (plain.thinking, plain.thinking_optional) == (None, False)
