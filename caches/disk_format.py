@@ -18,7 +18,10 @@ from dataclasses import dataclass
 
 import xxhash
 
-ITEM_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I32": 4, "I64": 8, "U8": 1, "U16": 2}
+# (U32: the packed integers of quantized KV, --kv-bits)
+ITEM_BYTES = {
+    "BF16": 2, "F16": 2, "F32": 4, "F64": 8, "I32": 4, "I64": 8, "U8": 1, "U16": 2, "U32": 4,
+}  # fmt: skip
 CHECKSUM_KEY = "vg_checksum"
 MAX_HEADER_BYTES = 16 * 2**20  # a header this large is not one we wrote
 CHUNK_BYTES = 2**20

@@ -66,6 +66,23 @@ class CacheConfig:
         True,
         kind="both",
     )
+    # Quantized KV (docs/caching.md, "Quantized KV"): running rows, stored blocks and their
+    # files hold keys and values as integers with a scale and a bias per group of channels
+    # (mlx-lm's QuantizedKVCache), read by quantized matmuls. A hit stays exact: cached and
+    # uncached requests quantize the same rows, computed the same way.
+    kv_bits: int = flag(
+        "--kv-bits",
+        "hold the KV cache (running rows, the prefix cache, its disk tier) quantized to 8 or 4 "
+        "bits: about 2x / 4x the cached tokens per byte; 0: the model's own dtype",
+        0,
+        choices=(0, 4, 8),
+    )
+    kv_group_size: int = flag(
+        "--kv-group-size",
+        "channels per scale and bias of --kv-bits (a head's width must be a multiple)",
+        64,
+        choices=(32, 64, 128),
+    )
     grammar_cache_mb: float = flag(  # compiled structured-output grammars (estimated bytes)
         "--grammar-cache-mb",
         "compiled structured-output grammars cache budget, MiB (estimated sizes)",
@@ -114,6 +131,8 @@ class CacheConfig:
         _require(0 <= self.grammar_cache_mb <= 2**30, "--grammar-cache-mb must be in 0..2^30")
         _require(0 <= self.disk_cache_gb <= 2**30, "--disk-cache-gb must be in 0..2^30")
         _require(0 < self.tenant_cache_share <= 1, "--tenant-cache-share must be in (0, 1]")
+        _require(self.kv_bits in (0, 4, 8), "--kv-bits must be 0, 4 or 8")
+        _require(self.kv_group_size in (32, 64, 128), "--kv-group-size must be 32, 64 or 128")
         if self.cache_dir is not None:
             object.__setattr__(self, "cache_dir", Path(self.cache_dir).expanduser())
 

@@ -35,7 +35,7 @@ from gateway.engine.disk.plan import ReadPlan
 from gateway.engine.disk.reader import Prefetch, Prefetched
 from gateway.engine.disk.tier import DiskTier, open_disk_tier
 from gateway.engine.families.family import ModelFamily
-from gateway.engine.model.kv import assemble
+from gateway.engine.model.kv import assemble, block_nbytes
 from gateway.engine.model.snapshots import layer_block, snapshot_nbytes, state_layers, storable
 from gateway.engine.scheduler.job import Job
 
@@ -182,7 +182,10 @@ class CacheOps:
                 want = disk.image_want(key, end, num, image.grid_thw, self.model.embed_dtype)
                 if disk.store.probe("vision", want.key):
                     images.append(want)
-        return ReadPlan(blocks, self.block, self._layers, covered, tuple(images), self._states)
+        quantized = self.model.kv_quant is not None
+        return ReadPlan(
+            blocks, self.block, self._layers, covered, tuple(images), self._states, quantized
+        )
 
     def admit(self, job: Job) -> None:
         """Prefix lookup, then vision lookups for the images the prefix does not cover; where
@@ -330,7 +333,7 @@ class CacheOps:
                 lo, hi = k * block, (k + 1) * block
                 arrays = BlockLayers(layer_block(c, lo, hi) for c in kv)  # (snapshots.py)
                 new.append(arrays)
-                nbytes = sum(k_.nbytes + v_.nbytes for k_, v_ in arrays)
+                nbytes = block_nbytes(arrays)  # quantized KV: its packed bytes
                 delta, states = delta_before(layouts, hi), snapshot_nbytes(arrays, kv)
                 made.append((k, Block(arrays, nbytes, delta, snapshot_nbytes=states)))
                 return made[-1][1]

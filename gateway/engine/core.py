@@ -162,7 +162,10 @@ class Engine:
         once the model is loaded, compiled grammars and the disk tier."""
         stats = cache_stats(self.vision_cache, self.prefix_cache)
         loaded = self.loaded
-        return stats if loaded is None else {**stats, **loaded.cache_stats()}
+        if loaded is None:
+            return stats
+        stats["prefix"].update(loaded.kv_format())  # the KV's dtype and bits
+        return {**stats, **loaded.cache_stats()}
 
     def needs_pixels(self, prompt_ids: Sequence[int], images: Sequence[ImageSpan]) -> list[bool]:
         """Per image: will the engine run the vision tower on it? (Any thread; advisory.)"""

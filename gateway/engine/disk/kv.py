@@ -22,11 +22,13 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
+from caches.disk_format import RawTensor
 from caches.prefix import ImageSpan, PrefixCache, PrefixHit, block_keys, key_items
 from caches.radix import Block
-from gateway.engine.disk.plan import BlockWant, ReadBlock
+from gateway.engine.disk.plan import QUANT_PARTS, BlockWant, ReadBlock
 from gateway.engine.disk.reader import Prefetched
 from gateway.engine.disk.tier import DiskTier, raw_tensors, to_array
+from gateway.engine.model.kv import Parts
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +61,7 @@ def queue_blocks(
         items = key_items(tokens, spans, scope)
         keys = block_keys(items, block, max(k for k, _ in made) + 1)
         for k, b in made:
-            named = [(f"{kind}.{layer}", array) for layer, pair in enumerate(b.value)
-                     for kind, array in zip("kv", pair, strict=True)]  # fmt: skip
-            tensors = raw_tensors(named)
+            tensors = raw_tensors(block_tensors(b.value))
             starts = [s.content_hash for s in spans if k * block <= s.start < (k + 1) * block]
             meta = {
                 "block_index": str(k),
@@ -75,6 +75,21 @@ def queue_blocks(
                 b.value.disk_key = keys[k]
     except Exception:
         log.exception("queueing KV blocks for the disk cache failed")
+
+
+def block_tensors(value: Sequence[tuple[Parts, Parts]]) -> list[tuple[str, mx.array]]:
+    """A block's arrays by file tensor name: `k.L` / `v.L` per layer, or for quantized KV
+    `k.L.q`, `k.L.scales`, `k.L.biases` (and `v.L.*`): see `plan.tensor_names`."""
+    named = []
+    for layer, pair in enumerate(value):
+        for kind, parts in zip("kv", pair, strict=True):
+            if isinstance(parts, tuple):
+                named += [
+                    (f"{kind}.{layer}.{p}", a) for p, a in zip(QUANT_PARTS, parts, strict=True)
+                ]
+            else:
+                named.append((f"{kind}.{layer}", parts))
+    return named
 
 
 def block_wants(
@@ -133,7 +148,14 @@ def extend_hit(
 
 
 def to_block(read: ReadBlock) -> Block:
-    """A checked block's tensors copied into new MLX arrays (engine thread)."""
-    value = BlockLayers((to_array(k, None), to_array(v, None)) for k, v in read.layers)
+    """A checked block's tensors copied into new MLX arrays (engine thread; a quantized
+    layer's keys and values are triples)."""
+
+    def arrays(tensors: RawTensor | tuple[RawTensor, ...]) -> Parts:
+        if isinstance(tensors, tuple):
+            return tuple(to_array(t, None) for t in tensors)
+        return to_array(tensors, None)
+
+    value = BlockLayers((arrays(k), arrays(v)) for k, v in read.layers)
     value.disk_key = read.key
     return Block(value, read.nbytes, read.rope_delta, read.images, read.snapshot_nbytes)

@@ -19,6 +19,16 @@ from dataclasses import dataclass
 
 from caches.disk_format import RawTensor
 
+# The arrays of one quantized keys or values tensor (`mx.quantize`'s triple), by file name.
+QUANT_PARTS = ("q", "scales", "biases")
+KVTensors = RawTensor | tuple[RawTensor, ...]  # one layer's keys or values (a triple: quantized)
+
+
+def tensor_names(kind: str, layer: int, quantized: bool) -> list[str]:
+    """The file tensors holding layer `layer`'s keys (`kind` "k") or values ("v")."""
+    base = f"{kind}.{layer}"
+    return [f"{base}.{p}" for p in QUANT_PARTS] if quantized else [base]
+
 
 @dataclass(frozen=True)
 class BlockWant:
@@ -57,6 +67,7 @@ class ReadPlan:
     covered: int
     images: tuple[ImageWant, ...]
     state_layers: tuple[int, ...] = ()  # layers whose blocks are state snapshots (hybrid)
+    quantized: bool = False  # --kv-bits: each keys / values tensor is a triple (QUANT_PARTS)
 
     def __bool__(self) -> bool:
         return bool(self.blocks or self.images)
@@ -70,12 +81,13 @@ class ReadPlan:
 
 @dataclass(frozen=True)
 class ReadBlock:
-    """A checked KV block: per layer (keys, values) as raw tensors, its byte size, rope delta
-    after it and the content hashes of the images starting in it."""
+    """A checked KV block: per layer (keys, values) as raw tensors (quantized KV: triples of
+    them), its byte size, rope delta after it and the content hashes of the images starting
+    in it."""
 
     index: int
     key: str
-    layers: tuple[tuple[RawTensor, RawTensor], ...]
+    layers: tuple[tuple[KVTensors, KVTensors], ...]
     nbytes: int
     rope_delta: int
     images: tuple[str, ...]
@@ -96,11 +108,13 @@ class ReadFeatures:
 def check_block(
     want: BlockWant, block: int, layers: int, meta: Mapping[str, str],
     tensors: Mapping[str, RawTensor], state_layers: tuple[int, ...] = (),
+    quantized: bool = False,
 ) -> ReadBlock:  # fmt: skip
     """The block as the request wants it, or ValueError/KeyError/TypeError/RecursionError
     where the file disagrees (the metadata is not covered by the checksum). Its dtype is
-    fixed by the namespace: the model and its embeddings' dtype. A layer of `state_layers`
-    holds one row's state snapshot (two arrays of one row each) instead of KV rows."""
+    fixed by the namespace: the model, its embeddings' dtype and the KV's bits. A layer of
+    `state_layers` holds one row's state snapshot (two arrays of one row each) instead of KV
+    rows; `quantized`: each keys / values tensor is a triple (`tensor_names`)."""
     k = want.index
     if int(meta["block_index"]) != k or int(meta["block_tokens"]) != block:
         raise ValueError(f"block {meta['block_index']} of {meta['block_tokens']}, expected {k}")
@@ -108,19 +122,22 @@ def check_block(
         raise ValueError("token key differs from the prompt's")
     if int(meta["rope_delta"]) != want.rope_delta:
         raise ValueError(f"rope delta {meta['rope_delta']}, expected {want.rope_delta}")
-    if set(tensors) != {f"{kv}.{i}" for kv in "kv" for i in range(layers)}:
+    quant = quantized and not state_layers  # (hybrid models are never quantized)
+    names = [n for kv in "kv" for i in range(layers) for n in tensor_names(kv, i, quant)]
+    if set(tensors) != set(names):
         raise ValueError(f"{len(tensors)} tensors for {layers} layers")
     pairs, nbytes, states = [], 0, 0
     for i in range(layers):
-        kk, vv = tensors[f"k.{i}"], tensors[f"v.{i}"]
+        kk, vv = ([tensors[n] for n in tensor_names(kv, i, quant)] for kv in "kv")
+        size = sum(t.nbytes for t in (*kk, *vv))
         if i in state_layers:
-            if kk.shape[:1] != (1,) or vv.shape[:1] != (1,):
-                raise ValueError(f"layer {i}: snapshot shapes {kk.shape} {vv.shape}")
-            states += kk.nbytes + vv.nbytes
-        elif len(kk.shape) != 4 or kk.shape[2] != block or vv.shape[2] != block:
-            raise ValueError(f"layer {i}: shapes {kk.shape} {vv.shape}")
-        pairs.append((kk, vv))
-        nbytes += kk.nbytes + vv.nbytes
+            if kk[0].shape[:1] != (1,) or vv[0].shape[:1] != (1,):
+                raise ValueError(f"layer {i}: snapshot shapes {kk[0].shape} {vv[0].shape}")
+            states += size
+        elif any(len(t.shape) != 4 or t.shape[2] != block for t in (*kk, *vv)):
+            raise ValueError(f"layer {i}: shapes {[t.shape for t in (*kk, *vv)]}")
+        pairs.append((tuple(kk), tuple(vv)) if quant else (kk[0], vv[0]))
+        nbytes += size
     images = json.loads(meta["images"])
     if not isinstance(images, list) or not all(isinstance(i, str) for i in images):
         raise ValueError(f"images {meta['images'][:100]!r}: not a list of content hashes")

@@ -150,7 +150,7 @@ class DiskReader:
             if entry is None:
                 break
             try:
-                args = (plan.block_tokens, plan.layers, *entry, plan.state_layers)
+                args = (plan.block_tokens, plan.layers, *entry, plan.state_layers, plan.quantized)
                 found.blocks.append(check_block(want, *args))
             except _FIT_ERRORS as exc:
                 self.store.discard("prefix", want.key, f"does not fit the request: {exc}")

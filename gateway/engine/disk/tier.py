@@ -4,7 +4,9 @@ opens the tier and moves features; gateway/engine/disk/kv.py moves KV blocks.
 
 What makes a file usable is fixed by its namespace (`namespace`): the model's fingerprint
 (config.json and the weight files' names, sizes and mtimes), the processor's, the dtypes of
-the features and the KV, the KV block size and whether the exact-reuse rule made the blocks.
+the features and the KV (with --kv-bits, its bits and group size: a block written at other
+bits is never even looked for), the KV block size and whether the exact-reuse rule made the
+blocks.
 On top of that every entry is checked against the request on a hit (token count and grid of
 an image; block index, key items and rope delta of a KV block; shapes and dtypes): a file
 that disagrees is removed and the lookup is a miss.
@@ -55,8 +57,8 @@ from gateway.engine.model.vision import EncodedImage
 log = logging.getLogger(__name__)
 
 TOUCH_EVERY_S = 60.0
-_TO_FILE = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32"}
-_NUMPY = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}
+_TO_FILE = {mx.bfloat16: "BF16", mx.float16: "F16", mx.float32: "F32", mx.uint32: "U32"}
+_NUMPY = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32, "U32": np.uint32}
 
 
 # The version of the files *and of how their KV was computed*: a stored block must come from
@@ -89,6 +91,9 @@ def open_disk_tier(
     if config.cache_dir is None or config.disk_capacity_bytes <= 0:
         return None
     kv_dtype = str(model.embed_dtype)  # the KV is computed from the embeddings' dtype
+    quant = getattr(model, "kv_quant", None)  # --kv-bits: other bits, another folder
+    if quant is not None:
+        kv_dtype += f"/{quant.label}"
     space = namespace(model, kv_dtype, block_tokens, exact)
     try:
         modes = FolderModes.group_shared() if config.cache_dir_group else FolderModes.private()

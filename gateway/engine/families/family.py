@@ -66,6 +66,7 @@ from caches.hashing import fingerprint
 from gateway.engine.model.kv import RowKVCache
 from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
+from gateway.engine.model.quant_kv import KVQuant, RowQuantKVCache
 from gateway.engine.model.video_layout import VideoLayout
 from gateway.engine.model.video_processor import VideoFrames
 from gateway.engine.model.vision import EncodedImage, Unit
@@ -135,6 +136,9 @@ class ModelFamily(ABC):
     # True: some layers keep a recurrent state (`RowStateCache`), reused through snapshots at
     # block ends, which exist only under the exact-reuse rule (else the prefix cache is off).
     state_snapshots: ClassVar[bool] = False
+    # --kv-bits: set by the engine once, right after loading, before any cache is made
+    # (`engine/model/kv_check.py` refuses a family whose layers it does not cover).
+    kv_quant: KVQuant | None = None
 
     @property
     def arch(self) -> str:
@@ -279,6 +283,14 @@ class ModelFamily(ABC):
     @abstractmethod
     def new_cache(self, rope_delta: int = 0) -> list[RowKVCache]:
         """An empty KV cache, one entry per layer, for one sequence (module doc, KV layout)."""
+
+    def kv_layer(self, rope_delta: int = 0) -> RowKVCache:
+        """One full-attention layer's empty cache: quantized under --kv-bits (`kv_quant`).
+        Families build `new_cache` from these where their attention is mlx-lm's or
+        mlx-vlm's (which read a quantized cache through quantized matmuls)."""
+        if self.kv_quant is None:
+            return RowKVCache(rope_delta)
+        return RowQuantKVCache(self.kv_quant, rope_delta)  # type: ignore[return-value]
 
     @abstractmethod
     def encode_steps_many(

@@ -112,7 +112,7 @@ class TextModel(ModelFamily):
     # ----- engine side (engine thread only) ---------------------------------------------------
 
     def new_cache(self, rope_delta: int = 0) -> list[RowKVCache]:
-        return [RowKVCache(rope_delta) for _ in self.text_core.layers]
+        return [self.kv_layer(rope_delta) for _ in self.text_core.layers]
 
     def encode_steps_many(
         self,

@@ -8,14 +8,44 @@ with tokens only, so the delta must ride with each row's cache through every bat
 These subclasses change nothing else about mlx-lm's caches. `assemble` builds a request's
 private cache from a prefix-cache hit's stored blocks. All owned by the engine thread; none
 of their methods is thread-safe.
+
+A layer's keys (and values) are one array, or under --kv-bits the three arrays of
+`mx.quantize` (packed integers, scales, biases; `quant_kv.py`), every one laid out
+(batch, heads, positions, ...): `Parts`. The helpers below slice, join and count either form
+along the positions axis, so storing and restoring blocks is the same code for both.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
 from caches.prefix import PrefixHit
+
+Parts = mx.array | tuple[mx.array, ...]
+
+
+def map_parts(fn: Callable[[mx.array], mx.array], parts: Parts) -> Parts:
+    """`fn` applied to the array, or to each array of a quantized triple."""
+    return tuple(fn(p) for p in parts) if isinstance(parts, tuple) else fn(parts)
+
+
+def parts_nbytes(parts: Parts) -> int:
+    return sum(p.nbytes for p in parts) if isinstance(parts, tuple) else parts.nbytes
+
+
+def block_nbytes(value: Sequence[tuple[Parts, Parts]]) -> int:
+    """Bytes of a stored block's value: every layer's keys and values (or state snapshot)."""
+    return sum(parts_nbytes(k) + parts_nbytes(v) for k, v in value)
+
+
+def concat_parts(pieces: Sequence[Parts], axis: int) -> Parts:
+    """Pieces of one form concatenated along `axis`, array by array."""
+    if isinstance(pieces[0], tuple):
+        return tuple(mx.concatenate(list(group), axis=axis) for group in zip(*pieces))
+    return mx.concatenate(list(pieces), axis=axis)  # type: ignore[arg-type]
 
 
 class RowKVCache(KVCache):
@@ -38,6 +68,10 @@ class RowKVCache(KVCache):
         cache.keys, cache.values = keys, values
         cache.offset = keys.shape[2]
         return cache
+
+    def empty_like(self) -> RowKVCache:
+        """An empty cache of this form (no rope delta), e.g. a grouped forward's joint one."""
+        return RowKVCache()
 
     def snapshot(self, length: int | None = None) -> RowKVCache:
         """An independent copy of the first `length` tokens (default: all), with no spare
@@ -163,14 +197,20 @@ def assemble(
             restore(layer, hit.tokens)
             out.append(cache)
             continue
-        keys = _join([k for k, _ in layer], hit.tokens, room)
-        values = _join([v for _, v in layer], hit.tokens, room)
-        cache.keys, cache.values = keys, values
+        cache.keys = _join_parts([k for k, _ in layer], hit.tokens, room)
+        cache.values = _join_parts([v for _, v in layer], hit.tokens, room)
         cache.rope_delta = rope_delta
         cache.offset = hit.tokens
         out.append(cache)
     mx.eval([c.state for c in out])
     return out
+
+
+def _join_parts(blocks: list[Parts], tokens: int, room: int) -> Parts:
+    """`_join` of each array of the blocks' form (one array, or a quantized triple)."""
+    if isinstance(blocks[0], tuple):
+        return tuple(_join(list(arrays), tokens, room) for arrays in zip(*blocks))
+    return _join(blocks, tokens, room)  # type: ignore[arg-type]
 
 
 def _join(blocks: list[mx.array], tokens: int, room: int) -> mx.array:

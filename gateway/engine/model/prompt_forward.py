@@ -19,7 +19,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 
-from gateway.engine.model.kv import RowKVCache
+from gateway.engine.model.kv import RowKVCache, concat_parts, map_parts
 from gateway.engine.model.positions import ImageLayout, mrope_positions
 from gateway.engine.model.text_rope import text_rope
 from gateway.engine.model.vision import EncodedImage
@@ -201,14 +201,19 @@ def forward_group(
 
 def join_caches(caches: Sequence[list[RowKVCache]]) -> list[RowKVCache]:
     """One batch cache per layer over several single-row caches holding the same number of
-    tokens (their KV copied, row i = caches[i]), for a grouped forward."""
+    tokens (their KV copied, row i = caches[i]), for a grouped forward. The joint caches
+    are of the rows' form (quantized under --kv-bits)."""
     offset = caches[0][0].offset
+
+    def held(p: mx.array) -> mx.array:
+        return p[..., :offset, :]
+
     joint_layers = []
     for layer in range(len(caches[0])):
-        joint = RowKVCache()
+        joint = caches[0][layer].empty_like()
         if offset:
-            joint.keys = mx.concatenate([c[layer].keys[..., :offset, :] for c in caches])
-            joint.values = mx.concatenate([c[layer].values[..., :offset, :] for c in caches])
+            joint.keys = concat_parts([map_parts(held, c[layer].keys) for c in caches], 0)
+            joint.values = concat_parts([map_parts(held, c[layer].values) for c in caches], 0)
             joint.offset = offset
         joint_layers.append(joint)
     return joint_layers
@@ -222,6 +227,6 @@ def split_caches(
     for i, cache in enumerate(caches):
         end = cache[0].offset + added[i]
         for layer, rows in zip(cache, joint):
-            layer.keys = rows.keys[i : i + 1, :, :end, :]
-            layer.values = rows.values[i : i + 1, :, :end, :]
+            layer.keys = map_parts(lambda p, i=i, end=end: p[i : i + 1, :, :end, :], rows.keys)
+            layer.values = map_parts(lambda p, i=i, end=end: p[i : i + 1, :, :end, :], rows.values)
             layer.offset = end

@@ -20,25 +20,29 @@ from typing import Any
 
 import mlx.core as mx
 
+from gateway.engine.model.kv import Parts, block_nbytes, map_parts
 from gateway.engine.model.state_cache import RowStateCache
 
 
-def layer_block(cache: Any, lo: int, hi: int) -> tuple[mx.array, mx.array]:
+def layer_block(cache: Any, lo: int, hi: int) -> tuple[Parts, Parts]:
     """Layer `cache`'s share of the block [lo, hi): contiguous copies of its KV rows (a lazy
-    slice would keep the whole source buffer alive), or the recurrent state marked at `hi`
-    (shared, never written: `RowStateCache.mark`). KeyError when no forward ended at `hi`."""
+    slice would keep the whole source buffer alive; quantized KV: each array of the triple),
+    or the recurrent state marked at `hi` (shared, never written: `RowStateCache.mark`).
+    KeyError when no forward ended at `hi`."""
     if isinstance(cache, RowStateCache):
         conv, state = cache.marks[hi]
         return conv, state
-    return mx.contiguous(cache.keys[..., lo:hi, :]), mx.contiguous(cache.values[..., lo:hi, :])
+
+    def rows(p: mx.array) -> mx.array:
+        return mx.contiguous(p[..., lo:hi, :])
+
+    return map_parts(rows, cache.keys), map_parts(rows, cache.values)
 
 
-def snapshot_nbytes(value: Sequence[tuple[mx.array, mx.array]], kv: Sequence[Any]) -> int:
+def snapshot_nbytes(value: Sequence[tuple[Parts, Parts]], kv: Sequence[Any]) -> int:
     """Bytes of a block's recurrent-state snapshots (the layers of `kv` that keep states)."""
-    return sum(
-        a.nbytes + b.nbytes
-        for (a, b), c in zip(value, kv, strict=True)
-        if isinstance(c, RowStateCache)
+    return block_nbytes(
+        [pair for pair, c in zip(value, kv, strict=True) if isinstance(c, RowStateCache)]
     )
 
 

@@ -24,6 +24,8 @@ from caches.vision import VisionCache
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import CacheOps
 from gateway.engine.families.family import ModelFamily
+from gateway.engine.model.kv_check import enable_kv_quant, kv_format
+from gateway.engine.model.quant_kv import KVQuant
 from gateway.engine.scheduler.answer_store import AnswerStore
 from gateway.engine.scheduler.decode_batch import DecodeBatch
 from gateway.engine.scheduler.group_check import towers_group_exactly
@@ -62,6 +64,8 @@ class Loaded:
         build what serves it over the caches `vision` and `prefix`. Raises what the load
         raises."""
         model = loader()
+        bits, group = config.cache.kv_bits, config.cache.kv_group_size
+        enable_kv_quant(model, KVQuant(bits, group) if bits else None)  # or refuse the model
         on_gpu = mx.default_device().type == mx.DeviceType.gpu
         block = config.cache.exact_block_tokens(on_gpu)  # 0: exact reuse off
         block = -(-block // model.block_multiple) * model.block_multiple  # family's chunks
@@ -97,6 +101,10 @@ class Loaded:
             "family": {**self.model.describe(), "vision_groups": self.group_images, **off},
             "answers": self.answers.stats() if self.answers is not None else {"enabled": False},
         }
+
+    def kv_format(self) -> dict[str, object]:
+        """How KV is held (dtype, bits, group size): part of the prefix cache's stats."""
+        return kv_format(self.model)
 
     def clear_caches(self) -> None:
         """Empty the disk tier and the compiled grammars (any thread)."""
