@@ -29,6 +29,15 @@ def test_round_trip_is_exact() -> None:
         assert bytes(back[name].data) == np.asarray(t.data).tobytes()
 
 
+def test_packed_integers_round_trip() -> None:
+    """Invariant: U32 tensors (quantized KV's packed integers, --kv-bits) keep their bits and
+    their byte count (4 per item)."""
+    packed = np.array([[0, 1, 2**32 - 1, 2**31]], dtype=np.uint32)
+    back, _ = decode(encode({"k.0.q": RawTensor("U32", (1, 4), packed)}, {}))
+    assert back["k.0.q"].nbytes == 16
+    assert np.array_equal(np.frombuffer(back["k.0.q"].data, np.uint32), packed.ravel())
+
+
 def test_other_tools_read_the_file() -> None:
     """Invariant: the file is plain safetensors: the reference reader gets the same arrays
     and our metadata."""

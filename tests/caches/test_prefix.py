@@ -82,6 +82,7 @@ def test_shared_blocks_are_stored_once_and_built_once() -> None:
     s = cache.stats()
     assert (s.blocks, s.shared_blocks, s.entries, s.bytes) == (6, 4, 2, 60)
     assert (s.stored_tokens, s.unique_tokens) == (40, 24) and s.sharing_ratio == 40 / 24
+    assert s.bytes_per_token == 60 / 24  # held bytes per held token: each block once
     hit = cache.lookup(b[0] + [9], b[1])
     assert hit is not None and hit.tokens == 20
     assert hit.blocks == (("a", 0), ("a", 1), ("a", 2), ("a", 3), ("b", 4))  # as stored

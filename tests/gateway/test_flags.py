@@ -64,6 +64,8 @@ def test_a_numeric_flag_sets_its_field(config: type, f: dataclasses.Field, spec:
     kind = _numeric(config, f)
     assert kind is not None
     value = kind((f.default or 0) * 2 or 16)  # (0 / None defaults: a value every such flag takes)
+    if spec.choices:  # (--kv-bits: one of its values)
+        value = next(c for c in reversed(spec.choices) if c != f.default)
     built = _config_of(config, _parse(spec.name, str(value)))
     assert getattr(built, f.name) == value, spec.name
 
@@ -114,6 +116,19 @@ def test_max_context_defaults_to_the_checkpoints_own() -> None:
     assert _parse("--max-context", "16")[1].max_context_tokens == 16
     with pytest.raises(ValueError, match="--max-context"):
         _parse("--max-context", "8")
+
+
+def test_kv_bits_takes_8_or_4_and_a_group_size() -> None:
+    """Invariant: --kv-bits is 0 (off), 8 or 4 and --kv-group-size 32, 64 or 128; other
+    values are usage errors, and a config built by hand is checked the same way."""
+    cache = _parse("--kv-bits", "4", "--kv-group-size", "32")[1].cache
+    assert (cache.kv_bits, cache.kv_group_size) == (4, 32)
+    assert (_parse()[1].cache.kv_bits, _parse()[1].cache.kv_group_size) == (0, 64)
+    for argv in (["--kv-bits", "3"], ["--kv-group-size", "16"]):
+        with pytest.raises(SystemExit):
+            _parse(*argv)
+    with pytest.raises(ValueError, match="--kv-bits"):
+        CacheConfig(kv_bits=2)
 
 
 def test_bad_values_are_refused_naming_the_flag() -> None:

@@ -38,7 +38,8 @@ def enable_kv_quant(model: Any, quant: KVQuant | None) -> None:
     flags = f"--kv-bits {quant.bits} --kv-group-size {quant.group_size}"
     model.kv_quant = quant
     layers = model.new_cache()
-    kinds = sorted({_KINDS.get(type(c).__name__, _OTHER) for c in layers if not _covered(c)})
+    found = {_KINDS.get(type(c).__name__, _OTHER) for c in layers if not _covered(c)}
+    kinds = sorted(found - {_OTHER}) + sorted(found & {_OTHER})  # the telling kind first
     if kinds:
         model.kv_quant = None
         raise KVQuantUnsupported(

@@ -4,7 +4,8 @@
 Pinned: a plan's blocks are read in order up to the first missing, damaged or unfit one
 (damaged and unfit files removed and counted, never an error); an image's features are read
 only when the blocks read do not cover it; a released (cancelled) prefetch stops reading and
-its bytes are no longer held; buffers held are bounded; a closed reader answers empty.
+its bytes are no longer held; buffers held are bounded; a closed reader answers empty; a
+quantized block (--kv-bits) is read as triples of packed integers, scales and biases.
 """
 
 from __future__ import annotations
@@ -273,3 +274,26 @@ def test_a_state_layer_holds_a_snapshot_not_kv_rows() -> None:
     two_rows = {**tensors, "k.0": RawTensor("F32", (2, 3, 5), bytes(120))}
     with pytest.raises(ValueError):
         check_block(_want(1), BLOCK, LAYERS, meta, two_rows, state_layers=(0,))
+
+
+def test_a_quantized_block_holds_three_arrays_per_tensor() -> None:
+    """Invariant (--kv-bits): a quantized plan's block has `k.L.q`, `k.L.scales`,
+    `k.L.biases` (and `v.L.*`) per layer, read back as triples and counted whole; a plain
+    block does not fit a quantized plan, nor a quantized one a plain plan."""
+    packed = RawTensor("U32", (1, 1, BLOCK, 2), bytes(32))
+    scale = RawTensor("F32", (1, 1, BLOCK, 1), bytes(16))
+    parts = {"q": packed, "scales": scale, "biases": scale}
+    tensors = {f"{kv}.{i}.{p}": t for kv in "kv" for i in range(LAYERS) for p, t in parts.items()}
+    meta = {"block_index": "1", "block_tokens": str(BLOCK), "rope_delta": "-1",
+            "images": "[]", "token_key": json.dumps(list(_items(1)))}  # fmt: skip
+    read = check_block(_want(1), BLOCK, LAYERS, meta, tensors, quantized=True)
+    assert read.nbytes == 2 * LAYERS * (32 + 16 + 16)
+    assert all(k == (packed, scale, scale) for k, _ in read.layers)
+    with pytest.raises(ValueError):
+        check_block(_want(1), BLOCK, LAYERS, meta, tensors)  # read as a plain block
+    plain = {f"{kv}.{i}": packed for kv in "kv" for i in range(LAYERS)}
+    with pytest.raises(ValueError):
+        check_block(_want(1), BLOCK, LAYERS, meta, plain, quantized=True)
+    short = {**tensors, "k.1.scales": RawTensor("F32", (1, 1, BLOCK - 1, 1), bytes(12))}
+    with pytest.raises(ValueError):
+        check_block(_want(1), BLOCK, LAYERS, meta, short, quantized=True)

@@ -1,0 +1,66 @@
+"""--kv-bits at load (`engine/model/kv_check.py`): quantized KV is turned on only where it is
+covered, and refused with a sentence that says why otherwise.
+
+Pinned: a model whose every layer keeps full-attention KV through mlx-lm's or mlx-vlm's
+attention gets quantized caches and its format in the stats; a hybrid model (Qwen3.5:
+recurrent states) and a sliding-window one (Gemma 3) are refused by name, as is a model whose
+heads the group size does not divide (MLX cannot quantize them), each left unquantized; the
+engine does not start on a refused model and says why.
+"""
+
+from __future__ import annotations
+
+import pytest
+from kv_support import wide_heads
+from support import EngineHarness, tiny_model
+
+from gateway.config import CacheConfig
+from gateway.engine.families.registry import load_model
+from gateway.engine.model.kv_check import KVQuantUnsupported, enable_kv_quant, kv_format
+from gateway.engine.model.quant_kv import KVQuant, RowQuantKVCache
+
+
+def test_a_covered_model_holds_quantized_kv() -> None:
+    """Invariant: every layer's cache is quantized at the asked bits; the format says so."""
+    model = load_model(str(wide_heads("qwen2_vl")))
+    assert kv_format(model) == {
+        "kv_dtype": "float32", "kv_quantized": False, "kv_bits": 32, "kv_group_size": 0,
+    }  # fmt: skip
+    enable_kv_quant(model, KVQuant(4, 32))
+    layers = model.new_cache(-5)
+    assert all(type(c) is RowQuantKVCache and c.bits == 4 and c.rope_delta == -5 for c in layers)
+    assert kv_format(model)["kv_bits"] == 4 and kv_format(model)["kv_group_size"] == 32
+
+
+@pytest.mark.parametrize(
+    ("arch", "words"),
+    [
+        ("qwen3_5", "recurrent-state layers (a hybrid model)"),
+        ("gemma3", "sliding-window layers"),
+    ],
+)
+def test_uncovered_layers_are_refused_by_name(arch: str, words: str) -> None:
+    """Invariant: a family keeping layers quantized KV does not cover is refused, with what
+    they are and what to do; the model stays unquantized."""
+    model = load_model(str(tiny_model(arch)))
+    with pytest.raises(KVQuantUnsupported, match="serve this model without --kv-bits") as err:
+        enable_kv_quant(model, KVQuant(8, 64))
+    assert words in str(err.value) and arch in str(err.value)
+    assert model.kv_quant is None
+
+
+@pytest.mark.parametrize(("path", "group"), [("narrow", 32), ("wide", 64)])
+def test_heads_the_group_does_not_divide_are_refused(path: str, group: int) -> None:
+    """Invariant: heads of 16 channels (the tiny Qwen2-VL) at any group, or of 32 at a group
+    of 64, cannot be quantized: refused, naming the flag to change."""
+    checkpoint = tiny_model("qwen2_vl") if path == "narrow" else wide_heads("qwen2_vl")
+    model = load_model(str(checkpoint))
+    with pytest.raises(KVQuantUnsupported, match="multiple of --kv-group-size"):
+        enable_kv_quant(model, KVQuant(8, group))
+    assert model.kv_quant is None and type(model.new_cache()[0]) is not RowQuantKVCache
+
+
+def test_the_engine_does_not_start_on_a_refused_model() -> None:
+    """Invariant: `serve --kv-bits 8` on a hybrid model fails at start with the reason."""
+    with pytest.raises(RuntimeError, match="hybrid model"):
+        EngineHarness("qwen3_5", cache=CacheConfig(kv_bits=8), warmup=False)
