@@ -181,6 +181,8 @@ class CacheCollector:
             ("prefix_cache_stored_tokens", "Tokens the entries stand for", "stored_tokens"),
             ("prefix_cache_unique_tokens", "Tokens held (each block once)", "unique_tokens"),
             ("prefix_cache_sharing_ratio", "stored_tokens / unique_tokens", "sharing_ratio"),
+            ("prefix_cache_bytes_per_token", "Bytes held per token held", "bytes_per_token"),
+            ("kv_cache_bits", "Bits per stored KV value (--kv-bits, else the dtype's)", "kv_bits"),
             ("prefix_cache_snapshots", "Blocks holding a recurrent-state snapshot", "snapshots"),
             ("prefix_cache_snapshot_bytes", "Bytes of those snapshots", "snapshot_bytes"),
             ("prefix_cache_snapshot_hits", "Hits restored from a snapshot", "snapshot_hits"),

@@ -27,11 +27,12 @@ _RATIOS = {
     "hit_rate": ("hits", "queries"),
     "token_hit_rate": ("tokens_hit", "tokens_queried"),
     "sharing_ratio": ("stored_tokens", "unique_tokens"),
+    "bytes_per_token": ("bytes", "unique_tokens"),
 }
-_SAME_EVERYWHERE = {"block_tokens"}  # a setting, reported by each replica alike
+_SAME_EVERYWHERE = {"block_tokens", "kv_bits", "kv_group_size"}  # settings, alike everywhere
 _PER_FOLDER = ("capacity_bytes", "bytes", "entries")  # the disk tier's folder-wide values
 # Gauges that are settings or ratios: the total is the largest replica's, not a sum.
-_NON_ADDITIVE_GAUGES = ("_ratio", "_block_tokens")
+_NON_ADDITIVE_GAUGES = ("_ratio", "_block_tokens", "_bytes_per_token", "_kv_cache_bits")
 
 
 def merge_cache_stats(per_replica: Sequence[dict[str, Any] | None]) -> dict[str, Any]:

@@ -151,3 +151,16 @@ def test_entries_merge_sorted_and_tagged():
     assert merged["bytes"] == {"vision": 55, "prefix": 7}
     assert [(e["bytes"], e["replica"]) for e in merged["largest"]] == [(25, 1), (20, 0)]
     assert [(e["hits"], e["replica"]) for e in merged["most_hit"]] == [(9, 0), (3, 1)]
+
+
+def test_kv_format_stays_a_setting_and_bytes_per_token_is_recomputed():
+    """--kv-bits: each replica's KV bits and group size are settings (not summed), and the
+    bytes per cached token come from the summed bytes and tokens."""
+    replicas = [
+        {"prefix": {"bytes": b, "unique_tokens": t, "bytes_per_token": b / t, "kv_bits": 8,
+                    "kv_group_size": 64, "kv_quantized": True, "kv_dtype": "bfloat16"}}
+        for b, t in ((100, 10), (300, 20))
+    ]  # fmt: skip
+    merged = merge_cache_stats(replicas)["prefix"]
+    assert (merged["kv_bits"], merged["kv_group_size"], merged["kv_quantized"]) == (8, 64, True)
+    assert merged["bytes_per_token"] == 400 / 30

@@ -4,10 +4,11 @@ Pinned: at 8 and 4 bits a request served from cached (quantized) blocks gives th
 logprobs, bit for bit, of the same server computing them afresh: a 5-turn image conversation
 and a fresh question on a Qwen2-VL (float32 and bfloat16; heads 32 wide:
 `kv_support.wide_heads`), a multi-turn text conversation on a text model (Qwen3); rows
-decoding together get what they get alone; the prefix cache's bytes for a fixed conversation shrink to <= 0.55x (8 bits) and
-<= 0.3x (4 bits) of the unquantized server's, with the same blocks held, and the budget counts
-the quantized arrays' bytes (what MLX holds); /v1/cache/stats names the KV's dtype, bits and
-group size and the bytes per cached token.
+decoding together get what they get alone; the prefix cache's bytes for a fixed
+conversation shrink to <= 0.55x (8 bits) and <= 0.3x (4 bits) of the unquantized server's,
+with the same blocks held, and the budget counts the quantized arrays' bytes (what MLX
+holds); /v1/cache/stats names the KV's dtype, bits and group size and the bytes per cached
+token (and /metrics the same).
 """
 
 from __future__ import annotations
@@ -122,12 +123,13 @@ def test_stored_bytes_shrink_with_the_bits() -> None:
     """Invariant: a fixed conversation's prefix-cache bytes at 8 bits are <= 0.55x and at 4
     bits <= 0.3x those of the unquantized server, over the same blocks; the stats say how
     the KV is held and what a cached token costs."""
-    stats = {}
+    stats, metrics = {}, {}
     for bits in (0, 8, 4):
         h = EngineHarness(path=wide_heads("qwen2_vl"), cache=_quant(bits, answer_prefill=False))
         try:
             _fixed_conversation(h)
             stats[bits] = h.engine.cache_stats()["prefix"]
+            metrics[bits] = h.metrics.render().decode()
         finally:
             h.close()
     full, eight, four = stats[0], stats[8], stats[4]
@@ -137,6 +139,8 @@ def test_stored_bytes_shrink_with_the_bits() -> None:
     assert (full["kv_dtype"], full["kv_quantized"], full["kv_bits"]) == ("float32", False, 32)
     assert (four["kv_dtype"], four["kv_quantized"], four["kv_bits"]) == ("float32", True, 4)
     assert four["kv_group_size"] == 32 and full["kv_group_size"] == 0
+    assert "vision_gateway_kv_cache_bits 4.0" in metrics[4]  # /metrics: the same source
+    assert f"vision_gateway_prefix_cache_bytes_per_token {four['bytes_per_token']}" in metrics[4]
 
 
 def test_the_budget_counts_the_quantized_bytes_mlx_holds() -> None:
