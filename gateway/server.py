@@ -135,7 +135,7 @@ def resolve_model(engine: EngineConfig) -> tuple[EngineConfig, str | None]:
         from gateway.engine.families.registry import check_checkpoint
 
         try:
-            check_checkpoint(model)
+            check_checkpoint(model, engine.cache.kv_bits)
         except ValueError as exc:
             raise ConfigError(f"--model {model}: {exc}") from None
     notice = None

@@ -139,6 +139,9 @@ class ModelFamily(ABC):
     # --kv-bits: set by the engine once, right after loading, before any cache is made
     # (`engine/model/kv_check.py` refuses a family whose layers it does not cover).
     kv_quant: KVQuant | None = None
+    # Why quantized KV cannot serve this family (None: it can, where its heads allow),
+    # known from the class alone, so a server refuses before loading the weights.
+    kv_quant_off: ClassVar[str | None] = None
 
     @property
     def arch(self) -> str:

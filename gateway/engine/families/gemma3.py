@@ -74,6 +74,7 @@ class Gemma3(ModelFamily):
     family = "gemma3"
     media = frozenset({"image"})
     last_token_apart = True
+    kv_quant_off = "keeps sliding-window layers read in ring order by its own attention"
 
     def __init__(self, path: str, lazy: bool = False) -> None:
         from mlx_vlm import load  # slow import: only when a model is actually loaded

@@ -74,6 +74,7 @@ class Gemma4(VlmFamily):
     # A text-only prompt's last token is a one-row step (as mlx-vlm feeds it); an image
     # prompt's is not, but the prefix cache never stores it either way.
     last_token_apart = True
+    kv_quant_off = "keeps sliding-window and KV-sharing layers under its own attention"
 
     def __init__(self, path: str, lazy: bool = False) -> None:
         super().__init__(path, lazy=lazy)

@@ -46,6 +46,7 @@ class Qwen35(QwenVL):
     MODEL_TYPES = MODEL_TYPES
     state_snapshots = True
     last_token_apart = True
+    kv_quant_off = "keeps recurrent-state layers (a hybrid model)"
     # mlx-vlm's gated-delta prefill off Metal scans in chunks of 64 tokens from the forward's
     # first row: blocks of 64k rows compute what its one-pass prefill computes.
     block_multiple = 64

@@ -28,6 +28,7 @@ from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.families.smolvlm import MODEL_TYPES as SMOLVLM_TYPES
 from gateway.engine.families.smolvlm import SmolVLM
 from gateway.engine.families.text import TextModel
+from gateway.engine.model.kv_check import kv_quant_refusal
 
 # Vision-language families by model_type (text models are found through mlx-lm below).
 FAMILIES: dict[str, type[ModelFamily]] = {t: QwenVL for t in QWEN_VL_TYPES}
@@ -75,19 +76,20 @@ def family_for(config: dict[str, Any]) -> type[ModelFamily]:
     )
 
 
-def check_checkpoint(model: str) -> None:
+def check_checkpoint(model: str, kv_bits: int = 0) -> None:
     """Before anything loads: is `model` (a directory or hub id) a checkpoint this gateway can
-    serve? ValueError (`UnsupportedModel` for its type) with a message saying what is wrong:
-    a folder without config.json or weights, a config.json that is not a JSON object, a hub
-    id that is malformed or, offline, not readable from the local cache. What only loading
-    can tell is left to it."""
+    serve (with `--kv-bits kv_bits`)? ValueError (`UnsupportedModel` for its type) with a
+    message saying what is wrong: a folder without config.json or weights, a config.json
+    that is not a JSON object, a hub id that is malformed or, offline, not readable from the
+    local cache, a family quantized KV does not cover. What only loading can tell is left
+    to it."""
     folder = Path(model).expanduser()
     if folder.is_file():
         raise ValueError(f"{folder} is a file; pass the checkpoint's folder (or a hub id)")
     if folder.is_dir():
         if not (folder / "config.json").is_file():
             raise ValueError(f"{folder} holds no config.json: not a model checkpoint folder")
-        family_for(_config(model, f"{folder}/config.json"))
+        _check_family(_config(model, f"{folder}/config.json"), kv_bits)
         if not any(folder.glob("*.safetensors")):
             raise ValueError(f"{folder} holds no *.safetensors weights")
         return
@@ -101,7 +103,14 @@ def check_checkpoint(model: str) -> None:
             "not a local folder, nor a hub id of the form owner/name "
             "(such as mlx-community/Qwen2.5-VL-7B-Instruct-4bit)"
         ) from None
-    family_for(_config(model, "its config.json"))
+    _check_family(_config(model, "its config.json"), kv_bits)
+
+
+def _check_family(config: dict[str, Any], kv_bits: int) -> None:
+    """The config's family exists and can hold KV at `kv_bits` (ValueError: why not)."""
+    refusal = kv_quant_refusal(family_for(config), str(config.get("model_type")), kv_bits)
+    if refusal is not None:
+        raise ValueError(refusal)
 
 
 def _config(model: str, what: str) -> dict[str, Any]:

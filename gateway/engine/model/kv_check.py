@@ -1,7 +1,9 @@
 """--kv-bits at load: turn quantized KV on for a model, or refuse the model with a sentence
 that says why, before the server reports ready.
 
-Quantized KV covers a family when every layer of its `new_cache()` is a `RowQuantKVCache`
+A family that says why it cannot be served so (`ModelFamily.kv_quant_off`) is refused before
+its weights load (`kv_quant_refusal`, from `registry.check_checkpoint`). Otherwise quantized
+KV covers a family when every layer of its `new_cache()` is a `RowQuantKVCache`
 (its attention is mlx-lm's or mlx-vlm's, which read such a cache through quantized matmuls)
 and one decode step through its `text_core` runs on it: that step fails when a head's width
 is not a multiple of the group size (MLX quantizes groups of 32, 64 or 128 channels) or the
@@ -36,6 +38,9 @@ def enable_kv_quant(model: Any, quant: KVQuant | None) -> None:
     if quant is None:
         return
     flags = f"--kv-bits {quant.bits} --kv-group-size {quant.group_size}"
+    refusal = kv_quant_refusal(type(model), model.model_type, quant.bits)
+    if refusal is not None:
+        raise KVQuantUnsupported(refusal)
     model.kv_quant = quant
     layers = model.new_cache()
     found = {_KINDS.get(type(c).__name__, _OTHER) for c in layers if not _covered(c)}
@@ -55,6 +60,18 @@ def enable_kv_quant(model: Any, quant: KVQuant | None) -> None:
             f"{flags}: {model.model_type}'s attention cannot run on quantized KV ({exc}); "
             "a head's width must be a multiple of --kv-group-size (32, 64 or 128)"
         ) from exc
+
+
+def kv_quant_refusal(family: type, model_type: str, bits: int) -> str | None:
+    """Why `--kv-bits bits` cannot serve a checkpoint of `family` (a ModelFamily class),
+    known before loading (its `kv_quant_off`), or None."""
+    reason = getattr(family, "kv_quant_off", None)
+    if not bits or reason is None:
+        return None
+    return (
+        f"--kv-bits {bits}: {model_type} {reason}, which quantized KV does not cover yet; "
+        "serve this model without --kv-bits"
+    )
 
 
 def _covered(cache: Any) -> bool:

@@ -3,7 +3,8 @@
 Pinned: the three Qwen-VL types load as the Qwen-VL family; a config without a vision part
 whose type mlx-lm knows loads as a text model; a vision-language type no family serves, or
 a type nothing knows, is refused with an error naming the supported families; the loaded
-family describes itself (/v1/models, /v1/cache/stats).
+family describes itself (/v1/models, /v1/cache/stats); with --kv-bits a family quantized KV
+does not cover is refused before loading.
 """
 
 from __future__ import annotations
@@ -67,3 +68,16 @@ def test_a_loaded_qwen_checkpoint_describes_its_family() -> None:
         "prefix_cache": "on",
         "vision_cache": "on",
     }
+
+
+def test_kv_bits_refuses_uncovered_families_before_loading() -> None:
+    """Invariant: with --kv-bits, a checkpoint whose family quantized KV does not cover (a
+    hybrid Qwen3.5) is refused by `check_checkpoint`, from its config alone, with the reason;
+    without it, or for a covered family, the check passes."""
+    from gateway.engine.families.registry import check_checkpoint
+
+    hybrid = str(tiny_model("qwen3_5"))
+    with pytest.raises(ValueError, match=r"--kv-bits 8: qwen3_5 keeps recurrent-state layers"):
+        check_checkpoint(hybrid, kv_bits=8)
+    check_checkpoint(hybrid)
+    check_checkpoint(str(tiny_model("qwen3")), kv_bits=4)

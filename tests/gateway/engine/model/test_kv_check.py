@@ -3,7 +3,8 @@ covered, and refused with a sentence that says why otherwise.
 
 Pinned: a model whose every layer keeps full-attention KV through mlx-lm's or mlx-vlm's
 attention gets quantized caches and its format in the stats; a hybrid model (Qwen3.5:
-recurrent states) and a sliding-window one (Gemma 3) are refused by name, as is a model whose
+recurrent states) and a sliding-window one (Gemma 3) are refused by name (by their class,
+before loading: `registry.check_checkpoint`; by their layers otherwise), as is a model whose
 heads the group size does not divide (MLX cannot quantize them), each left unquantized; the
 engine does not start on a refused model and says why.
 """
@@ -39,10 +40,16 @@ def test_a_covered_model_holds_quantized_kv() -> None:
         ("gemma3", "sliding-window layers"),
     ],
 )
-def test_uncovered_layers_are_refused_by_name(arch: str, words: str) -> None:
+@pytest.mark.parametrize("known", [True, False], ids=["by-class", "by-layers"])
+def test_uncovered_layers_are_refused_by_name(
+    arch: str, words: str, known: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Invariant: a family keeping layers quantized KV does not cover is refused, with what
-    they are and what to do; the model stays unquantized."""
+    they are and what to do, whether its class says so (`kv_quant_off`) or only its
+    layers show it; the model stays unquantized."""
     model = load_model(str(tiny_model(arch)))
+    if not known:
+        monkeypatch.setattr(type(model), "kv_quant_off", None)
     with pytest.raises(KVQuantUnsupported, match="serve this model without --kv-bits") as err:
         enable_kv_quant(model, KVQuant(8, 64))
     assert words in str(err.value) and arch in str(err.value)
