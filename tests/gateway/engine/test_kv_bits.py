@@ -2,13 +2,13 @@
 
 Pinned: at 8 and 4 bits a request served from cached (quantized) blocks gives the tokens and
 logprobs, bit for bit, of the same server computing them afresh: a 5-turn image conversation
-and a fresh question on a Qwen2-VL (float32 and bfloat16; heads 32 wide:
-`kv_support.wide_heads`), a multi-turn text conversation on a text model (Qwen3); rows
-decoding together get what they get alone; the prefix cache's bytes for a fixed
-conversation shrink to <= 0.55x (8 bits) and <= 0.3x (4 bits) of the unquantized server's,
-with the same blocks held, and the budget counts the quantized arrays' bytes (what MLX
-holds); /v1/cache/stats names the KV's dtype, bits and group size and the bytes per cached
-token (and /metrics the same).
+and a fresh question on Qwen2-VL (float32 and bfloat16), Qwen2.5-VL (heads 32 wide:
+`kv_support.wide_heads`) and Mistral 3, a multi-turn text conversation on a text model
+(Qwen3); rows decoding together get what they get alone; the prefix cache's bytes for a
+fixed conversation shrink to <= 0.55x (8 bits) and <= 0.3x (4 bits) of the unquantized
+server's, with the same blocks held, and the budget counts the quantized arrays' bytes (what
+MLX holds); /v1/cache/stats names the KV's dtype, bits and group size and the bytes per
+cached token (and /metrics the same).
 """
 
 from __future__ import annotations
@@ -56,12 +56,22 @@ def _text_conversation(h: EngineHarness, turns: int = 4) -> list:
     return runs
 
 
-@pytest.mark.parametrize("weights", ["float32", "bfloat16"])
+# Vision-language checkpoints whose heads MLX can quantize (32 wide): mlx-vlm's Qwen2-VL and
+# Qwen2.5-VL attention (our TextCore decodes), and Mistral 3's (on VlmFamily).
+VISION = {
+    "qwen2_vl-float32": lambda: wide_heads("qwen2_vl"),
+    "qwen2_vl-bfloat16": lambda: wide_heads("qwen2_vl", "bfloat16"),
+    "qwen2_5_vl-float32": lambda: wide_heads("qwen2_5_vl"),
+    "mistral3-float32": lambda: tiny_model("mistral3"),
+}
+
+
+@pytest.mark.parametrize("checkpoint", list(VISION))
 @pytest.mark.parametrize("bits", BITS)
-def test_cached_image_conversation_equals_uncached(bits: int, weights: str) -> None:
+def test_cached_image_conversation_equals_uncached(bits: int, checkpoint: str) -> None:
     """Invariant: a 5-turn image conversation and a fresh question about the image, served
     from quantized blocks, equal the uncached server at the same bits, bit for bit."""
-    cached, plain = _engines(wide_heads("qwen2_vl", weights), bits)
+    cached, plain = _engines(VISION[checkpoint](), bits)
     try:
         with_cache, without = conversation(cached, IMAGE), conversation(plain, IMAGE)
         _assert_identical(with_cache, without)
