@@ -4,7 +4,8 @@ The CLIs are the npm packages pinned in tests/clients/package.json, installed by
 (`npm ci`) into tests/clients/node_modules. Where they are missing the agent tests skip,
 unless VISION_GATEWAY_REQUIRE_AGENTS=1 (as `.ci/run` sets it): then a missing CLI fails.
 
-Each run gets a fresh HOME (no user settings, no credentials, no history) and a working
+Each test gives the CLI a HOME of its own (no user settings, credentials or history; both
+CLIs write the HOME's path into their prompts, so repeated runs share one) and a working
 folder, is configured the documented way (docs/api.md, "Clients"), and talks to nothing but
 the gateway: the CLIs' non-essential traffic (telemetry, update checks) is switched off.
 """
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,7 @@ class Run:
     stdout: str
     stderr: str
     cwd: Path
+    seconds: float
 
     def explain(self) -> str:
         return f"exit {self.returncode}\n--- stdout\n{self.stdout[-4000:]}\n--- stderr\n" + (
@@ -53,11 +57,17 @@ class Run:
 
 
 def _run(cmd: list[str], env: dict[str, str], cwd: Path) -> Run:
+    start = time.monotonic()
     done = subprocess.run(
         cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S,
         stdin=subprocess.DEVNULL,
     )  # fmt: skip
-    return Run(done.returncode, done.stdout, done.stderr, cwd)
+    return Run(done.returncode, done.stdout, done.stderr, cwd, time.monotonic() - start)
+
+
+def refusals(log: str) -> list[str]:
+    """The server log's access lines of requests answered with a 4xx."""
+    return [line for line in log.splitlines() if re.search(r'HTTP/1\.1" 4\d\d', line)]
 
 
 def _base_env(home: Path) -> dict[str, str]:
@@ -73,8 +83,14 @@ def claude(base_url: str, model: str, prompt: str, home: Path, cwd: Path, *flags
         **_base_env(home),
         "ANTHROPIC_BASE_URL": base_url,
         "ANTHROPIC_API_KEY": "sk-local",
+        # Every model Claude Code may ask for (its main, background and subagent models, the
+        # aliases haiku/sonnet/opus stand for) is the served model.
         "ANTHROPIC_MODEL": model,
         "ANTHROPIC_SMALL_FAST_MODEL": model,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+        "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+        "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+        "CLAUDE_CODE_SUBAGENT_MODEL": model,
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         "DISABLE_AUTOUPDATER": "1",
         # Claude Code refuses to skip permission prompts as root; the tests run as root in CI.

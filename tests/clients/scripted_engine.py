@@ -16,7 +16,12 @@ A script is a JSON list of rules, tried in order; a rule matches when every cond
      "last_turn_contains": "...", the text after the prompt's last `turn_marker` holds it
      "last_turn_lacks": "...",    ... and does not hold this
      "turn_marker": "<|im_start|>user",   (default: Qwen's user turn opening)
+     "prefill": false,            true: the real engine prefills (and caches) the prompt first,
+                                  and the admission and usage report its real cache hits
      "answer": "..."}             the model's output (may contain `<tool_call>` blocks)
+
+With `prefill`, a test measures the real prefix cache on a real client's prompt while the
+answer stays short and fixed (a random-weight model rarely ends before `max_tokens`).
 
 Thread safety: `submit` may be called from any thread; scripted events are delivered from a
 thread of this class, never the caller's (sinks must not be called re-entrantly).
@@ -27,7 +32,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +57,7 @@ class Rule:
     last_turn_contains: str = ""
     last_turn_lacks: str = ""
     turn_marker: str = QWEN_USER_TURN
+    prefill: bool = False
 
     def matches(self, prompt: str) -> bool:
         last_turn = prompt.rpartition(self.turn_marker)[2]
@@ -112,9 +118,28 @@ class ScriptedEngine:
             return
         with self._lock:
             self.answered += 1
+        if rule.prefill:
+            self._prefill_then_answer(request, rule.answer, sink)
+            return
         threading.Thread(
             target=self._answer, args=(request, rule.answer, sink), daemon=True
         ).start()
+
+    def _prefill_then_answer(self, request: EngineRequest, answer: str, sink: Sink) -> None:
+        """The real engine prefills the prompt (one token, discarded); its admission goes to
+        `sink` as it is, then the scripted answer with the real prompt and cache counts."""
+
+        def relay(event: Any) -> None:
+            if isinstance(event, AdmittedEvent):
+                sink(event)
+            elif isinstance(event, FinishEvent):
+                usage = event.usage
+                self._emit(request, answer, sink, usage.prompt_tokens, usage.cached_tokens)
+            elif not isinstance(event, TokenEvent):  # an ErrorEvent: as it is
+                sink(event)
+
+        one_token = replace(request, sampling=replace(request.sampling, max_tokens=1))
+        self._inner.submit(one_token, relay)
 
     def _rule_for(self, request: EngineRequest) -> Rule | None:
         if not request.use_caches:  # start-up warm-up requests: the real model's
@@ -125,6 +150,12 @@ class ScriptedEngine:
     def _answer(self, request: EngineRequest, answer: str, sink: Sink) -> None:
         prompt_tokens = len(request.prompt_ids)
         sink(AdmittedEvent(prompt_tokens, 0, 0, 0))
+        self._emit(request, answer, sink, prompt_tokens, 0)
+
+    def _emit(
+        self, request: EngineRequest, answer: str, sink: Sink, prompt_tokens: int, cached: int
+    ) -> None:
+        """The answer's TokenEvents and the FinishEvent (at most max_tokens tokens)."""
         ids = self.model.tokenizer.encode(answer, add_special_tokens=False)
         ids = ids[: request.sampling.max_tokens]
         shown = ""
@@ -136,4 +167,4 @@ class ScriptedEngine:
             sink(TokenEvent(text[len(shown) :], (ids[n - 1],)))
             shown = text
         reason = FinishReason.STOP if len(ids) < request.sampling.max_tokens else "length"
-        sink(FinishEvent(reason, Usage(prompt_tokens, len(ids), 0)))
+        sink(FinishEvent(reason, Usage(prompt_tokens, len(ids), cached)))
