@@ -133,7 +133,8 @@ def test_a_prompt_over_the_context_counts_what_usage_counts(server: ServerProces
         assert f"the prompt is {n} tokens" in str(refused_anthropic.value)
         with pytest.raises(openai.BadRequestError) as refused_responses:
             tight.client().responses.create(model="test", input=messages, max_output_tokens=1)
-        assert refused_responses.value.body["code"] == "context_length_exceeded"
+        refused = refused_responses.value.body
+        assert (refused["code"], refused["param"]) == ("context_length_exceeded", "input")
     finally:
         assert tight.stop(), tight.log()
 

@@ -17,7 +17,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from starlette.requests import Request
@@ -159,6 +159,12 @@ class ResponsesAPI:
             admission = await self.intake.admit(request, turn.parse, "resp_", turn.resolve)
         except ClientGone:
             return Response(status_code=499)
+        except APIError as exc:
+            # The prompt builder names the conversation `messages` (an over-long prompt, a
+            # template's refusal); here it is `input` (with any stored turns before it).
+            if exc.param == "messages":
+                raise replace(exc, param="input") from None
+            raise
         assert turn.request is not None
         meta = ResponseMeta(
             admission.request_id,
