@@ -23,9 +23,20 @@ from typing import Any
 
 import pytest
 
+from bench.server import LocalServer
+
 HERE = Path(__file__).resolve().parent
 BIN = Path(os.environ.get("VISION_GATEWAY_AGENTS_BIN", HERE / "node_modules" / ".bin"))
 TIMEOUT_S = 600
+
+
+def scripted_server(rules: list[dict[str, Any]], folder: Path, *args: str) -> LocalServer:
+    """`serve` on `args` behind a ScriptedEngine with `rules` (tests/clients/scripted_engine.py;
+    the rules file is written into `folder`). Use it as a context manager."""
+    script = folder / "rules.json"
+    script.write_text(json.dumps(rules))
+    launcher = [str(HERE / "scripted_server.py"), str(script)]
+    return LocalServer(list(args), launcher=launcher)
 
 
 def agent(name: str) -> Path:

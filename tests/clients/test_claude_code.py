@@ -13,15 +13,15 @@ Claude Code runs the command and sends the result back, and the run ends on the 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clients.agent_cli import claude, claude_result, refusals
+from clients.agent_cli import claude, claude_result, refusals, scripted_server
 from support import tiny_model
 
 from bench.server import LocalServer
 
-HERE = Path(__file__).resolve().parent
 PROOF = "written by the tool round trip through the gateway"
 CALL = {"name": "Bash", "arguments": {"command": f"echo '{PROOF}' > proof.txt",
                                       "description": "Write the proof file"}}  # fmt: skip
@@ -45,12 +45,9 @@ def _cached_share(result: dict) -> float:
 
 
 @pytest.fixture
-def scripted(tmp_path: Path):  # noqa: ANN201
-    script = tmp_path / "rules.json"
-    script.write_text(json.dumps(RULES))
-    launcher = [str(HERE / "scripted_server.py"), str(script)]
+def scripted(tmp_path: Path) -> Iterator[LocalServer]:
     args = ["--model", str(tiny_model("qwen3")), "--served-model-name", "qwen3", "--no-warmup"]
-    with LocalServer(args, launcher=launcher) as server:
+    with scripted_server(RULES, tmp_path, *args) as server:
         yield server
 
 

@@ -14,15 +14,15 @@ model's text.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clients.agent_cli import codex, codex_events, refusals
+from clients.agent_cli import codex, codex_events, refusals, scripted_server
 from support import tiny_model
 
 from bench.server import LocalServer
 
-HERE = Path(__file__).resolve().parent
 PROOF = "written by the tool round trip through the gateway"
 CALL = {"name": "exec_command", "arguments": {"cmd": f"echo '{PROOF}' > proof.txt"}}
 HELLO = "Hello from the tiny model."
@@ -47,12 +47,9 @@ def _usage(events: list[dict]) -> dict:
 
 
 @pytest.fixture
-def scripted(tmp_path: Path):  # noqa: ANN201
-    script = tmp_path / "rules.json"
-    script.write_text(json.dumps(RULES))
-    launcher = [str(HERE / "scripted_server.py"), str(script)]
+def scripted(tmp_path: Path) -> Iterator[LocalServer]:
     args = ["--model", str(tiny_model("qwen3")), "--served-model-name", "qwen3", "--no-warmup"]
-    with LocalServer(args, launcher=launcher) as server:
+    with scripted_server(RULES, tmp_path, *args) as server:
         yield server
 
 

@@ -19,15 +19,14 @@ import asyncio
 import json
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from clients.agent_cli import scripted_server
 from pydantic import BaseModel, ConfigDict, Field
 from support import data_uri, noise_png, tiny_model
 
 from bench.server import LocalServer
 
-HERE = Path(__file__).resolve().parent
 FINAL = "It is sunny in Paris."
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 RULES = [
@@ -52,11 +51,8 @@ class Weather(BaseModel):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalServer]:
-    script = tmp_path_factory.mktemp("script") / "rules.json"
-    script.write_text(json.dumps(RULES))
-    launcher = [str(HERE / "scripted_server.py"), str(script)]
     args = ["--model", str(tiny_model("qwen2_vl")), "--served-model-name", "test", "--no-warmup"]
-    with LocalServer(args, launcher=launcher) as proc:
+    with scripted_server(RULES, tmp_path_factory.mktemp("script"), *args) as proc:
         yield proc
 
 
