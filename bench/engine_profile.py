@@ -115,7 +115,7 @@ class Profiler:
         log(f"model loaded in {time.perf_counter() - started:.1f} s")
         assert self.engine.model is not None
         self.vocab = self.engine.model.vocab_size
-        self.prompts = PromptBuilder(self.engine.model, self.engine.needs_pixels, 65536, 64)
+        self.prompts = PromptBuilder(self.engine.model, 65536, 64)
         self._n = 0
 
     @property

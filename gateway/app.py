@@ -103,7 +103,6 @@ class Gateway:
             assert self.engine.model is not None
             prompts = PromptBuilder(
                 self.engine.model,
-                self.engine.needs_pixels,
                 context_window(self.engine.model, self.engine_config, self.engine.on_gpu).tokens,
                 self.engine_config.default_max_tokens,
                 self.engine_config.tool_call_parser,

@@ -267,7 +267,7 @@ class EngineHarness:
         self.metrics = Metrics()
         self.engine = Engine(config, self.metrics, loader=loader)  # type: ignore[arg-type]
         self.engine.start(timeout=300)
-        self.prompts = PromptBuilder(self.engine.model, self.engine.needs_pixels, 8192, 16)
+        self.prompts = PromptBuilder(self.engine.model, 8192, 16)
         self._ids = 0
 
     def submit(self, body: dict, images: list[Image.Image] | tuple = ()) -> Run:
@@ -291,7 +291,8 @@ class EngineHarness:
     @contextlib.contextmanager
     def arriving_together(self) -> Iterator[None]:
         """Requests submitted inside the block reach the engine in the same step: a running
-        request holds the engine inside a step until the block ends."""
+        request holds the engine inside a step until the block ends (and the pixel preparer
+        has forwarded every request submitted in it)."""
         holder = self.submit(chat_body("hold the engine", max_tokens=64))
         holder.wait_tokens(1)
         entered, release = threading.Event(), threading.Event()
@@ -304,6 +305,7 @@ class EngineHarness:
         try:
             assert entered.wait(30), "the engine never paused"
             yield
+            self.engine._pixels.drain(30)
         finally:
             self.engine.step_hook = None
             release.set()

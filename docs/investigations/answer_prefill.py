@@ -50,7 +50,7 @@ class Side:
         )
         self.engine = Engine(config, Metrics())
         self.engine.start(timeout=300)
-        self.prompts = PromptBuilder(self.engine.model, self.engine.needs_pixels, 8192, 16)
+        self.prompts = PromptBuilder(self.engine.model, 8192, 16)
         self.forwards = 0
         model, prefill = self.engine.model, self.engine.model.prefill
 

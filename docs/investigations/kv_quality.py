@@ -96,7 +96,7 @@ def measure(path: str, group: int, tokens: int, image_size: int) -> dict[str, di
     vision = bool(model.media)
     enable_kv_quant(model, KVQuant(8, group))  # refuses a model it does not cover
     model.kv_quant = None
-    builder = PromptBuilder(model, lambda ids, spans: [True] * len(spans), 8192, 16)
+    builder = PromptBuilder(model, 8192, 16)
     requests = [
         builder.build(parse_chat_request(body), images, f"q{i}", time.perf_counter())
         for i, (body, images) in enumerate(_bodies(vision, image_size))

@@ -69,7 +69,7 @@ class _Bench:
         )
         self.engine = Engine(config, Metrics())
         self.engine.start(timeout=1800)
-        self.prompts = PromptBuilder(self.engine.model, self.engine.needs_pixels, 65536, 512)
+        self.prompts = PromptBuilder(self.engine.model, 65536, 512)
         self._ids = 0
 
     def _body(self, i: int, tokens: int, schema: dict | None, mode: str = "") -> dict:

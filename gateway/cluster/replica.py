@@ -73,7 +73,6 @@ class EngineReplica:
 
             prompts = PromptBuilder(
                 self.engine.model,
-                self.engine.needs_pixels,
                 context_window(self.engine.model, config, self.engine.on_gpu).tokens,
                 config.default_max_tokens,
                 config.tool_call_parser,

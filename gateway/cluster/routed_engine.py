@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from caches.prefix import ImageSpan
 from gateway.cluster.fanout import ReplicaQueries, await_response, describe_error
 from gateway.cluster.router import AffinityRouter, NoReplica
 from gateway.config import EngineConfig
@@ -275,10 +274,6 @@ class RoutedEngine(ReplicaQueries):
     def idle(self) -> bool:
         with self._lock:
             return not self._flights
-
-    def needs_pixels(self, prompt_ids: Sequence[int], images: Sequence[ImageSpan]) -> list[bool]:
-        """Always False: each replica preprocesses what its own caches miss."""
-        return [False] * len(images)
 
     # ----- health -------------------------------------------------------------------------------
 

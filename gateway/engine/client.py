@@ -12,10 +12,8 @@ Code that takes an engine should annotate it `EngineClient` and use nothing else
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from caches.prefix import ImageSpan
 from gateway.config import EngineConfig
 from gateway.engine.request import EngineRequest, Sink
 
@@ -110,12 +108,6 @@ class EngineClient(Protocol):
     @property
     def alive(self) -> bool:
         """Serving: started, model loaded, not stopped (what /health reports)."""
-        ...
-
-    def needs_pixels(self, prompt_ids: Sequence[int], images: Sequence[ImageSpan]) -> list[bool]:
-        """Per image: must the prompt side preprocess its pixels? False where the engine has
-        the features cached or preprocesses itself. Advisory (the caches may change before
-        the request arrives); never blocks for long."""
         ...
 
     def cache_stats(self) -> dict[str, Any]:

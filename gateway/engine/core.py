@@ -36,6 +36,7 @@ from gateway.config import EngineConfig
 from gateway.engine.cache_ops import cache_stats, new_caches
 from gateway.engine.families import ModelFamily, load_model
 from gateway.engine.model.cudnn import disable_cudnn_attention
+from gateway.engine.pixels import PixelPreparer
 from gateway.engine.request import EngineRequest
 from gateway.engine.scheduler.job import Sink
 from gateway.engine.scheduler.loaded import Loaded
@@ -84,6 +85,14 @@ class Engine:
         # Set once, by the engine thread, when the model has loaded; None before (and for
         # good if the load failed). The one piece of post-load state.
         self._scheduler: Scheduler | None = None
+        # The one owner of pixel preprocessing: the images the tower will run on, prepared
+        # off the engine thread before their request enters the inbox.
+        self._pixels = PixelPreparer(
+            self.needs_pixels,
+            self._preprocess,
+            lambda request, sink: self._inbox.put(Enqueue(request, sink)),
+            lambda request_id: self._inbox.put(Cancel(request_id)),
+        )
 
     # ----- any thread -------------------------------------------------------------------------
 
@@ -96,22 +105,25 @@ class Engine:
             raise RuntimeError(f"model failed to load: {self._load_error}") from self._load_error
 
     def submit(self, request: EngineRequest, sink: Sink) -> None:
-        """Queue a request; events go to `sink` (called on the engine thread, must not block).
+        """Queue a request; events go to `sink` (called on an engine thread, must not block).
+        Its images' pixels are prepared here (`gateway.engine.pixels`), only for those the
+        tower will run on; the request's `pixel_values` may be None.
 
         Raises EngineBusy when every row and queue slot is taken.
         """
         if request.sampling.n > self.config.max_batch:  # the HTTP edge refuses these (400)
             raise ValueError(f"n={request.sampling.n} exceeds max_batch={self.config.max_batch}")
         self._occupancy.reserve(request.sampling.n)
-        self._inbox.put(Enqueue(request, sink))
+        self._pixels.submit(request, sink)
 
     def cancel(self, request_id: str) -> None:
         """Drop a request wherever it is; its row is freed at the next step. Idempotent."""
-        self._inbox.put(Cancel(request_id))
+        self._pixels.cancel(request_id)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop serving; requests still in flight get an ErrorEvent (SHUTTING_DOWN). Returns
         once the engine has finished its last step (the thread then parks; see `_main`)."""
+        self._pixels.close()  # what was submitted reaches the inbox before Stop
         if self._thread.is_alive() and not self._stopped.is_set():
             self._inbox.put(Stop())
             self._stopped.wait(timeout)
@@ -173,6 +185,14 @@ class Engine:
         if loaded is None:
             return [True] * len(images)
         return loaded.cache_ops.needs_pixels(prompt_ids, images)
+
+    def _preprocess(self, image: Any) -> Any:
+        """An image's (or a video block's) pixel values, by the loaded model's processor
+        (any thread; RuntimeError before the model has loaded)."""
+        model = self.model
+        if model is None:
+            raise RuntimeError("the model is not loaded")
+        return model.preprocess(image)[0]
 
     def cache_entries(
         self, limit: int = 10, kind: str | None = None, tenant: str | None = None

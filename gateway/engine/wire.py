@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from caches.prefix import ImageSpan
 from gateway.engine.request import EngineRequest, Event, Sink
 
 if TYPE_CHECKING:
@@ -54,14 +53,6 @@ class Stop:
 
 
 @dataclass(frozen=True)
-class NeedsPixels:
-    """`EngineClient.needs_pixels`; answers list[bool]."""
-
-    prompt_ids: tuple[int, ...]
-    images: tuple[ImageSpan, ...]
-
-
-@dataclass(frozen=True)
 class CacheStats:
     """`EngineClient.cache_stats`; answers the stats dict."""
 
@@ -91,15 +82,13 @@ class MetricsText:
     """`EngineClient.metrics_text`; answers the Prometheus text (bytes)."""
 
 
-Call = NeedsPixels | CacheStats | CacheEntries | ClearCaches | ResetCaches | MetricsText
+Call = CacheStats | CacheEntries | ClearCaches | ResetCaches | MetricsText
 Message = Enqueue | Cancel | Stop | ResetCaches
 
 
 def answer(engine: EngineClient, call: Call) -> Any:
     """Apply `call` to `engine` on the calling thread; its result, or the engine's exception."""
     match call:
-        case NeedsPixels(prompt_ids, images):
-            return engine.needs_pixels(prompt_ids, images)
         case CacheStats():
             return engine.cache_stats()
         case CacheEntries(limit, kind, tenant):

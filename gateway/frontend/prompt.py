@@ -9,10 +9,9 @@ image's KV depend on the question that follows it).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from caches.prefix import ImageSpan
 from caches.scope import scoped_hash
 from gateway.engine.families.family import ModelFamily
 from gateway.engine.model.positions import ImageLayout
@@ -79,10 +78,9 @@ class PromptBuilder:
     """Builds engine requests for one model (any family). Thread-safe (the model guards its
     tokenizer).
 
-    `needs_pixels(prompt_ids, spans)` tells, per image, whether the engine will run the
-    vision tower on it (not covered by a prefix-cache hit, not in the vision cache). Other
-    images skip pixel preprocessing; the engine preprocesses itself on the rare eviction in
-    between.
+    No pixel work: each image goes to the engine decoded, with its layout and grid (sizes
+    only); the engine preprocesses the images its caches miss (`gateway.engine.pixels`, the
+    one owner of pixel preparation).
 
     Every image's content hash is scoped with the request's `cache_scope` (caches/scope.py:
     tenant and cache_salt), which the `EngineRequest` carries too: that is how a scope enters
@@ -92,13 +90,11 @@ class PromptBuilder:
     def __init__(
         self,
         model: ModelFamily,
-        needs_pixels: Callable[[list[int], list[ImageSpan]], list[bool]],
         max_context_tokens: int,
         default_max_tokens: int,
         tool_parser: str = "auto",
     ) -> None:
         self.model = model
-        self._needs_pixels = needs_pixels
         self._max_context = max_context_tokens
         self._default_max_tokens = default_max_tokens
         # The tool-call syntax of this checkpoint (None: requests with tools get a 400).
@@ -220,20 +216,9 @@ class PromptBuilder:
             else:
                 owners.append((index, None))
         hashes = [scoped_hash(_block_hash(media[i], b), chat.cache_scope) for i, b in owners]
-        spans = [
-            ImageSpan(layout.start, layout.end, h)
-            for layout, h in zip(layouts, hashes, strict=True)
-        ]
-        # Pixel preprocessing only for media the engine will actually encode.
-        needed = self._needs_pixels(prompt, spans) if spans else []
-        pixels: dict[int, Any] = {}
-        for (index, _), need in zip(owners, needed, strict=True):
-            if need and index not in pixels:
-                pixels[index] = self._preprocess(media[index], grids[index])
         inputs = []
         for layout, (index, block), content_hash in zip(layouts, owners, hashes, strict=True):
             item, grid = media[index], grids[index]
-            values = pixels.get(index)
             if isinstance(item, DecodedImage):
                 source, grid_thw = item.image, grid
             else:
@@ -241,14 +226,11 @@ class PromptBuilder:
                 source = self.model.video_clip(item.frames, item.times, grid.grid, block)
                 t, h, w = grid.grid
                 grid_thw = (t, h, w) if block is None else (1, h, w)
-                if values is not None and block is not None:
-                    values = values[block * h * w : (block + 1) * h * w]
             inputs.append(
                 ImageInput(
                     content_hash=content_hash,
                     layout=layout,
                     grid_thw=grid_thw,  # type: ignore[arg-type]
-                    pixel_values=values,
                     image=source,
                 )
             )
@@ -261,19 +243,6 @@ class PromptBuilder:
             cache_scope=chat.cache_scope,
             template_vars=template_vars,
         )
-
-    def _preprocess(self, item: Media, grid: Grid) -> Any:
-        if isinstance(item, DecodedImage):
-            values, processed = self.model.preprocess(item.image)
-            expected = grid
-        else:
-            assert isinstance(grid, VideoLayout)
-            clip = self.model.video_clip(item.frames, item.times, grid.grid)
-            values, processed = self.model.preprocess(clip)
-            expected = grid.grid
-        if processed != expected:
-            raise RuntimeError(f"media grid {processed} != predicted {expected}")
-        return values
 
     def _sampling(
         self, chat: ChatRequest, prompt_len: int, thinking: ThinkingParams | None

@@ -30,7 +30,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from caches.prefix import ImageSpan
 from gateway.config import EngineConfig
 from gateway.engine.client import EngineBusy, EngineUnavailable
 from gateway.engine.image_store import ImageStore
@@ -180,10 +179,6 @@ class RemoteEngine:
     @property
     def idle(self) -> bool:
         return not self._sinks
-
-    def needs_pixels(self, prompt_ids: Sequence[int], images: Sequence[ImageSpan]) -> list[bool]:
-        """Always False here: the engine process preprocesses what it needs itself."""
-        return [False] * len(images)
 
     def cache_stats(self) -> dict[str, Any]:
         return self._call(CacheStats())

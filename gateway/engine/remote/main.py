@@ -1,5 +1,6 @@
 """The engine process's side of `gateway.engine.remote.client`: run an `Engine`, serve the command
-pipe, ship events once per step, prepare image pixels off the engine thread.
+pipe, ship events once per step (the `Engine` prepares image pixels itself:
+`gateway.engine.pixels`).
 
 See `gateway.engine.remote.client` for the wire protocol. Everything here runs in the spawned
 engine process.
@@ -11,12 +12,8 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any
 
-from caches.prefix import ImageSpan
 from gateway.config import EngineConfig
 from gateway.engine.client import EngineBusy, EngineClient
 from gateway.engine.image_store import ImageStore
@@ -25,7 +22,6 @@ from gateway.engine.request import (
     ErrorEvent,
     ErrorKind,
     Event,
-    FinishEvent,
     Sink,
 )
 from gateway.engine.wire import (
@@ -70,7 +66,6 @@ def engine_process_main(
         outbox.send(LoadFailed(str(exc)))
         return
     outbox.send(Ready(engine.on_gpu))
-    pixels = _PixelPreparer(engine, outbox.flush)
     images = ImageStore(keep_images=True)
     while True:
         try:
@@ -80,17 +75,28 @@ def engine_process_main(
         match message:
             case Submit(request):
                 request = images.incoming(request)
-                pixels.submit(request, outbox.sink(request.request_id))
+                _submit(engine, request, outbox.sink(request.request_id), outbox.flush)
             case Cancel(request_id):
-                pixels.cancel(request_id)
+                engine.cancel(request_id)
             case Invoke(call_id, call):
                 outbox.send(_reply(engine, call_id, call))
             case Stop():
-                pixels.close()
                 engine.stop()
                 outbox.flush()
                 outbox.send(Stopped())
                 return
+
+
+def _submit(
+    engine: EngineClient, request: EngineRequest, sink: Sink, flush: Callable[[], None]
+) -> None:
+    """Hand `request` to the engine (which prepares its pixels); a refusal is the request's
+    error (the HTTP process checks capacity and `n` first, so this is rare)."""
+    try:
+        engine.submit(request, sink)
+    except (EngineBusy, ValueError) as refused:
+        sink(ErrorEvent(ErrorKind.INTERNAL, f"{refused}"))
+        flush()
 
 
 def _reply(engine: EngineClient, call_id: int, call: Call) -> Reply:
@@ -131,92 +137,3 @@ class _Outbox:
             self._connection.send(message)
         except (OSError, ValueError):
             pass  # the HTTP process is gone; the command loop sees EOF and stops
-
-
-class _PixelPreparer:
-    """Preprocesses the images of incoming requests that the engine will encode, in worker
-    threads, then submits them. Requests are submitted in arrival order."""
-
-    def __init__(self, engine: Any, flush: Callable[[], None]) -> None:
-        self._engine = engine
-        self._flush = flush  # ships events sent outside an engine step
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pixels")
-        self._lock = threading.Lock()
-        self._preparing: set[str] = set()  # submitted here, not yet handed to the engine
-        self._cancelled: set[str] = set()  # cancelled while preparing
-        self._previous: Any = None
-
-    def cancel(self, request_id: str) -> None:
-        """Cancel a request wherever it is: still being prepared here, or in the engine."""
-        with self._lock:
-            if request_id in self._preparing:
-                self._cancelled.add(request_id)
-                return
-        self._engine.cancel(request_id)
-
-    def submit(self, request: EngineRequest, sink: Sink) -> None:
-        with self._lock:
-            self._preparing.add(request.request_id)
-        if not request.images:
-            self._after_previous(request, sink)
-            return
-        self._previous = self._pool.submit(self._prepare, request, sink, self._previous)
-
-    def _after_previous(self, request: EngineRequest, sink: Sink) -> None:
-        if self._previous is not None and not self._previous.done():
-            self._previous = self._pool.submit(self._prepare, request, sink, self._previous)
-        else:
-            self._submit(request, sink)
-
-    def _prepare(self, request: EngineRequest, sink: Sink, previous: Any) -> None:
-        try:
-            request = self._with_pixels(request)
-        except Exception as exc:  # noqa: BLE001 - the request fails, not the engine
-            log.exception("preprocessing the images of %s failed", request.request_id)
-            _wait(previous)
-            with self._lock:
-                self._preparing.discard(request.request_id)
-                self._cancelled.discard(request.request_id)
-            sink(ErrorEvent(ErrorKind.INTERNAL, f"could not preprocess the image: {exc}"))
-            self._flush()
-            return
-        _wait(previous)  # keep arrival order
-        self._submit(request, sink)
-
-    def _with_pixels(self, request: EngineRequest) -> EngineRequest:
-        spans = [ImageSpan(i.layout.start, i.layout.end, i.content_hash) for i in request.images]
-        needed = self._engine.needs_pixels(request.prompt_ids, spans)
-        images = tuple(
-            replace(i, pixel_values=self._engine.model.preprocess(i.image)[0])
-            if need and i.pixel_values is None and i.image is not None
-            else i
-            for i, need in zip(request.images, needed, strict=True)
-        )
-        return replace(request, images=images)
-
-    def _submit(self, request: EngineRequest, sink: Sink) -> None:
-        with self._lock:
-            self._preparing.discard(request.request_id)
-            cancelled = request.request_id in self._cancelled
-            self._cancelled.discard(request.request_id)
-        if cancelled:
-            sink(FinishEvent.cancelled(len(request.prompt_ids)))
-            self._flush()
-            return
-        try:
-            self._engine.submit(request, sink)
-        except (EngineBusy, ValueError) as refused:  # the edge checks both first
-            sink(ErrorEvent(ErrorKind.INTERNAL, f"{refused}"))
-            self._flush()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-
-def _wait(previous: Any) -> None:
-    """Wait for the previous request's preparation (arrival order); its failure is its own."""
-    if previous is not None:
-        try:
-            previous.result()
-        except Exception:  # noqa: BLE001 - already logged and answered by its own task
-            pass

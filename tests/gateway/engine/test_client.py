@@ -112,7 +112,7 @@ def test_the_check_catches_a_missing_member_and_a_changed_signature() -> None:
         def cache_entries(self, kind: str | None = None, limit: int = 10) -> dict[str, Any]:
             return {}
 
-    for name in ("start", "stop", "submit", "cancel", "needs_pixels", "cache_stats"):
+    for name in ("start", "stop", "submit", "cancel", "cache_stats"):
         setattr(Broken, name, getattr(type(_remote()), name))
     Broken.clear_caches = Broken.reset_caches = lambda self: None  # type: ignore[attr-defined]
     problems = conformance_problems(Broken())

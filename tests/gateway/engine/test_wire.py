@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from caches.prefix import ImageSpan
 from gateway.engine.request import (
     EngineRequest,
     FinishEvent,
@@ -33,7 +32,6 @@ from gateway.engine.wire import (
     Invoke,
     LoadFailed,
     MetricsText,
-    NeedsPixels,
     Ready,
     ReplicaInfo,
     Reply,
@@ -44,9 +42,7 @@ from gateway.engine.wire import (
     answer,
 )
 
-SPAN = ImageSpan(1, 5, "h")
 CALLS: dict[type, tuple[Any, str, tuple[Any, ...]]] = {
-    NeedsPixels: (NeedsPixels((1, 2), (SPAN,)), "needs_pixels", ((1, 2), (SPAN,))),
     CacheStats: (CacheStats(), "cache_stats", ()),
     CacheEntries: (CacheEntries(3, "vision"), "cache_entries", (3, "vision", None)),
     ClearCaches: (ClearCaches(), "clear_caches", ()),

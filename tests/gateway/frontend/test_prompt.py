@@ -1,6 +1,6 @@
 """The prompt builder: image placeholders stay exactly where the user put them (so an image's
-KV never depends on the question after it), one image span per image in order, pixels only
-for images the engine will encode; a prompt over the context refused with the field to fix,
+KV never depends on the question after it), one image span per image in order, never pixel
+values (the engine prepares them); a prompt over the context refused with the field to fix,
 and max_tokens over the room it leaves capped to that room."""
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def test_an_images_tokens_do_not_depend_on_the_question_after_it(
 ) -> None:
     """Invariant: two questions about one image share every prompt token up to the image's
     end, and the span covers exactly the image tokens."""
-    builder = PromptBuilder(model, lambda ids, spans: [True] * len(spans), 4096, 16)
+    builder = PromptBuilder(model, 4096, 16)
     image = decoded(noise_image(1))
     built = [
         builder.build(_chat(ChatMessage("user", (IMAGE, TextPart(q)))), [image], f"r{i}", 0.0)
@@ -61,18 +61,17 @@ def test_an_images_tokens_do_not_depend_on_the_question_after_it(
     assert built[0].prompt_ids[: first.end] == built[1].prompt_ids[: first.end]
     span = built[0].prompt_ids[first.start : first.end]
     assert set(span) == {model.image_token_id} and len(span) == first.num_tokens
-    assert built[0].images[0].pixel_values is not None
 
 
-def test_pixels_are_prepared_only_for_images_the_engine_will_encode(
-    model: QwenVL,
-) -> None:
-    """Invariant: `needs_pixels` False -> no pixel preprocessing for that image."""
-    builder = PromptBuilder(model, lambda ids, spans: [False, True], 4096, 16)
+def test_the_prompt_side_does_no_pixel_work(model: QwenVL) -> None:
+    """Invariant: the builder sends each image decoded with its grid and never pixel values
+    (the engine is the one owner of preprocessing: `gateway.engine.pixels`)."""
+    builder = PromptBuilder(model, 4096, 16)
     images = [decoded(noise_image(1)), decoded(noise_image(2))]
     message = ChatMessage("user", (IMAGE, IMAGE, TextPart("compare")))
     built = builder.build(_chat(message), images, "r", 0.0)
-    assert [i.pixel_values is None for i in built.images] == [True, False]
+    assert all(i.pixel_values is None and i.image is not None for i in built.images)
+    assert [i.grid_thw for i in built.images] == [model.image_grid(56, 56)] * 2
     assert [i.content_hash for i in built.images] == [i.content_hash for i in images]
 
 
@@ -83,14 +82,14 @@ def test_a_prompt_over_the_context_is_a_400_on_messages_counting_what_usage_coun
     `context_length_exceeded` on `messages` whose count is the prompt's length as built (what
     usage reports); one token more of context fits, with an answer of one token."""
     message = ChatMessage("user", (TextPart("hello " * 40),))
-    fits = PromptBuilder(model, lambda i, s: [], 10_000, 16).build(_chat(message), [], "r", 0.0)
+    fits = PromptBuilder(model, 10_000, 16).build(_chat(message), [], "r", 0.0)
     n = len(fits.prompt_ids)
     with pytest.raises(APIError) as info:
-        PromptBuilder(model, lambda i, s: [], n, 16).build(_chat(message), [], "r", 0.0)
+        PromptBuilder(model, n, 16).build(_chat(message), [], "r", 0.0)
     assert (info.value.status, info.value.param) == (400, "messages")
     assert info.value.code == "context_length_exceeded"
     assert f"the prompt is {n} tokens" in info.value.message
-    edge = PromptBuilder(model, lambda i, s: [], n + 1, 16).build(_chat(message), [], "r", 0.0)
+    edge = PromptBuilder(model, n + 1, 16).build(_chat(message), [], "r", 0.0)
     assert edge.sampling.max_tokens == 1
 
 
@@ -98,7 +97,7 @@ def test_max_tokens_over_the_room_left_is_capped_to_it(model: QwenVL) -> None:
     """Invariant: max_tokens (or the default) above the room the prompt leaves in the context
     is capped to that room, never refused; within it, it is kept."""
     message = ChatMessage("user", (TextPart("hello " * 40),))
-    builder = PromptBuilder(model, lambda i, s: [], 200, 500)
+    builder = PromptBuilder(model, 200, 500)
     built = builder.build(_chat(message), [], "r", 0.0)
     room = 200 - len(built.prompt_ids)
     assert built.sampling.max_tokens == room  # the default, capped
@@ -111,7 +110,7 @@ def test_min_tokens_over_the_capped_max_tokens_is_a_400_saying_why(model: QwenVL
     """Invariant: min_tokens above what the answer may have is a 400 on `min_tokens`; when
     the context is the limit, the message says so (the room, the prompt, the context)."""
     message = ChatMessage("user", (TextPart("hello " * 40),))
-    builder = PromptBuilder(model, lambda i, s: [], 200, 500)
+    builder = PromptBuilder(model, 200, 500)
     room = 200 - builder.count(_chat(message), [])
     chat = ChatRequest.greedy("m", (message,), 32_000, min_tokens=room + 1)
     with pytest.raises(APIError) as info:
@@ -131,7 +130,7 @@ def test_an_image_the_processor_refuses_is_named_by_its_index(
 ) -> None:
     """Invariant: a 1x3000 image is refused in our words with its index (the pipeline turns
     the index into the image's field path), not as the processor's ValueError."""
-    builder = PromptBuilder(model, lambda ids, spans: [True] * len(spans), 4096, 16)
+    builder = PromptBuilder(model, 4096, 16)
     images = [decoded(noise_image(1)), decoded(noise_image(2, 1, 3000))]
     message = ChatMessage("user", (IMAGE, IMAGE, TextPart("compare")))
     with pytest.raises(UnsupportedImage) as info:

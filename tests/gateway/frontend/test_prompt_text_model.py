@@ -18,7 +18,7 @@ from gateway.frontend.prompt import PromptBuilder, UnsupportedImage
 @pytest.fixture(scope="module")
 def builder() -> PromptBuilder:
     model = load_model(str(tiny_model("qwen3")), lazy=True)
-    return PromptBuilder(model, lambda ids, spans: [True] * len(spans), 4096, 16)
+    return PromptBuilder(model, 4096, 16)
 
 
 def test_text_prompt_is_the_templates_ids(builder: PromptBuilder) -> None:

@@ -31,7 +31,7 @@ def remote():
 
 
 def _submit(engine: RemoteEngine, body: dict, images=(), rid: str = "r") -> Run:  # noqa: ANN001
-    prompts = PromptBuilder(engine.model, engine.needs_pixels, 8192, 16)
+    prompts = PromptBuilder(engine.model, 8192, 16)
     request = prompts.build(parse_chat_request(body), [decoded(i) for i in images], rid, 0.0)
     run = Run()
     engine.submit(request, run.sink)

@@ -49,7 +49,8 @@ def _watch_groups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 @contextmanager
 def arriving_idle(harness: EngineHarness) -> Iterator[None]:
     """Requests submitted inside the block reach an idle engine (no row decoding) in one
-    inbox drain, so one step admits them all: the inbox's puts are held and land together."""
+    inbox drain, so one step admits them all: the inbox's puts are held (until the pixel
+    preparer has forwarded every one) and land together."""
     deadline = time.monotonic() + 60
     while not harness.engine.idle:  # e.g. an earlier test's holder still decoding
         assert time.monotonic() < deadline, "the engine never went idle"
@@ -59,6 +60,7 @@ def arriving_idle(harness: EngineHarness) -> Iterator[None]:
     inbox.put = held.append  # type: ignore[method-assign]  # an instance attribute, undone below
     try:
         yield
+        harness.engine._pixels.drain(60)
     finally:
         del inbox.put
         with inbox.mutex:
@@ -214,6 +216,7 @@ def test_a_failing_image_fails_only_its_own_request(harness: EngineHarness) -> N
         good = harness.submit(chat_body("fine", images=1, max_tokens=3), [noise_image(61, 56, 56)])
         bad_body = chat_body("broken", images=1, max_tokens=3)
         bad = harness.submit(bad_body, [noise_image(62, 56, 56)])
+        harness.engine._pixels.drain(30)  # in the inbox now
         job = harness.engine.scheduler.jobs.get(f"req-{harness._ids}")
         if job is None:  # not yet drained into the engine: patch the queued message instead
             message = harness.engine._inbox.queue[-1]

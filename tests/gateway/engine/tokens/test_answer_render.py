@@ -32,7 +32,7 @@ ANSWERS = [
 @pytest.fixture(scope="module", params=FAMILIES)
 def family(request: pytest.FixtureRequest) -> tuple[str, PromptBuilder, AnswerTemplate]:
     model = load_model(str(tiny_model(request.param)), lazy=True)
-    builder = PromptBuilder(model, lambda ids, spans: [True] * len(spans), 8192, 16)
+    builder = PromptBuilder(model, 8192, 16)
     return request.param, builder, AnswerTemplate(model)
 
 
@@ -76,7 +76,7 @@ def test_the_predicted_tokens_begin_the_next_prompt(family, answer: str) -> None
 def test_a_prompt_that_does_not_end_with_the_generation_prompt_is_no_chat_turn() -> None:
     model = load_model(str(tiny_model("qwen2_vl")), lazy=True)
     template = AnswerTemplate(model)
-    builder = PromptBuilder(model, lambda ids, spans: [True] * len(spans), 8192, 16)
+    builder = PromptBuilder(model, 8192, 16)
     turn = _build(builder, "llama", [{"role": "user", "content": "Hi"}])
     assert template.ends_turn(turn.prompt_ids)
     prefilled = [*turn.prompt_ids, *model.tokenize("Sure, the answer is")]
