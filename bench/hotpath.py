@@ -87,7 +87,7 @@ def model_dir(model: str) -> Path:
 def image_prompt_tokens(root: Path, size: int) -> int:
     """Prompt tokens of a one-image question about a size x size image (image tokens from
     the checkpoint's preprocessor config, as Qwen-VL's resize rule gives them, plus text)."""
-    from gateway.engine.model.image_processor import smart_resize
+    from gateway.processors.image_processor import smart_resize
 
     config = json.loads((root / "preprocessor_config.json").read_text())
     sizes = config.get("size") or {}

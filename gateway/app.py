@@ -15,7 +15,7 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 from starlette.applications import Starlette
@@ -36,8 +36,6 @@ from gateway.api.response_count import ResponseCounter
 from gateway.api.responses import routes as responses_api
 from gateway.config import EngineConfig, MediaConfig, ServerConfig
 from gateway.engine.client import EngineClient, EngineUnavailable
-from gateway.engine.core import Engine
-from gateway.engine.families.family import ModelFamily
 from gateway.engine.remote.client import RemoteEngine
 from gateway.errors import APIError
 from gateway.frontend.context import context_window
@@ -50,6 +48,9 @@ from gateway.media import MediaLoader
 from gateway.metrics import EdgeMetrics, Metrics
 from gateway.warmup import Warmup
 from gateway.web import web_routes
+
+if TYPE_CHECKING:  # MLX: only the in-process engine loads it
+    from gateway.engine.families.family import ModelFamily
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -75,7 +76,9 @@ class Gateway:
             self.engine = engine
         elif loader is None and server.engine_process:
             self.engine = RemoteEngine(engine_config, server.log_level)
-        else:  # one process (tests inject model loaders; debugging)
+        else:  # one process (tests inject model loaders; debugging): MLX in this process
+            from gateway.engine.core import Engine
+
             self.engine = Engine(engine_config, Metrics(), loader)
         self.media = MediaLoader(media)
         self.pipeline = ChatPipeline(

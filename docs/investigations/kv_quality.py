@@ -28,10 +28,10 @@ from caches.hashing import pixel_hash
 from gateway.api.openai.parse import parse_chat_request
 from gateway.engine.families.registry import load_model
 from gateway.engine.model.kv_check import enable_kv_quant
-from gateway.engine.model.positions import rope_delta_at
 from gateway.engine.model.quant_kv import KVQuant
 from gateway.frontend.prompt import PromptBuilder
 from gateway.media import DecodedImage
+from gateway.processors.positions import rope_delta_at
 
 TEXT_PROMPTS = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",

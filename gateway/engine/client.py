@@ -12,13 +12,11 @@ Code that takes an engine should annotate it `EngineClient` and use nothing else
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from gateway.config import EngineConfig
 from gateway.engine.request import EngineRequest, Sink
-
-if TYPE_CHECKING:  # the model pulls in MLX; the contract itself does not need it
-    from gateway.engine.families.family import ModelFamily
+from gateway.processors.processor import PromptSide
 
 
 class EngineBusy(Exception):
@@ -57,9 +55,11 @@ class EngineClient(Protocol):
     """The settings the engine runs with (capacity: `max_batch + max_waiting`)."""
 
     @property
-    def model(self) -> ModelFamily | None:
-        """The model's prompt side (tokenizer, processor) once started, else None. Proxies
-        hold it without weights: use it to build prompts, never to compute."""
+    def model(self) -> PromptSide | None:
+        """The model's prompt side (template, tokenizer, grids and layouts) once started,
+        else None. The in-process engine gives its loaded family; proxies hold a
+        `PromptProcessor` (no MLX) or, for a family not split yet, the family with its weights
+        unread: use it to build prompts, never to compute."""
         ...
 
     @property

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from caches.scope import scope_of_hash
-from gateway.engine.model.positions import ImageLayout
+from gateway.processors.positions import ImageLayout
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.engine.request import EngineRequest, Event, Sink
+from gateway.processors.processor import PromptProcessor
 
 if TYPE_CHECKING:
     from gateway.engine.client import EngineClient
@@ -126,9 +127,12 @@ Command = Submit | Cancel | Stop | Invoke
 
 @dataclass(frozen=True)
 class Ready:
-    """Engine -> HTTP, first: the model is loaded (`on_gpu`: it computes on a GPU)."""
+    """Engine -> HTTP, first: the model is loaded (`on_gpu`: it computes on a GPU); `prompt`
+    is its prompt side for the HTTP process (`ModelFamily.shipped_prompt`: a
+    `PromptProcessor`, no MLX), None for a family not split yet."""
 
     on_gpu: bool
+    prompt: PromptProcessor | None = None
 
 
 @dataclass(frozen=True)

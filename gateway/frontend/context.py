@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import EngineConfig
-from gateway.engine.families.family import ModelFamily
+from gateway.processors.checkpoint import read_config
+from gateway.processors.processor import PromptSide
 
 log = logging.getLogger(__name__)
 
@@ -156,12 +157,12 @@ def choose(
     return ContextWindow(tokens, chosen_by, checkpoint, key, bound), warnings
 
 
-def context_window(model: ModelFamily, config: EngineConfig, on_gpu: bool) -> ContextWindow:
+def context_window(model: PromptSide, config: EngineConfig, on_gpu: bool) -> ContextWindow:
     """The context to serve `model` with under `config` on this machine (module doc), logged
     in one line (and a warning for an override above a bound or a missing key)."""
     raw = _read_config(model)
     own = checkpoint_context(raw, getattr(model.tokenizer, "model_max_length", None))
-    per_token = kv_bytes_per_token(raw, model.embed_dtype.size) if raw else None
+    per_token = kv_bytes_per_token(raw, model.embed_bytes) if raw else None
     memory, weights = device_memory(on_gpu), weights_bytes(model.path)
     reserved = config.cache.kv_capacity_bytes + config.cache.vision_capacity_bytes
     bound = memory_bound(per_token, memory, weights, reserved)
@@ -193,10 +194,8 @@ def _explain(window: ContextWindow, per_token: int | None, memory: int | None) -
     return f"{chosen}; {checkpoint}; {fits}"
 
 
-def _read_config(model: ModelFamily) -> dict[str, Any]:
+def _read_config(model: PromptSide) -> dict[str, Any]:
     """The checkpoint's config.json ({} if it cannot be read: the fallbacks apply)."""
-    from gateway.engine.families.registry import read_config
-
     try:
         config = read_config(model.path)
     except Exception as exc:  # noqa: BLE001 - the model loaded; only the context falls back

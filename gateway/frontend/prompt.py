@@ -13,14 +13,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from caches.scope import scoped_hash
-from gateway.engine.families.family import ModelFamily
-from gateway.engine.model.positions import ImageLayout
-from gateway.engine.model.video_layout import VideoLayout
 from gateway.engine.request import EngineRequest, ImageInput, SamplingParams, ThinkingParams
 from gateway.errors import invalid
 from gateway.frontend.chat import ChatRequest, ImagePart, TextPart, VideoPart
 from gateway.frontend.reasoning import Reasoning, template_kwargs
 from gateway.media import DecodedImage, DecodedVideo
+from gateway.processors.positions import ImageLayout
+from gateway.processors.processor import PromptSide
+from gateway.processors.video_layout import VideoLayout
 from gateway.tools.fallback import fold, needs_folding, renders_tools
 from gateway.tools.formats import ToolFormat, resolve
 from gateway.tools.grammar import tool_grammar
@@ -89,7 +89,7 @@ class PromptBuilder:
 
     def __init__(
         self,
-        model: ModelFamily,
+        model: PromptSide,
         max_context_tokens: int,
         default_max_tokens: int,
         tool_parser: str = "auto",

@@ -11,7 +11,10 @@ Threads: prompt-side methods (marked "any thread") may run in worker threads at 
 tokenizer is guarded by a lock; everything else they read is immutable after `__init__`).
 Engine-side methods run only on the engine thread, which owns MLX. A family object is built
 on the thread that will own MLX (`load_model`); a `lazy` one (weights unread) serves only the
-prompt side (the HTTP process of a two-process server).
+prompt side. The prompt half is `prompt`, a `gateway.processors.PromptProcessor` (no MLX):
+a split family (`prompt_split`) delegates its prompt methods to it and the engine process
+ships it to the HTTP process (`shipped_prompt`); a family not split yet implements them
+itself, and the HTTP process loads it lazily.
 
 What the engine assumes of every family (read these before adding one):
 - Prompts are token ids with every image's placeholder run already expanded
@@ -20,7 +23,7 @@ What the engine assumes of every family (read these before adding one):
   may fall inside one only under the exact-reuse rule, where the family's `prefill_plan`
   resumes mid-image from the cached features).
 - Positions: the token at index i >= `cut` sits at position `i + delta` with
-  `delta = rope_delta_at(layouts, cut)` (`engine/model/positions.py`), the sum of each
+  `delta = rope_delta_at(layouts, cut)` (`processors/positions.py`), the sum of each
   earlier span's `rope_shift`. Families with 1D positions (one position per token) build
   their spans with `ImageLayout.flat`, whose shift is 0; Qwen's mRoPE spans shift by
   `max(t, h, w) - t*h*w`. Each KV layer's cache carries the delta of its row
@@ -51,7 +54,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
@@ -60,15 +62,11 @@ from typing import Any, ClassVar
 
 import mlx.core as mx
 import numpy as np
-from jinja2 import TemplateError
 
 from caches.hashing import fingerprint
 from gateway.engine.model.kv import RowKVCache
-from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.model.quant_kv import KVQuant, RowQuantKVCache
-from gateway.engine.model.video_layout import VideoLayout
-from gateway.engine.model.video_processor import VideoFrames
 from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.engine.tokens.detokenizer import (
     ByteStreamDetokenizer,
@@ -77,6 +75,10 @@ from gateway.engine.tokens.detokenizer import (
     token_bytes,
 )
 from gateway.engine.tokens.output import IncrementalDetokenizer
+from gateway.processors.positions import ImageLayout
+from gateway.processors.processor import PromptProcessor
+from gateway.processors.video_layout import VideoLayout
+from gateway.processors.video_processor import VideoFrames
 
 log = logging.getLogger(__name__)
 
@@ -142,17 +144,31 @@ class ModelFamily(ABC):
     # Why quantized KV cannot serve this family (None: it can, where its heads allow),
     # known from the class alone, so a server refuses before loading the weights.
     kv_quant_off: ClassVar[str | None] = None
+    # True: `prompt` is this family's whole prompt side (a `PromptProcessor` subclass whose
+    # grids and layout the family's own methods delegate to), so the engine process sends it
+    # to the HTTP process, which then needs no MLX. False: the family still implements its
+    # prompt methods itself (`prompt` holds the template and tokenizer only), and the HTTP
+    # process loads the family's prompt side with its weights unread (`load_model(lazy)`).
+    prompt_split: ClassVar[bool] = False
+    prompt: PromptProcessor
 
     @property
     def arch(self) -> str:
         """The checkpoint's `model_type` (log lines, bench labels)."""
         return self.model_type
 
-    def _init_tokens(self, tokenizer: Any, eos_token_ids: Sequence[int]) -> None:
+    def _init_tokens(
+        self,
+        tokenizer: Any,
+        eos_token_ids: Sequence[int],
+        prompt: PromptProcessor | None = None,
+    ) -> None:
         """Set up the shared prompt side over a Hugging Face tokenizer (call in `__init__`
-        once `vocab_size` is set)."""
+        once `path`, `model_type` and `vocab_size` are set): `prompt`, the family's processor
+        over `tokenizer` (a plain `PromptProcessor` when not given), renders and tokenizes."""
         self.tokenizer = tokenizer
-        self._tokenizer_lock = threading.Lock()
+        self.prompt = prompt or PromptProcessor(self.path, self.model_type, tokenizer)
+        self._tokenizer_lock = self.prompt.tokenizer_lock  # one lock per tokenizer
         self.eos_token_ids = tuple(sorted(set(eos_token_ids)))
         self._byte_table = byte_table(tokenizer, self.vocab_size)
         if self._byte_table is None:
@@ -177,9 +193,8 @@ class ModelFamily(ABC):
 
     @property
     def chat_template(self) -> str | None:
-        """The chat template's text (which tool-call syntax it teaches is read from it)."""
-        template = getattr(self.tokenizer, "chat_template", None)
-        return template if isinstance(template, str) else None
+        """The chat template's text (`PromptProcessor.chat_template`)."""
+        return self.prompt.chat_template
 
     def render(
         self,
@@ -187,33 +202,26 @@ class ModelFamily(ABC):
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
-        """The checkpoint's own chat template over `messages` with the generation prompt
-        opened. Media parts are `{"type": "image"}` / `{"type": "video"}` and stay in place;
-        `tools` (OpenAI-shaped function definitions) go to the template's tool section;
-        `template_kwargs` are the template's own variables (`enable_thinking`, ...).
-
-        Raises ValueError when the template refuses the conversation (its `raise_exception`,
-        e.g. roles out of order or a role it does not know): the client's mistake, a 400."""
-        with self._tokenizer_lock:
-            try:
-                return self.tokenizer.apply_chat_template(
-                    messages,
-                    tools=tools,
-                    tokenize=False,
-                    add_generation_prompt=True,
-                    **(template_kwargs or {}),
-                )
-            except TemplateError as exc:
-                raise ValueError(
-                    f"the model's chat template refused the conversation: {exc}"
-                ) from exc
+        """The checkpoint's chat template over `messages` (`PromptProcessor.render`: media
+        parts in place, ValueError when the template refuses the conversation)."""
+        return self.prompt.render(messages, tools, template_kwargs)
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of rendered text, no special tokens added (the template has its own)."""
-        with self._tokenizer_lock:
-            # verbose=False: no "Token indices sequence length is longer than ..." warning; the
-            # prompt builder refuses over-long prompts itself, against --max-context.
-            return list(self.tokenizer.encode(text, add_special_tokens=False, verbose=False))
+        return self.prompt.tokenize(text)
+
+    @property
+    def embed_bytes(self) -> int:
+        """Bytes of one KV value (the context's memory bound reads it)."""
+        return int(self.embed_dtype.size)
+
+    def shipped_prompt(self) -> PromptProcessor | None:
+        """The prompt side the engine process sends the HTTP process (`wire.Ready`), with the
+        family's card and KV value size; None when the family is not split yet
+        (`prompt_split`)."""
+        if not self.prompt_split:
+            return None
+        return self.prompt.described(self.describe(), self.embed_bytes)
 
     def decode(self, ids: Sequence[int]) -> str:
         with self._tokenizer_lock:

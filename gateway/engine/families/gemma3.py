@@ -42,12 +42,12 @@ from gateway.engine.families.gemma3_forward import (
     prefill_each,
 )
 from gateway.engine.model.kv import RowKVCache
-from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
-from gateway.engine.model.video_layout import VideoLayout
-from gateway.engine.model.video_processor import VideoFrames
 from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.engine.model.window_kv import layer_caches
+from gateway.processors.positions import ImageLayout
+from gateway.processors.video_layout import VideoLayout
+from gateway.processors.video_processor import VideoFrames
 
 MODEL_TYPES = ("gemma3",)
 # Image-processor settings that change pixels or the token count (part of cache keys).

@@ -19,10 +19,10 @@ import mlx.nn as nn
 import numpy as np
 
 from gateway.engine.model.kv import RowBatchKVCache, RowKVCache, share_row_state
-from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import PrefillPlan
 from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.engine.model.window_kv import WindowKVCache, ring_phase, shared_ring
+from gateway.processors.positions import ImageLayout
 
 
 def set_ring_phase(cache: Sequence[Any]) -> None:

@@ -42,11 +42,11 @@ from gateway.engine.families.gemma3_forward import Gemma3Core, prefill_each
 from gateway.engine.families.gemma4_forward import Gemma4Forward, Gemma4Plan, soft_token_runs
 from gateway.engine.families.vlm_base import VlmFamily
 from gateway.engine.model.kv import RowKVCache
-from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
-from gateway.engine.model.video_processor import VideoFrames
 from gateway.engine.model.vision import EncodedImage
 from gateway.engine.model.window_kv import layer_caches
+from gateway.processors.positions import ImageLayout
+from gateway.processors.video_processor import VideoFrames
 
 MODEL_TYPES = ("gemma4",)
 _SETTINGS = (

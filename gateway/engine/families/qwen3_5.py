@@ -43,6 +43,9 @@ class Qwen35(QwenVL):
 
     family = "qwen3_5"
     media = frozenset({"image"})
+    # Not split yet: the HTTP process loads this family lazily (it takes images only, which
+    # `QwenVLProcessor` does not say).
+    prompt_split = False
     MODEL_TYPES = MODEL_TYPES
     state_snapshots = True
     last_token_apart = True

@@ -4,7 +4,7 @@ mlx-vlm's Qwen-VL internals.
 Prompt side (`image_grid`, `preprocess`, `layout_prompt`, video): tokenizer and numpy work, any
 thread. Engine side (`encode_steps_many`, `prefill*`, `text_core`, `new_cache`): MLX work, engine
 thread only. Images: `<|vision_start|><|image_pad|><|vision_end|>` with the pad expanded to
-t*h*w merged patches; positions: mRoPE (`engine/model/positions.py`), carried into decode as a
+t*h*w merged patches; positions: mRoPE (`processors/positions.py`), carried into decode as a
 per-row rope delta (`engine/model/kv.py`); KV: one full-attention cache per layer.
 
 mlx-vlm is used for loading, the image processor, the vision tower and the language model; the
@@ -24,9 +24,7 @@ from PIL import Image
 from caches.hashing import fingerprint
 from gateway.engine.families.family import ModelFamily, eos_ids, model_fingerprint
 from gateway.engine.model.compiled_mrope import install_compiled_mrope
-from gateway.engine.model.image_processor import fast_image_processor, smart_resize
 from gateway.engine.model.kv import RowKVCache
-from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import (
     GroupPart,
     PrefillPlan,
@@ -35,15 +33,15 @@ from gateway.engine.model.prompt_forward import (
     plan_inputs,
 )
 from gateway.engine.model.text_core import TextCore, logits_from_hidden
-from gateway.engine.model.video_layout import VideoLayout, VideoTokens, expand_video
-from gateway.engine.model.video_processor import (
+from gateway.engine.model.vision import EncodedImage, Unit, VisionEncoder
+from gateway.processors.image_processor import fast_image_processor
+from gateway.processors.positions import ImageLayout
+from gateway.processors.qwen_vl import QwenVLProcessor, QwenVLSettings
+from gateway.processors.video_layout import VideoLayout
+from gateway.processors.video_processor import (
     VideoFrames,
-    group_times,
-    seconds_per_patch,
-    video_grid,
     video_patches,
 )
-from gateway.engine.model.vision import EncodedImage, Unit, VisionEncoder
 
 MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 _PROCESSOR_KEYS = (
@@ -69,6 +67,7 @@ class QwenVL(ModelFamily):
 
     family = "qwen_vl"
     media = frozenset({"image", "video"})
+    prompt_split = True  # the prompt side is `QwenVLProcessor`
     MODEL_TYPES: ClassVar[tuple[str, ...]] = MODEL_TYPES  # a subclass serves its own
 
     def __init__(self, path: str, lazy: bool = False) -> None:
@@ -91,9 +90,6 @@ class QwenVL(ModelFamily):
         self.vision_end_id: int = int(getattr(config, "vision_end_token_id", 0) or 0) or int(
             tokenizer.convert_tokens_to_ids("<|vision_end|>")
         )
-        self._video_tokens = VideoTokens(
-            self.video_token_id, self.vision_start_id, self.vision_end_id, self.merge_size
-        )
         # Qwen2.5-VL: time-axis positions per second of video (None: time axis = patch index).
         self.tokens_per_second: float | None = (
             float(getattr(config.vision_config, "tokens_per_second", 2))
@@ -103,7 +99,9 @@ class QwenVL(ModelFamily):
         self.vocab_size: int = int(config.text_config.vocab_size)
         markers = ("<|im_end|>", "<|endoftext|>")
         self._init_tokens(
-            tokenizer, eos_ids(tokenizer, getattr(config, "eos_token_id", None), markers)
+            tokenizer,
+            eos_ids(tokenizer, getattr(config, "eos_token_id", None), markers),
+            QwenVLProcessor(path, self.model_type, tokenizer, self._settings()),
         )
         self.text_core = TextCore(self.model.language_model)
         # Image blocks' mRoPE as one fused chain per layer (compiled_mrope.py): same values.
@@ -126,14 +124,16 @@ class QwenVL(ModelFamily):
     def preprocess(self, image: Any) -> tuple[np.ndarray, tuple[int, int, int]]:
         """PIL RGB image -> (pixel_values, grid_thw in patches). Thread-safe.
 
-        `gateway.engine.model.image_processor` gives the checkpoint processor's exact output,
+        `gateway.processors.image_processor` gives the checkpoint processor's exact output,
         faster;
         the processor itself runs for configs it does not reproduce (logged once) and inputs
         other than RGB PIL images.
         """
         fast = fast_image_processor(self.image_processor)
         if isinstance(image, VideoFrames):
-            return video_patches(self._video_processor(), image)
+            if fast is None:
+                raise ValueError("this model's image processor is not one the video path supports")
+            return video_patches(fast, image)
         if fast is not None and isinstance(image, Image.Image) and image.mode == "RGB":
             return fast(image)
         out = self.image_processor(images=[image], return_tensors="np")
@@ -142,37 +142,16 @@ class QwenVL(ModelFamily):
         return pixels, grid  # type: ignore[return-value]
 
     def image_grid(self, width: int, height: int) -> tuple[int, int, int]:
-        """The (t, h, w) patch grid `preprocess` would give, without touching pixels.
-        Raises ValueError for an aspect ratio over 200 (the processors refuse those too)."""
-        fast = fast_image_processor(self.image_processor)
-        if fast is not None:
-            return fast.grid(width, height)
-        ip = self.image_processor
-        size = getattr(ip, "size", None) or {}
-        min_px = getattr(ip, "min_pixels", None) or size.get("shortest_edge")
-        max_px = getattr(ip, "max_pixels", None) or size.get("longest_edge")
-        patch = int(ip.patch_size)
-        h, w = smart_resize(height, width, patch * int(ip.merge_size), min_px, max_px)
-        return (1, h // patch, w // patch)
-
-    def _video_processor(self):  # noqa: ANN202 - QwenImageProcessor
-        fast = fast_image_processor(self.image_processor)
-        if fast is None:
-            raise ValueError("this model's image processor is not one the video path supports")
-        return fast
+        """`QwenVLProcessor.image_grid`."""
+        return self.prompt.image_grid(width, height)
 
     def video_grid(self, frames: int, width: int, height: int) -> tuple[int, int, int]:
-        """The (t, h, w) patch grid of a clip (see `gateway.engine.model.video_processor`)."""
-        return video_grid(self._video_processor(), frames, width, height)
+        """`QwenVLProcessor.video_grid`."""
+        return self.prompt.video_grid(frames, width, height)
 
     def video_layout(self, grid: tuple[int, int, int], times: Sequence[float]) -> VideoLayout:
-        """How a clip with this grid and these frame times sits in this model's prompt."""
-        tps = self._video_processor().spec.temporal_patch_size
-        scale = 1.0
-        if self.tokens_per_second is not None:
-            scale = seconds_per_patch(tuple(times), tps) * self.tokens_per_second
-        stamps = group_times(tuple(times), tps) if self.model_type == "qwen3_vl" else None
-        return VideoLayout(grid, scale, None if stamps is None else tuple(stamps))
+        """`QwenVLProcessor.video_layout`."""
+        return self.prompt.video_layout(grid, times)
 
     def video_clip(
         self,
@@ -181,54 +160,45 @@ class QwenVL(ModelFamily):
         grid: tuple[int, int, int],
         block: int | None = None,
     ) -> VideoFrames:
-        """The frames the engine preprocesses for a clip of this grid: all of them, or those
-        of temporal patch `block` (Qwen3-VL's per-patch inputs), resized as in the whole clip."""
-        spec = self._video_processor().spec
-        size = (grid[1] * spec.patch_size, grid[2] * spec.patch_size)
-        if block is None:
-            return VideoFrames(frames, tuple(times), size)
-        n = spec.temporal_patch_size
-        lo, hi = block * n, min((block + 1) * n, len(frames))
-        return VideoFrames(frames[lo:hi], tuple(times[lo:hi]), size)
+        """`QwenVLProcessor.video_clip`."""
+        return self.prompt.video_clip(frames, times, grid, block)
 
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[tuple[int, int, int] | VideoLayout]
     ) -> tuple[list[int], list[ImageLayout]]:
-        """Expand each image placeholder into its run of `num_tokens` placeholders and each
-        video placeholder into its block(s) (`gateway.engine.model.video_layout`); `grids` holds one
-        entry per image (a grid) or video (a `VideoLayout`), in prompt order. A video gives
-        `VideoLayout.blocks` layouts."""
-        videos = sum(isinstance(g, VideoLayout) for g in grids)
-        expected = (
-            sum(1 for i in ids if i == self.image_token_id),
-            sum(1 for i in ids if i == self.video_token_id),
+        """`QwenVLProcessor.layout_prompt`."""
+        return self.prompt.layout_prompt(ids, grids)
+
+    def _settings(self) -> QwenVLSettings:
+        """The prompt settings of this checkpoint, from mlx-vlm's config and image processor
+        (the fast processor's sizes where it reproduces the checkpoint's, else the
+        processor's own attributes)."""
+        config, ip = self.model.config, self.image_processor
+        fast = fast_image_processor(ip)
+        if fast is not None:
+            spec = fast.spec
+            patch, min_px, max_px = spec.patch_size, spec.min_pixels, spec.max_pixels
+            factor = patch * spec.merge_size
+        else:
+            size = getattr(ip, "size", None) or {}
+            min_px = getattr(ip, "min_pixels", None) or size.get("shortest_edge")
+            max_px = getattr(ip, "max_pixels", None) or size.get("longest_edge")
+            patch = int(ip.patch_size)
+            factor = patch * int(ip.merge_size)
+        return QwenVLSettings(
+            image_token_id=self.image_token_id,
+            video_token_id=self.video_token_id,
+            vision_start_id=self.vision_start_id,
+            vision_end_id=self.vision_end_id,
+            merge_size=self.merge_size,
+            patch_size=patch,
+            resize_factor=factor,
+            min_pixels=min_px,
+            max_pixels=max_px,
+            spec=None if fast is None else fast.spec,
+            tokens_per_second=self.tokens_per_second,
+            timestamps=config.model_type == "qwen3_vl",
         )
-        if expected != (len(grids) - videos, videos):
-            raise ValueError(
-                f"prompt has {expected[0]} image and {expected[1]} video placeholders for "
-                f"{len(grids) - videos} images and {videos} videos"
-            )
-        out: list[int] = []
-        layouts: list[ImageLayout] = []
-        items = iter(grids)
-        m = self.merge_size
-        for token in ids:
-            if token not in (self.image_token_id, self.video_token_id):
-                out.append(token)
-                continue
-            item = next(items)
-            if isinstance(item, VideoLayout):
-                if token != self.video_token_id:
-                    raise ValueError("images and videos are not in prompt order")
-                expand_video(out, layouts, item, self._video_tokens, self.tokenize)
-                continue
-            if token != self.image_token_id:
-                raise ValueError("images and videos are not in prompt order")
-            t, h, w = item
-            layout = ImageLayout(start=len(out), t=t, h=h // m, w=w // m)
-            layouts.append(layout)
-            out.extend([self.image_token_id] * layout.num_tokens)
-        return out, layouts
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

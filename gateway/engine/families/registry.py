@@ -9,7 +9,6 @@ when the config has no vision part. Adding a family: write its module (one class
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from gateway.engine.families.smolvlm import MODEL_TYPES as SMOLVLM_TYPES
 from gateway.engine.families.smolvlm import SmolVLM
 from gateway.engine.families.text import TextModel
 from gateway.engine.model.kv_check import kv_quant_refusal
+from gateway.processors.checkpoint import read_config
 
 # Vision-language families by model_type (text models are found through mlx-lm below).
 FAMILIES: dict[str, type[ModelFamily]] = {t: QwenVL for t in QWEN_VL_TYPES}
@@ -51,17 +51,6 @@ def supported_families() -> str:
         f"vision-language: {', '.join(FAMILIES)}; text (through mlx-lm): "
         f"{', '.join(TEXT_EXAMPLES)} and any mlx-lm model whose layers keep full-attention KV"
     )
-
-
-def read_config(path: str) -> dict[str, Any]:
-    """The checkpoint's config.json: from the directory, else from the Hugging Face cache or
-    hub (the loaders fetch the rest)."""
-    local = Path(path).expanduser() / "config.json"
-    if local.is_file():
-        return json.loads(local.read_text())
-    from huggingface_hub import hf_hub_download  # slow import: hub ids only
-
-    return json.loads(Path(hf_hub_download(path, "config.json")).read_text())
 
 
 def family_for(config: dict[str, Any]) -> type[ModelFamily]:

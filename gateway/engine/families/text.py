@@ -27,10 +27,11 @@ from mlx_lm.models.cache import KVCache
 from caches.hashing import fingerprint
 from gateway.engine.families.family import CachePolicy, Grid, ModelFamily, model_fingerprint
 from gateway.engine.model.kv import RowBatchKVCache, RowKVCache, share_row_state
-from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan, join_caches, split_caches
-from gateway.engine.model.video_layout import VideoLayout
 from gateway.engine.model.vision import EncodedImage, Unit
+from gateway.processors.positions import ImageLayout
+from gateway.processors.text import TextProcessor
+from gateway.processors.video_layout import VideoLayout
 
 
 class UnsupportedLayers(ValueError):
@@ -69,6 +70,7 @@ class TextModel(ModelFamily):
 
     family = "text"
     media = frozenset()
+    prompt_split = True  # the prompt side is `TextProcessor`
     cache_policy = CachePolicy(vision_off="a text model has no vision tower")
 
     def __init__(self, path: str, lazy: bool = False) -> None:
@@ -80,7 +82,9 @@ class TextModel(ModelFamily):
         _check_layers(self.model, self.model_type)
         self.vocab_size = int(self.model.args.vocab_size)
         # mlx-lm's generate stops on exactly these: the config's and the tokenizer's eos.
-        self._init_tokens(wrapper._tokenizer, sorted(wrapper.eos_token_ids))
+        tokenizer = wrapper._tokenizer
+        prompt = TextProcessor(path, self.model_type, tokenizer)
+        self._init_tokens(tokenizer, sorted(wrapper.eos_token_ids), prompt)
         self.text_core = MlxLmCore(self.model)
         embed = self.model.model.embed_tokens
         self.embed_dtype = embed(mx.array([0], dtype=mx.int32)).dtype
@@ -90,24 +94,19 @@ class TextModel(ModelFamily):
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 
-    def _no_media(self) -> ValueError:
-        return ValueError(f"{self.model_type} is a text-only model: it takes no images or video")
-
     def image_grid(self, width: int, height: int) -> Grid:
-        raise self._no_media()
+        return self.prompt.image_grid(width, height)  # ValueError: no media
 
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
-        raise self._no_media()
+        raise self.prompt.no_media()
 
     def _no_video(self) -> ValueError:
-        return self._no_media()
+        return self.prompt.no_media()
 
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
     ) -> tuple[list[int], list[ImageLayout]]:
-        if grids:
-            raise self._no_media()
-        return list(ids), []
+        return self.prompt.layout_prompt(ids, grids)  # ValueError for any media
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 
@@ -131,7 +130,7 @@ class TextModel(ModelFamily):
     ) -> PrefillPlan:
         """Token ids [start, end) and their 1D positions (no embeddings: ids are fed)."""
         if layouts:
-            raise self._no_media()
+            raise self.prompt.no_media()
         ids = mx.array([list(prompt_ids[start:end])], dtype=mx.int32)
         host = np.arange(start, end, dtype=np.int32)[None]
         visual = np.zeros(end - start, dtype=bool)

@@ -40,7 +40,6 @@ from mlx_lm.models.cache import KVCache
 from caches.hashing import fingerprint
 from gateway.engine.families.family import Grid, ModelFamily, eos_ids, model_fingerprint
 from gateway.engine.model.kv import RowBatchKVCache, RowKVCache, share_row_state
-from gateway.engine.model.positions import ImageLayout
 from gateway.engine.model.prompt_forward import (
     GroupPart,
     PrefillPlan,
@@ -48,8 +47,9 @@ from gateway.engine.model.prompt_forward import (
     plan_inputs,
     split_caches,
 )
-from gateway.engine.model.video_layout import VideoLayout
 from gateway.engine.model.vision import EncodedImage, Unit
+from gateway.processors.positions import ImageLayout
+from gateway.processors.video_layout import VideoLayout
 
 
 class VlmTextCore(nn.Module):

@@ -20,9 +20,9 @@ import mlx.core as mx
 import numpy as np
 
 from gateway.engine.model.kv import RowKVCache, concat_parts, map_parts
-from gateway.engine.model.positions import ImageLayout, mrope_positions
 from gateway.engine.model.text_rope import text_rope
 from gateway.engine.model.vision import EncodedImage
+from gateway.processors.positions import ImageLayout, mrope_positions
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ class RemoteEngine:
         self.config = config
         self.on_gpu = False  # the engine computes on a GPU (known once started)
         self._log_level = log_level
-        self.model: Any = None  # prompt side only (tokenizer, processor): weights unread
+        self.model: Any = None  # the prompt side (a PromptProcessor, or a lazy family)
         self._sinks: dict[str, Sink] = {}
         self._admitted: set[str] = set()
         self._rows: dict[str, int] = {}  # rows each request in flight takes (its n choices)
@@ -86,10 +86,9 @@ class RemoteEngine:
     # ----- lifecycle ----------------------------------------------------------------------------
 
     def start(self, timeout: float | None = None) -> None:
-        """Spawn the engine process, load the prompt side here, wait until the model is
-        loaded there (re-raises a load failure as RuntimeError)."""
-        from gateway.engine.families import load_model
-
+        """Spawn the engine process, wait until the model is loaded there (re-raises a load
+        failure as RuntimeError) and take its prompt side (`wire.Ready.prompt`: no MLX here);
+        a family not split yet is loaded here with its weights unread instead."""
         ctx = mp.get_context("spawn")  # never fork a process that may hold a GPU context
         cmd_read, cmd_write = ctx.Pipe(duplex=False)
         evt_read, evt_write = ctx.Pipe(duplex=False)
@@ -104,13 +103,13 @@ class RemoteEngine:
         cmd_read.close()
         evt_write.close()
         try:
-            self.model = load_model(self.config.model, lazy=True)
             if not self._events.poll(timeout):
                 raise TimeoutError("the engine process did not load the model in time")
             first = self._events.recv()
             if not isinstance(first, Ready):
                 raise RuntimeError(f"model failed to load: {first.message}")
             self.on_gpu = first.on_gpu
+            self.model = first.prompt or _lazy_family(self.config.model)
         except BaseException:
             self._kill()
             raise
@@ -271,3 +270,12 @@ class RemoteEngine:
         for done, _ in calls.values():
             done.set()
         self._stopped.set()
+
+
+def _lazy_family(path: str) -> Any:
+    """The prompt side of a family not split into a `PromptProcessor` yet: the family loaded
+    with its weights unread (this imports MLX into the HTTP process)."""
+    from gateway.engine.families import load_model
+
+    log.info("this model family has no MLX-free prompt side yet: loading it lazily here")
+    return load_model(path, lazy=True)

@@ -65,7 +65,8 @@ def engine_process_main(
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         outbox.send(LoadFailed(str(exc)))
         return
-    outbox.send(Ready(engine.on_gpu))
+    model = engine.model
+    outbox.send(Ready(engine.on_gpu, None if model is None else model.shipped_prompt()))
     images = ImageStore(keep_images=True)
     while True:
         try:

@@ -18,7 +18,6 @@ from collections.abc import Callable
 import mlx.core as mx
 
 from gateway.engine.cache_ops import CacheOps
-from gateway.engine.model.positions import rope_delta_at
 from gateway.engine.request import (
     ErrorEvent,
     ErrorKind,
@@ -31,6 +30,7 @@ from gateway.engine.scheduler.job import Job
 from gateway.engine.tokens.grammar import FailingRow
 from gateway.engine.tokens.logprobs import LogprobValues, row_values
 from gateway.metrics import Metrics
+from gateway.processors.positions import rope_delta_at
 
 # The engine's own name: every line about a request's life logs under it, as it did before
 # the scheduler was split out of the engine.

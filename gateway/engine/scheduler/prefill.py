@@ -44,11 +44,11 @@ import mlx.core as mx
 
 from gateway.engine.cache_ops import CacheOps
 from gateway.engine.families.family import ModelFamily
-from gateway.engine.model.positions import rope_delta_at
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan, text_offset
 from gateway.engine.model.snapshots import drop_marks
 from gateway.engine.scheduler.job import Job
 from gateway.engine.tokens.penalties import shape_first
+from gateway.processors.positions import rope_delta_at
 
 MIN_FINAL_ROWS = 32  # the most a final partial block's smallest forward is padded to
 

@@ -11,8 +11,8 @@ import random
 from PIL import Image
 
 from gateway.engine.image_store import ImageStore
-from gateway.engine.model.positions import ImageLayout
 from gateway.engine.request import EngineRequest, ImageInput, SamplingParams
+from gateway.processors.positions import ImageLayout
 
 
 def _request(images: list[tuple[str, Image.Image]]) -> EngineRequest:

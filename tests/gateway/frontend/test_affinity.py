@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from gateway.api.openai.parse import parse_chat_request
-from gateway.engine.model.positions import ImageLayout
 from gateway.engine.request import EngineRequest, ImageInput, SamplingParams
 from gateway.frontend.affinity import affinity_key
+from gateway.processors.positions import ImageLayout
 
 
 def _request(*hashes: str) -> EngineRequest:

@@ -13,7 +13,7 @@ import pytest
 from support import tiny_model
 
 from gateway.engine.model.kv import RowBatchKVCache, RowKVCache, row_offsets, row_positions
-from gateway.engine.model.positions import ImageLayout, mrope_positions, rope_delta_at
+from gateway.processors.positions import ImageLayout, mrope_positions, rope_delta_at
 
 
 @pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
@@ -100,7 +100,7 @@ def test_snapshot_is_independent_and_exactly_sized() -> None:
 def test_a_flat_span_shifts_nothing() -> None:
     """Invariant: a 1D family's span (ImageLayout.flat) covers its tokens and leaves the
     text after it at index positions (rope delta 0), wherever the cut."""
-    from gateway.engine.model.positions import ImageLayout, rope_delta_at
+    from gateway.processors.positions import ImageLayout, rope_delta_at
 
     span = ImageLayout.flat(5, 64)
     assert (span.start, span.end, span.num_tokens, span.rope_shift) == (5, 69, 64, 0)

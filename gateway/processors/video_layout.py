@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gateway.engine.model.positions import ImageLayout
+from gateway.processors.positions import ImageLayout
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from support import noise_image, tiny_model
 from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
 from gateway.engine.families.qwen_vl import QwenVL
-from gateway.engine.model import image_processor
-from gateway.engine.model.image_processor import (
+from gateway.processors import image_processor
+from gateway.processors.image_processor import (
     QwenImageProcessor,
     fast_image_processor,
     spec_from_processor,
@@ -129,7 +129,7 @@ def test_unsupported_configs_fall_back_to_the_processor(
 ) -> None:
     monkeypatch.setattr(image_processor, "_logged", set())  # "once" per process: start afresh
     bilinear = hf_processor("qwen2_vl", resample=Image.Resampling.BILINEAR)
-    with caplog.at_level(logging.WARNING, logger="gateway.engine.model.image_processor"):
+    with caplog.at_level(logging.WARNING, logger="gateway.processors.image_processor"):
         assert fast_image_processor(bilinear) is None
         assert fast_image_processor(bilinear) is None
     assert len([r for r in caplog.records if "resample=" in r.getMessage()]) == 1  # once

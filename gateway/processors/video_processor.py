@@ -2,7 +2,7 @@
 
 What the Qwen-VL video processors do (transformers' Qwen2-VL / Qwen3-VL video processors,
 mlx-vlm's numpy port of the latter), on top of the image arithmetic of
-`gateway.engine.model.image_processor`:
+`gateway.processors.image_processor`:
 1. every frame is resized to one size (sides multiples of patch * merge, area within the
    budget below, aspect ratio kept), BICUBIC on uint8;
 2. values are rescaled and normalised per channel (the image processor's value table);
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from gateway.engine.model.image_processor import QwenImageProcessor, smart_resize
+from gateway.processors.image_processor import QwenImageProcessor, smart_resize
 
 MAX_TOKENS_PER_PATCH = 768
 MAX_TOKENS_PER_VIDEO = 16384

@@ -20,10 +20,10 @@ from video_clips import noise_frames
 
 from gateway.config import CacheConfig
 from gateway.engine.families.qwen_vl import QwenVL
-from gateway.engine.model.positions import ImageLayout, mrope_positions, rope_delta_at
-from gateway.engine.model.video_layout import VideoLayout
 from gateway.frontend.chat import ChatMessage, ChatRequest, TextPart, VideoPart
 from gateway.media.video_decode import DecodedVideo, VideoSampling, video_hash
+from gateway.processors.positions import ImageLayout, mrope_positions, rope_delta_at
+from gateway.processors.video_layout import VideoLayout
 
 ARCHS = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
 SAMPLING = VideoSampling(fps=2.0, max_frames=8, max_seconds=30.0, max_pixels=10**7)
