@@ -66,9 +66,7 @@ class CacheConfig:
         True,
         kind="both",
     )
-    # Quantized KV (docs/caching.md, "Quantized KV"): running rows, stored blocks and their
-    # files hold keys and values as integers with a scale and a bias per group of channels
-    # (mlx-lm's QuantizedKVCache), read by quantized matmuls. A hit stays exact: cached and
+    # Quantized KV (docs/caching.md, "Quantized KV"): a hit stays exact, since cached and
     # uncached requests quantize the same rows, computed the same way.
     kv_bits: int = flag(
         "--kv-bits",

@@ -33,6 +33,26 @@ from gateway.engine.model.kv import RowBatchKVCache, concat_parts, map_parts, pa
 Triple = tuple[mx.array, mx.array, mx.array]  # packed integers, scales, biases
 
 
+def _on_cuda() -> bool:
+    return mx.default_device().type == mx.DeviceType.gpu and not mx.metal.is_available()
+
+
+# MLX's CUDA quantized matmuls (0.32) take only a whole-array row-contiguous quantized operand
+# (`is_last_2_dims_row_contiguous` checks the array's `contiguous` flag): the cache's slice of
+# its buffer (positions [0, offset) of a 256-step buffer) is not one, and the matmul raises
+# "No implementation for problem shape". There the held positions are copied into one
+# contiguous array per read (bytes read and written again each step: the price of the
+# format on CUDA until MLX reads strided operands); Metal and CPU read the slice in place.
+CONTIGUOUS_READS = _on_cuda()
+
+
+def readable(parts: Triple) -> Triple:
+    """`parts` as the quantized matmuls on this device can read them (module constant)."""
+    if not CONTIGUOUS_READS:
+        return parts
+    return tuple(mx.contiguous(p) for p in parts)  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class KVQuant:
     """How KV is quantized: `bits` per value, one scale and bias per `group_size` channels."""
@@ -75,6 +95,10 @@ class RowQuantKVCache(QuantizedKVCache):
 
     def size(self) -> int:
         return self.offset
+
+    def keys_and_values(self) -> tuple[Triple, Triple]:
+        keys, values = super().keys_and_values()
+        return readable(keys), readable(values)
 
     def empty_like(self) -> RowQuantKVCache:
         return RowQuantKVCache(self.quant)
@@ -152,8 +176,8 @@ class RowBatchQuantKVCache(RowBatchKVCache):
     def keys_and_values(self) -> tuple[Triple, Triple]:
         idx = self._idx
         return (
-            map_parts(lambda p: p[..., :idx, :], self.keys),  # type: ignore[return-value]
-            map_parts(lambda p: p[..., :idx, :], self.values),
+            readable(map_parts(lambda p: p[..., :idx, :], self.keys)),  # type: ignore[arg-type]
+            readable(map_parts(lambda p: p[..., :idx, :], self.values)),  # type: ignore[arg-type]
         )
 
     def finalize(self) -> None:

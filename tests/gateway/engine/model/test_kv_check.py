@@ -11,6 +11,7 @@ engine does not start on a refused model and says why.
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
 from kv_support import wide_heads
 from support import EngineHarness, tiny_model
@@ -71,3 +72,27 @@ def test_the_engine_does_not_start_on_a_refused_model() -> None:
     """Invariant: `serve --kv-bits 8` on a hybrid model fails at start with the reason."""
     with pytest.raises(RuntimeError, match="hybrid model"):
         EngineHarness("qwen3_5", cache=CacheConfig(kv_bits=8), warmup=False)
+
+
+def test_a_kernel_that_computes_something_else_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Invariant: quantized attention that runs but disagrees with attention over the same KV
+    dequantized (seen on an H200: MLX 0.32.4's CUDA kernels with grouped queries) refuses the
+    model; right kernels differ by rounding only (float32 here: not at all)."""
+    from gateway.engine.model import kv_check
+
+    model = load_model(str(wide_heads("qwen2_vl")))
+    enable_kv_quant(model, KVQuant(8, 32))
+    layers = model.new_cache()
+    for ids in ([list(range(1, 17))], [[17]]):
+        model.text_core(mx.array(ids), cache=layers)
+    assert kv_check.attention_error(layers[0]) == 0.0
+    right = kv_check.quantized_scaled_dot_product_attention
+
+    def heads_swapped(queries, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        return right(queries, *args, **kwargs)[:, ::-1]
+
+    monkeypatch.setattr(kv_check, "quantized_scaled_dot_product_attention", heads_swapped)
+    model.kv_quant = None
+    with pytest.raises(KVQuantUnsupported, match="differs from attention over the same KV"):
+        enable_kv_quant(model, KVQuant(8, 32))
+    assert model.kv_quant is None

@@ -5,7 +5,8 @@ a block quantized in any company is the same bits); rows and their rope deltas r
 merge / extend / filter / extract bit for bit, and a decode step appends to each row what it
 appends alone; a row attends in a left-padded batch exactly as alone (CPU); mlx-lm's
 right-padded batch prefill (prepare / finalize) lands each row where a merge puts it; a
-stored row is never written by the cache that was built from it.
+stored row is never written by the cache that was built from it; contiguous copies (what CUDA
+needs) give the attention the same bits.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 from mlx_lm.models.base import quantized_scaled_dot_product_attention
 
+from gateway.engine.model import quant_kv
 from gateway.engine.model.kv import row_offsets
 from gateway.engine.model.quant_kv import KVQuant, RowBatchQuantKVCache, RowQuantKVCache
 
@@ -137,3 +139,21 @@ def test_a_cache_built_from_stored_arrays_never_writes_them(quant: KVQuant) -> N
     cache.update_and_fetch(_float(4, 9), _float(4, 10))
     assert cache.offset == 12 and _same(_held(stored.keys), before)
     assert stored.used_nbytes() == sum(p.nbytes for p in (*stored.keys, *stored.values))
+
+
+def test_contiguous_reads_give_the_same_attention(
+    quant: KVQuant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Invariant: where the quantized matmuls need whole contiguous operands (CUDA), the
+    copies the caches hand out give the attention the bits the slices give."""
+    lengths = (4, 33)
+    queries = mx.array(np.random.default_rng(5).standard_normal((2, 2 * HEADS, 1, DIM)), mx.float32)
+    step = (_float(1, 3, batch=2), _float(1, 4, batch=2), queries)
+    outputs = []
+    for contiguous in (False, True):
+        monkeypatch.setattr(quant_kv, "CONTIGUOUS_READS", contiguous)
+        rows = [_row(quant, n, 0, n) for n in lengths]
+        outputs.append(np.array(_attend(RowQuantKVCache.merge(rows), step)))
+        keys, _ = rows[0].keys_and_values()
+        assert all(p.shape[2] == lengths[0] for p in keys)
+    assert np.array_equal(outputs[0], outputs[1])
