@@ -216,9 +216,10 @@ def test_langchain_chat_stream_image_tools_and_structured_output(server: LocalSe
 # ----- LiteLLM ------------------------------------------------------------------------------
 
 
-def test_litellm_chat_stream_and_tools(server: LocalServer) -> None:
+def test_litellm_chat_stream_tools_and_structured_output(server: LocalServer) -> None:
     """Invariant: LiteLLM's OpenAI-compatible provider gets text, a stream whose deltas add
-    up, and the model's tool call."""
+    up, the model's tool call, and structured output (a pydantic `response_format`) that
+    validates as the model."""
     import litellm
 
     common = {"model": "openai/test", "api_base": server.base_url + "/v1", "api_key": "x"}
@@ -238,6 +239,11 @@ def test_litellm_chat_stream_and_tools(server: LocalServer) -> None:
     assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
         ("get_weather", {"city": "Paris"})
     ]
+    typed = litellm.completion(
+        messages=[{"role": "user", "content": "Weather in Paris."}], response_format=Weather,
+        max_tokens=64, temperature=0, **common,
+    )  # fmt: skip
+    Weather.model_validate_json(typed.choices[0].message.content)
 
 
 # ----- instructor ---------------------------------------------------------------------------
