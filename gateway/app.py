@@ -1,9 +1,10 @@
-"""The Starlette application factory: one engine, one media loader, one chat pipeline (the
-front end, gateway.frontend), its HTTP intake, and the routes mounted over them.
+"""The Starlette application factory: the served models (a `ModelPool`: one engine each,
+loaded on demand), one media loader, one chat pipeline (the front end, gateway.frontend), its
+HTTP intake, and the routes mounted over them.
 
-`create_app` builds a `Gateway` (the engine's lifecycle and the server's own endpoints: models,
+`create_app` builds a `Gateway` (the models' lifecycle and the server's own endpoints: models,
 health, metrics, caches) and mounts the three APIs' chat routes from `gateway.api`. The
-lifespan starts the engine (loading the model on its own thread) and stops it after uvicorn
+lifespan loads the default model (and the pinned ones) and unloads every model after uvicorn
 has drained requests. Routes that are not chat (a playground, dashboards) are added here.
 """
 
@@ -39,13 +40,18 @@ from gateway.engine.client import EngineClient, EngineUnavailable
 from gateway.engine.remote.client import RemoteEngine
 from gateway.errors import APIError
 from gateway.frontend.context import context_window
-from gateway.frontend.errors import engine_unavailable
+from gateway.frontend.errors import engine_unavailable, model_not_found
 from gateway.frontend.pipeline import ChatPipeline
 from gateway.frontend.prompt import PromptBuilder
 from gateway.frontend.streams import LoopDelivery
 from gateway.heap import freeze_startup_objects
 from gateway.media import MediaLoader
 from gateway.metrics import EdgeMetrics, Metrics
+from gateway.metrics_merge import merge_metrics
+from gateway.pool.build import capabilities, model_slots
+from gateway.pool.pool import ModelPool
+from gateway.pool.slot import EngineFactory, ModelSlot, SlotState
+from gateway.pool_config import PoolConfig
 from gateway.warmup import Warmup
 from gateway.web import web_routes
 
@@ -57,7 +63,7 @@ T = TypeVar("T")
 
 
 class Gateway:
-    """The engine's lifecycle and the non-chat endpoints. Lives on the event loop thread."""
+    """The models' lifecycle and the non-chat endpoints. Lives on the event loop thread."""
 
     def __init__(
         self,
@@ -67,29 +73,89 @@ class Gateway:
         loader: Callable[[], ModelFamily] | None = None,
         notice: str | None = None,
         engine: EngineClient | None = None,
+        pool: PoolConfig | None = None,
     ) -> None:
         self.server = server
         self.engine_config = engine_config
         self.metrics = EdgeMetrics()
-        self.engine: EngineClient
-        if engine is not None:  # another engine client (gateway.cluster.RoutedEngine)
-            self.engine = engine
-        elif loader is None and server.engine_process:
-            self.engine = RemoteEngine(engine_config, server.log_level)
-        else:  # one process (tests inject model loaders; debugging): MLX in this process
-            from gateway.engine.core import Engine
-
-            self.engine = Engine(engine_config, Metrics(), loader)
-        self.media = MediaLoader(media)
-        self.pipeline = ChatPipeline(
-            engine_config.served_model_name, self.engine, self.media, self.metrics
+        pool = pool or PoolConfig()
+        make_engine = self._engine_factory(server, loader, engine)
+        self.pool = ModelPool(
+            pool, model_slots(pool, engine_config, make_engine), self._prepare, self.metrics.pool
         )
+        self.media = MediaLoader(media)
+        self.pipeline = ChatPipeline(self.pool, self.media, self.metrics)
         self.keys = Keyring(server)
         self.intake = Intake(server, self.pipeline, self.metrics, self.keys)
         self.notice = notice
         self.created = int(time.time())
         self._loop: asyncio.AbstractEventLoop | None = None
         self._shutdown_begun = False
+
+    @staticmethod
+    def _engine_factory(
+        server: ServerConfig,
+        loader: Callable[[], ModelFamily] | None,
+        engine: EngineClient | None,
+    ) -> EngineFactory:
+        """How each model's engine client is made: `engine` as given (the cluster's
+        `RoutedEngine`), an engine process (the default), or the engine in this process
+        (tests inject model loaders; debugging: MLX in this process)."""
+        if engine is not None:
+            return lambda _config: engine
+        if loader is None and server.engine_process:
+            return lambda config: RemoteEngine(config, server.log_level)
+
+        def in_process(config: EngineConfig) -> EngineClient:
+            from gateway.engine.core import Engine
+
+            return Engine(config, Metrics(), loader)
+
+        return in_process
+
+    def _prepare(self, slot: ModelSlot) -> None:
+        """A model's engine has started (worker thread): its prompt builder, its context
+        and card, and the engine warm-up (--no-warmup skips it)."""
+        engine, config = slot.engine, slot.config
+        assert engine is not None and engine.model is not None
+        model = engine.model
+        window = context_window(model, config, engine.on_gpu).tokens
+        prompts = PromptBuilder(model, window, config.default_max_tokens, config.tool_call_parser)
+        if config.warmup:  # (a text model takes no images: its warm-up is text only)
+            sizes = config.warmup_image_sizes if "image" in model.media else ()
+            log.info(
+                "warming up %r (text, image sizes %s); --no-warmup skips this", slot.name, sizes
+            )
+            seconds = Warmup(engine, prompts).run(sizes)
+            log.info("warm-up of %r done in %.1f s", slot.name, seconds)
+        slot.card = {**model.describe(), **capabilities(model, prompts)}
+        slot.context_length = window
+        slot.prompts = prompts
+
+    @property
+    def engine(self) -> EngineClient:
+        """The default model's engine (503 while it is not loaded)."""
+        engine = self.pool.default.engine
+        if engine is None:
+            raise engine_unavailable()
+        return engine
+
+    def engine_for(self, request: Request) -> EngineClient:
+        """The engine of the model `?model=` names (default: the default model): 404 for a
+        name not served, 409 for a model not loaded (its caches went with it)."""
+        name = request.query_params.get("model")
+        slot = self.pool.default if name is None else self.pool.find(name)
+        if slot is None:
+            raise model_not_found(str(name), self.pool.served_names)
+        if slot.engine is None or slot.state is not SlotState.LOADED:
+            raise APIError(
+                409,
+                f"the model `{slot.name}` is not loaded (it is {slot.shown_state}); its caches "
+                f"are in memory only while it is: POST /v1/models/{slot.name}/load",
+                param="model",
+                code="model_not_loaded",
+            )
+        return slot.engine
 
     # ----- lifecycle --------------------------------------------------------------------------
 
@@ -101,33 +167,18 @@ class Gateway:
         sys.setswitchinterval(0.0005)
         self._loop = asyncio.get_running_loop()
         delivery = LoopDelivery(self._loop)
-        await asyncio.to_thread(self.engine.start)
         try:
-            assert self.engine.model is not None
-            prompts = PromptBuilder(
-                self.engine.model,
-                context_window(self.engine.model, self.engine_config, self.engine.on_gpu).tokens,
-                self.engine_config.default_max_tokens,
-                self.engine_config.tool_call_parser,
-            )
-            if self.engine_config.warmup:
-                # (a text model takes no images: its warm-up is text only)
-                takes_images = "image" in self.engine.model.media
-                sizes = self.engine_config.warmup_image_sizes if takes_images else ()
-                log.info("warming up (text, image sizes %s); --no-warmup skips this", sizes)
-                seconds = await asyncio.to_thread(Warmup(self.engine, prompts).run, sizes)
-                log.info("warm-up done in %.1f s", seconds)
-            self.pipeline.open(prompts, delivery)  # from here on /health says ready
+            await self.pool.start()
+            self.pipeline.open(delivery)  # from here on /health says ready
             if self.engine_config.warmup:
                 await self._warm_http(app)
             freeze_startup_objects("HTTP process, ready")
-            log.info(
-                "serving %s as %r", self.engine_config.model, self.engine_config.served_model_name
-            )
+            names = ", ".join(f"{s.name!r} ({s.config.model})" for s in self.pool.slots)
+            log.info("serving %s", names)
             yield
-        finally:  # also when start-up fails after the engine started: never leave it running
+        finally:  # also when start-up fails after an engine started: never leave one running
             self.pipeline.close()
-            await asyncio.to_thread(self.engine.stop)
+            await self.pool.stop()
             await self.media.aclose()
 
     async def _warm_http(self, app: Starlette) -> None:
@@ -137,7 +188,7 @@ class Gateway:
         key = self.keys.warmup_key
         headers = {"authorization": f"Bearer {key}"} if key else {}
         body = {
-            "model": self.engine_config.served_model_name,
+            "model": self.pool.default.name,
             "messages": [{"role": "user", "content": "warm-up"}],
             "max_tokens": 2,
             "temperature": 0,
@@ -200,53 +251,94 @@ class Gateway:
     # ----- routes -----------------------------------------------------------------------------
 
     async def models(self, request: Request) -> Response:
-        """The one served model. `root` is its id too: the model's path or hub name
-        (`--model`) stays on the server (a local path would tell clients its file system)."""
+        """Every served model with its state (loaded, loading, unloading, unloaded), its
+        capabilities and context once known. `root` is its id too: the model's path or hub
+        name stays on the server (a local path would tell clients its file system)."""
         self.keys.authorize(request, "read")
-        name = self.engine_config.served_model_name
+        cards = [self._card(slot) for slot in self.pool.slots]
+        return JSONResponse({"object": "list", "data": cards})
+
+    def _card(self, slot: ModelSlot) -> dict[str, Any]:
         card: dict[str, Any] = {
-            "id": name,
+            "id": slot.name,
             "object": "model",
             "created": self.created,
             "owned_by": "vision-gateway",
-            "root": name,
+            "root": slot.name,
+            "state": slot.shown_state,
+            "pinned": slot.spec.pinned,
         }
-        model = self.engine.model
-        if model is not None:  # the family, its media and what it caches
-            card.update(model.describe())
-        prompts = self.pipeline.prompts
-        if prompts is not None:  # the context, prompt + answer (vLLM's and OpenRouter's names)
-            card.update(max_model_len=prompts.max_context, context_length=prompts.max_context)
+        if slot.spec.aliases:
+            card["aliases"] = list(slot.spec.aliases)
+        card.update(slot.card)  # the family, its media, caches and capabilities (once loaded)
+        if slot.context_length is not None:  # prompt + answer (vLLM's and OpenRouter's names)
+            card.update(max_model_len=slot.context_length, context_length=slot.context_length)
+        if slot.last_error is not None and slot.state is SlotState.UNLOADED:
+            card["error"] = slot.last_error
         if self.notice:
             card["notice"] = self.notice
-        return JSONResponse({"object": "list", "data": [card]})
+        return card
+
+    async def load_model(self, request: Request) -> Response:
+        """Admin: load the model now (evicting as a request would); 503 when it fails."""
+        self.keys.authorize(request, "admin")
+        slot = self._slot(request)
+        held = await self.pool.acquire(slot)
+        self.pool.release_now(held)
+        return JSONResponse(self._card(slot))
+
+    async def unload_model(self, request: Request) -> Response:
+        """Admin: unload the model once its running requests are done."""
+        self.keys.authorize(request, "admin")
+        slot = self._slot(request)
+        unloaded = await self.pool.unload(slot)
+        return JSONResponse({**self._card(slot), "unloaded": unloaded})
+
+    def _slot(self, request: Request) -> ModelSlot:
+        name = request.path_params["model"]
+        slot = self.pool.find(name)
+        if slot is None:
+            raise model_not_found(name, self.pool.served_names)
+        return slot
 
     async def health(self, _: Request) -> Response:
-        ready = self.pipeline.ready and self.engine.alive
-        body = {
+        loaded = self.pool.loaded()
+        engines = [s.engine for s in loaded if s.engine is not None]
+        ready = self.pipeline.ready and all(e.alive for e in engines)
+        body: dict[str, Any] = {
             "status": "ok" if ready else "unavailable",
-            "model": self.engine_config.served_model_name,
-            "running": self.engine.running,
-            "waiting": self.engine.waiting,
+            "model": self.pool.default.name,
+            "running": sum(e.running for e in engines),
+            "waiting": sum(e.waiting for e in engines),
         }
+        if len(self.pool.slots) > 1:
+            body["models"] = {s.name: s.shown_state for s in self.pool.slots}
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:
+        """The edge's metrics, then the loaded models' engines': each series summed over
+        the models, and again per model with a `model` label."""
         self.keys.authorize(request, "admin")
-        text = self.metrics.render() + await self._engine_call(self.engine.metrics_text)
+        parts = []
+        for slot in self.pool.loaded():
+            if slot.engine is not None:
+                parts.append((slot.name, await self._engine_call(slot.engine.metrics_text)))
+        text = self.metrics.render() + merge_metrics(parts, label="model")
         return Response(text, media_type="text/plain; version=0.0.4")
 
     async def cache_stats(self, request: Request) -> Response:
-        """Every key sees the caches' totals; the `tenants` section holds every tenant's
-        numbers for the admin, only the caller's own otherwise."""
+        """The caches of the model `?model=` names (default: the default model). Every key
+        sees the caches' totals; the `tenants` section holds every tenant's numbers for the
+        admin, only the caller's own otherwise."""
         caller = self.keys.authorize(request, "read")
-        stats = await self._engine_call(self.engine.cache_stats)
+        stats = await self._engine_call(self.engine_for(request).cache_stats)
         return JSONResponse(own_tenant(stats, caller))
 
     async def cache_clear(self, request: Request) -> Response:
         self.keys.authorize(request, "admin")
-        await self._engine_call(self.engine.clear_caches)
-        return JSONResponse({"cleared": True, **await self._engine_call(self.engine.cache_stats)})
+        engine = self.engine_for(request)
+        await self._engine_call(engine.clear_caches)
+        return JSONResponse({"cleared": True, **await self._engine_call(engine.cache_stats)})
 
     def reload_keys(self) -> None:
         """SIGHUP: reread --api-keys-file (thread-safe: applied on the event loop)."""
@@ -292,16 +384,19 @@ def create_app(
     loader: Callable[[], ModelFamily] | None = None,
     notice: str | None = None,
     engine_client: EngineClient | None = None,
+    pool: PoolConfig | None = None,
 ) -> Starlette:
-    """The app over one engine: an `Engine` (with `loader`, or `--in-process-engine`), a
-    `RemoteEngine` (the default), or `engine_client`, any other `EngineClient` (the cluster's
-    `RoutedEngine`)."""
-    gateway = Gateway(server, engine, media, loader, notice, engine_client)
+    """The app over the models `pool` names (default: `engine.model` alone), each on an
+    `Engine` (with `loader`, or `--in-process-engine`), a `RemoteEngine` (the default), or
+    `engine_client`, any other `EngineClient` (the cluster's `RoutedEngine`)."""
+    gateway = Gateway(server, engine, media, loader, notice, engine_client, pool)
     routes = [
         *openai_api.routes(gateway.intake),
         *anthropic_api.routes(gateway.intake),
         *responses_api.routes(gateway.intake, server, engine.cache),  # /v1/responses, state
         Route("/v1/models", gateway.models, methods=["GET"]),
+        Route("/v1/models/{model:path}/load", gateway.load_model, methods=["POST"]),
+        Route("/v1/models/{model:path}/unload", gateway.unload_model, methods=["POST"]),
         Route("/health", gateway.health, methods=["GET"]),
         Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
         Route("/v1/cache/stats", gateway.cache_stats, methods=["GET"]),

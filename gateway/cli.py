@@ -17,7 +17,13 @@ from typing import NoReturn
 
 from gateway.cluster.cli import add_cluster_parser, cluster
 from gateway.config import ConfigError
-from gateway.flags import BriefParser, DefaultsFormatter, add_serve_flags, configs_from_args
+from gateway.flags import (
+    BriefParser,
+    DefaultsFormatter,
+    add_serve_flags,
+    configs_from_args,
+    pool_from_args,
+)
 from gateway.server import serve
 
 APIS = "OpenAI Chat Completions, Responses and Anthropic Messages"
@@ -169,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             _make_model(args)
             return
         if args.command == "serve":
-            serve(*configs_from_args(args))  # (sets umask 077 itself)
+            serve(*configs_from_args(args), pool_from_args(args))  # (sets umask 077 itself)
         else:
             os.umask(0o077)  # what the replicas write is their users' (docs/security.md)
             cluster(args)

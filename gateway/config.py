@@ -162,9 +162,9 @@ class CacheConfig:
 class EngineConfig:
     """The model and how the one MLX thread schedules work."""
 
-    model: str = flag(  # local directory or hub id
-        "--model", "local model dir or hub id (default: the embedded tiny offline model)"
-    )
+    # A local directory or hub id; its flag, `--model`, is `PoolConfig.model_args` (several
+    # models: gateway.pool_config).
+    model: str
     served_model_name: str = flag(
         "--served-model-name", "model name clients send (default: derived from --model)"
     )

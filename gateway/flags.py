@@ -27,12 +27,14 @@ from gateway.config import (
     ResponsesConfig,
     ServerConfig,
 )
+from gateway.pool_config import PoolConfig, specs_from
 from gateway.server import default_disk_cache_dir
 
 # The served model name of the embedded tiny model (no --model).
 EMBEDDED_MODEL_NAME = "vision-gateway-tiny"
 # Help sections of `serve --help`, in order: (config class, title).
 SECTIONS: tuple[tuple[type, str], ...] = (
+    (PoolConfig, "models"),
     (EngineConfig, "model and engine"),
     (CacheConfig, "caches"),
     (ServerConfig, "HTTP server"),
@@ -208,9 +210,30 @@ def configs_from_args(ns: argparse.Namespace) -> tuple[ServerConfig, EngineConfi
     # dataclass default, None, is what tests and library callers get: off).
     if cache.cache_dir is None and not ns.no_disk_cache:
         cache = dataclasses.replace(cache, cache_dir=default_disk_cache_dir())
-    model = ns.model or ""
+    pool = pool_from_args(ns)
     if ns.served_model_name is not None and not ns.served_model_name.strip():
         raise ConfigError("--served-model-name is empty: an unset variable?")
-    name = ns.served_model_name or (Path(model).name if model else EMBEDDED_MODEL_NAME)
+    if pool.several:  # each model is named by its NAME= or [models.NAME]
+        if ns.served_model_name is not None:
+            raise ConfigError(
+                "--served-model-name names a single model: with several, give each its name "
+                "as --model NAME=PATH or [models.NAME]"
+            )
+        first = pool.specs[0]
+        model, name = first.path, first.name
+    else:
+        model = pool.model_args[0] if pool.model_args else ""
+        name = ns.served_model_name or (Path(model).name if model else EMBEDDED_MODEL_NAME)
     engine = build_config(EngineConfig, ns, model=model, served_model_name=name, cache=cache)
     return server, engine, build_config(MediaConfig, ns)
+
+
+def pool_from_args(ns: argparse.Namespace) -> PoolConfig:
+    """The served models (`--model`, repeatable, and `--models FILE`) and the pool's limits.
+    Without several models (one bare `--model PATH`, or none) `specs` is empty: the
+    single-model server. Raises ConfigError naming the flag or the file's entry."""
+    pool = build_config(PoolConfig, ns)
+    specs = specs_from(pool.model_args, pool.models_file)
+    if not pool.several and len(specs) <= 1:
+        return pool
+    return dataclasses.replace(pool, specs=specs)

@@ -149,9 +149,51 @@ class EdgeMetrics:
             "Requests refused with 429 because bodies being read filled --max-inflight-body-mb",
             registry=r,
         )
+        self.pool = PoolMetrics(r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class PoolMetrics:
+    """The model pool's (gateway.pool), on the edge's registry: loads, their seconds and
+    failures, unloads by reason, and which models are loaded, each labelled by `model`."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p, r = "vision_gateway_model_", registry
+        self._loads = Counter(p + "loads", "Models loaded", ["model"], registry=r)
+        self._failures = Counter(
+            p + "load_failures", "Model loads that failed or timed out", ["model"], registry=r
+        )
+        self._unloads = Counter(
+            p + "unloads",
+            "Models unloaded, by reason (evicted: room for another; idle: keep-alive over; "
+            "admin: the unload endpoint)",
+            ["model", "reason"],
+            registry=r,
+        )
+        self._seconds = Histogram(
+            p + "load_seconds",
+            "Seconds from starting a model's engine to serving it",
+            ["model"],
+            buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=r,
+        )
+        self._loaded = Gauge(p + "loaded", "1 while the model is loaded", ["model"], registry=r)
+
+    def loaded(self, model: str, seconds: float) -> None:
+        self._loads.labels(model).inc()
+        self._seconds.labels(model).observe(seconds)
+        self.set_loaded(model, True)
+
+    def load_failed(self, model: str) -> None:
+        self._failures.labels(model).inc()
+
+    def unloaded(self, model: str, reason: str) -> None:
+        self._unloads.labels(model, reason).inc()
+
+    def set_loaded(self, model: str, loaded: bool) -> None:
+        self._loaded.labels(model).set(1 if loaded else 0)
 
 
 class CacheCollector:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import ConfigError, EngineConfig, MediaConfig, ServerConfig
+from gateway.pool_config import PoolConfig
 
 log = logging.getLogger(__name__)
 
@@ -49,17 +50,24 @@ def default_disk_cache_dir() -> Path:
     return cache_root() / "disk-cache"
 
 
-def serve(server: ServerConfig, engine: EngineConfig, media: MediaConfig) -> None:
+def serve(
+    server: ServerConfig, engine: EngineConfig, media: MediaConfig, pool: PoolConfig | None = None
+) -> None:
     """Run the gateway until SIGINT or SIGTERM, then drain and return. Raises ConfigError
-    (before loading anything) when the address is taken or `engine.model` is a missing
-    directory."""
+    (before loading anything) when the address is taken or a model (`engine.model`, or each
+    of `pool`'s) is a missing directory or not a checkpoint this gateway serves."""
     from gateway.app import create_app
 
     os.umask(0o077)  # whatever the caller's umask: nothing we write is for other users
     check_cache_dir(engine)
     with bind_socket(server) as sock:
         engine, notice = resolve_model(engine)
-        run_app(create_app(server, engine, media, notice=notice), server, sock)
+        for spec in (pool.specs if pool else ())[1:]:  # (the first is `engine.model`)
+            try:
+                resolve_model(dataclasses.replace(engine, model=spec.path))
+            except ConfigError as exc:
+                raise ConfigError(f"model {spec.name!r}: {exc}") from None
+        run_app(create_app(server, engine, media, notice=notice, pool=pool), server, sock)
 
 
 def check_cache_dir(engine: EngineConfig) -> None:

@@ -49,19 +49,20 @@ class _Gateway(Protocol):
     """What the web routes use of `gateway.app.Gateway`."""
 
     server: ServerConfig
-    engine: EngineClient
     engine_config: EngineConfig
     keys: Keyring
+
+    def engine_for(self, request: Request) -> EngineClient: ...
 
     async def _engine_call(self, method: Any) -> Any: ...
 
 
 class Web:
-    """Page and dashboard handlers over one gateway; one `LiveStats` history per app."""
+    """Page and dashboard handlers over one gateway; one `LiveStats` history per model."""
 
     def __init__(self, gateway: _Gateway) -> None:
         self.gateway = gateway
-        self.live = LiveStats()
+        self.live: dict[str, LiveStats] = {}  # per served model
         self._sampling: asyncio.Lock | None = None  # created on the loop that uses it
 
     async def playground(self, _: Request) -> Response:
@@ -89,31 +90,36 @@ class Web:
         except ValueError as exc:
             param = "kind" if raw.isdigit() and 1 <= limit <= MAX_LIMIT else "limit"
             raise invalid(str(exc), param) from None
-        report = await g._engine_call(lambda: g.engine.cache_entries(limit, kind, tenant))
+        engine = g.engine_for(request)  # `?model=`: that model's caches (default: the first)
+        report = await g._engine_call(lambda: engine.cache_entries(limit, kind, tenant))
         return JSONResponse(report)
 
     async def dashboard_data(self, request: Request) -> Response:
-        """The dashboard's numbers: samples the engine at most once per ~second, then reports
-        over the history (see `gateway.dashboard.LiveStats`). The admin's: they are every
-        tenant's traffic together."""
+        """The dashboard's numbers for the model `?model=` names (default: the first):
+        samples its engine at most once per ~second, then reports over that model's history
+        (see `gateway.dashboard.LiveStats`). The admin's: they are every tenant's traffic
+        together."""
         g = self.gateway
         g.keys.authorize(request, "admin")
+        engine = g.engine_for(request)
+        name = engine.config.served_model_name
+        live = self.live.setdefault(name, LiveStats())
         if self._sampling is None:
             self._sampling = asyncio.Lock()
         async with self._sampling:  # concurrent viewers share one sample
-            if self.live.due():
-                self.live.add(await g._engine_call(self._sample))
-        body = self.live.report()
-        body["model"] = g.engine_config.served_model_name
+            if live.due():
+                live.add(await g._engine_call(lambda: self._sample(engine, live)))
+        body = live.report()
+        body["model"] = name
         return JSONResponse(body)
 
-    def _sample(self) -> Sample:
+    @staticmethod
+    def _sample(engine: EngineClient, live: LiveStats) -> Sample:
         """Read the engine's counters (a pipe round trip per call when it has its own process;
         runs off the event loop)."""
-        engine = self.gateway.engine
         caches = engine.cache_stats()
         generated, ttft = parse_engine_metrics(engine.metrics_text())
-        return Sample(self.live.clock(), caches, engine.running, engine.waiting, generated, ttft)
+        return Sample(live.clock(), caches, engine.running, engine.waiting, generated, ttft)
 
 
 def web_routes(gateway: _Gateway) -> list[BaseRoute]:

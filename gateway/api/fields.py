@@ -7,6 +7,7 @@ what to send instead. Pure functions.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from gateway.errors import invalid
@@ -78,6 +79,33 @@ def cache_salt(body: dict[str, Any]) -> str:
             "cache_salt",
         )
     return text(value, "cache_salt")
+
+
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)?")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def keep_alive(body: dict[str, Any]) -> float | None:
+    """Ollama's `keep_alive`: how long the model stays loaded once this request is done, in
+    seconds (a number, or a duration such as "30s", "5m", "1h"); any negative value: until
+    evicted (-1); 0: unload once idle. None when absent (the model's own keep-alive)."""
+    value = body.get("keep_alive")
+    if value is None:
+        return None
+    seconds: float | None = None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.fullmatch(value.strip())
+        if match:
+            seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    if seconds is None or seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise invalid(
+            '`keep_alive` must be seconds (a number, or a duration such as "5m"); '
+            "-1: keep the model loaded, 0: unload it once this request is done",
+            "keep_alive",
+        )
+    return -1.0 if seconds < 0 else seconds
 
 
 def stop_strings(raw: Any, name: str, limit: int, allow_single: bool) -> tuple[str, ...]:

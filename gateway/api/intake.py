@@ -50,6 +50,9 @@ class Intake:
         self.pipeline.accept()
         body = await read_json(request, self._server.max_body_bytes, self._bodies)
         t_read = time.perf_counter()
+        # The named model's prompt side reads the request (Anthropic: its late system
+        # turns), so a model not loaded yet is loaded first.
+        await self.pipeline.preload(body.get("model") if isinstance(body, dict) else None)
         chat = parse(body)
         return replace(chat, cache_scope=self.keys.scope(caller, chat.cache_salt)), t_read
 

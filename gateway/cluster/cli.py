@@ -15,6 +15,7 @@ from gateway.flags import (
     add_serve_flags,
     build_config,
     configs_from_args,
+    pool_from_args,
 )
 from gateway.server import bind_socket, resolve_model
 
@@ -60,6 +61,11 @@ def cluster(args: argparse.Namespace) -> None:
         sys.exit(f"vision-gateway: `cluster` needs Ray Serve: {INSTALL_HINT}")
     settings = cluster_config(args)
     server, engine, media = configs_from_args(args)
+    if pool_from_args(args).several:
+        raise ConfigError(
+            "`cluster` serves one model (a bare --model PATH); run one cluster per model, "
+            "or `serve` for several models on one machine"
+        )
     with bind_socket(server) as sock:  # before Ray and the model: a busy port fails at once
         engine, notice = resolve_model(engine)
         from gateway.cluster.launch import run_cluster

@@ -19,8 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.utils import floatToGoString
+from gateway.metrics_merge import merge_metrics as merge_metrics
 
 # Derived values: recomputed from the summed counters, never summed themselves.
 _RATIOS = {
@@ -31,8 +30,6 @@ _RATIOS = {
 }
 _SAME_EVERYWHERE = {"block_tokens", "kv_bits", "kv_group_size"}  # settings, alike everywhere
 _PER_FOLDER = ("capacity_bytes", "bytes", "entries")  # the disk tier's folder-wide values
-# Gauges that are settings or ratios: the total is the largest replica's, not a sum.
-_NON_ADDITIVE_GAUGES = ("_ratio", "_block_tokens", "_bytes_per_token", "_kv_cache_bits")
 
 
 def merge_cache_stats(per_replica: Sequence[dict[str, Any] | None]) -> dict[str, Any]:
@@ -83,57 +80,6 @@ def _add_counters(into: dict[str, Any], counters: dict[str, Any]) -> None:
             into[key] = max(into.get(key, value), value)
         elif isinstance(value, (int, float)):
             into[key] = into.get(key, 0) + value
-
-
-def merge_metrics(per_replica: Sequence[tuple[int, bytes | str]]) -> bytes:
-    """One Prometheus text exposition from the replicas' `(slot, metrics_text)`: each family
-    once, its samples summed over replicas, then per replica with a `replica` label."""
-    families: dict[str, dict[str, Any]] = {}
-    for slot, text in per_replica:
-        if isinstance(text, bytes):
-            text = text.decode("utf-8")
-        for family in text_string_to_metric_families(text):
-            entry = families.setdefault(
-                family.name,
-                {"type": family.type, "doc": family.documentation, "total": {}, "each": []},
-            )
-            for sample in family.samples:
-                labels = tuple(sorted(sample.labels.items()))
-                entry["each"].append((sample.name, (*labels, ("replica", str(slot))), sample.value))
-                if sample.name.endswith("_created"):
-                    continue  # a timestamp per process: no total
-                key = (sample.name, labels)
-                before = entry["total"].get(key)
-                if before is None:
-                    entry["total"][key] = sample.value
-                elif family.type == "gauge" and family.name.endswith(_NON_ADDITIVE_GAUGES):
-                    entry["total"][key] = max(before, sample.value)
-                else:
-                    entry["total"][key] = before + sample.value
-    lines: list[str] = []
-    for name, entry in families.items():
-        # prometheus_client writes (and its parser expects) a counter's header with _total.
-        header = f"{name}_total" if entry["type"] == "counter" else name
-        lines.append(f"# HELP {header} {_escape_doc(entry['doc'])}")
-        lines.append(f"# TYPE {header} {entry['type']}")
-        lines.extend(_line(s, labels, v) for (s, labels), v in entry["total"].items())
-        lines.extend(_line(s, labels, v) for s, labels, v in entry["each"])
-    return ("\n".join(lines) + "\n").encode() if lines else b""
-
-
-def _line(name: str, labels: Sequence[tuple[str, str]], value: float) -> str:
-    if not labels:
-        return f"{name} {floatToGoString(value)}"
-    inner = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels)
-    return f"{name}{{{inner}}} {floatToGoString(value)}"
-
-
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _escape_doc(doc: str) -> str:
-    return doc.replace("\\", "\\\\").replace("\n", "\\n")
 
 
 def merge_entries(per_replica: Sequence[tuple[int, dict[str, Any]]], limit: int) -> dict[str, Any]:

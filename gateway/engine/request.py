@@ -170,7 +170,7 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-class FinishReason(str, enum.Enum):
+class FinishReason(str, enum.Enum):  # noqa: UP042 - StrEnum would change its str()
     """Why a request ended normally. A str: compares equal to its value ("stop" == STOP) and
     JSON-encodes as it (json, orjson), as the APIs' `finish_reason` fields want."""
 

@@ -83,6 +83,9 @@ class ChatRequest:
     prefill: str = ""
     # vLLM's `cache_salt`, as the wire format sent it ("" none): scopes cache reuse further.
     cache_salt: str = ""
+    # Ollama's `keep_alive`: seconds the model stays loaded once this request is done (-1:
+    # until evicted, 0: unload once idle; None: the model's own; gateway.pool).
+    keep_alive_s: float | None = None
     # The request's cache scope tag (caches/scope.py), set by the intake from the caller's
     # tenant and `cache_salt`; the prompt builder puts it into every cache key.
     cache_scope: str = ""

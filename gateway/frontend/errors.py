@@ -60,11 +60,13 @@ def shutting_down(message: str = "the server is shutting down") -> APIError:
     return APIError(503, message, "server_error", code="unavailable")
 
 
-def model_not_found(name: str, served: str) -> APIError:
-    """404 for a request naming a model this server does not serve."""
+def model_not_found(name: str, served: list[str]) -> APIError:
+    """404 for a request naming a model this server does not serve; the message lists the
+    served names."""
+    names = ", ".join(f"`{n}`" for n in served)
     return APIError(
         404,
-        f"The model `{name}` does not exist on this server; it serves `{served}` (see /v1/models)",
+        f"The model `{name}` does not exist on this server; it serves {names} (see /v1/models)",
         "invalid_request_error",
         "model",
         "model_not_found",

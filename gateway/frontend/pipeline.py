@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import TypeVar
 
 from gateway.engine.client import EngineBusy, EngineClient, EngineUnavailable
-from gateway.engine.request import AdmittedEvent, ErrorEvent, ErrorKind, Event
+from gateway.engine.request import AdmittedEvent, ErrorEvent, ErrorKind, Event, Sink, ends_request
 from gateway.errors import invalid
 from gateway.frontend.admission import Admission, Timings
 from gateway.frontend.affinity import affinity_key
@@ -39,6 +39,8 @@ from gateway.frontend.prompt import Media, PromptBuilder
 from gateway.frontend.streams import EventStream, LoopDelivery
 from gateway.media import DecodedImage, MediaLoader
 from gateway.metrics import EdgeMetrics
+from gateway.pool.pool import ModelPool
+from gateway.pool.slot import ModelSlot
 
 # Images of a parsed request, in `ChatRequest.images` order. The default loads every image
 # part through the media loader; the Responses API passes its own, which takes the images of
@@ -54,33 +56,27 @@ _B = TypeVar("_B")
 
 
 class ChatPipeline:
-    """The shared request path over one engine. Lives on the event loop thread.
+    """The shared request path over the served models (`pool`). Lives on the event loop
+    thread.
 
-    `open` (from the lifespan, once the model is loaded) makes it ready; `close` makes every
-    later request a 503 (`accept`) while running ones finish.
+    `open` (from the lifespan, once the default model is loaded) makes it ready; `close`
+    makes every later request a 503 (`accept`) while running ones finish.
     """
 
-    def __init__(
-        self,
-        served_model_name: str,
-        engine: EngineClient,
-        media: MediaLoader,
-        metrics: EdgeMetrics,
-    ) -> None:
-        self.served_model_name = served_model_name
-        self.engine = engine
+    def __init__(self, pool: ModelPool, media: MediaLoader, metrics: EdgeMetrics) -> None:
+        self.pool = pool
         self.media = media
         self._metrics = metrics
-        self.prompts: PromptBuilder | None = None
         self._delivery: LoopDelivery | None = None
         self.draining = False
-        # Admitted requests whose events may still be read, for `interrupt_all` at shutdown.
+        # Admitted requests whose events may still be read, for `interrupt_all` at shutdown,
+        # and the engine each runs in (for `cancel`).
         self._live: weakref.WeakValueDictionary[str, EventStream[Event]] = (
             weakref.WeakValueDictionary()
         )
+        self._engines: dict[str, EngineClient] = {}
 
-    def open(self, prompts: PromptBuilder, delivery: LoopDelivery) -> None:
-        self.prompts = prompts
+    def open(self, delivery: LoopDelivery) -> None:
         self._delivery = delivery
 
     def close(self) -> None:
@@ -88,7 +84,17 @@ class ChatPipeline:
 
     @property
     def ready(self) -> bool:
-        return self.prompts is not None and not self.draining
+        return self._delivery is not None and not self.draining
+
+    @property
+    def prompts(self) -> PromptBuilder | None:
+        """The default model's prompt builder (None while it is not loaded)."""
+        return self.pool.default.prompts
+
+    def prompts_for(self, name: str) -> PromptBuilder | None:
+        """The prompt builder of the model served as `name`, if it is loaded."""
+        slot = self.pool.find(name)
+        return None if slot is None else slot.prompts
 
     def accept(self) -> None:
         """Raise the 503 of a server that is not ready or is shutting down. Call it when a
@@ -97,19 +103,28 @@ class ChatPipeline:
         if not self.ready:
             raise shutting_down()
 
+    async def preload(self, name: object) -> None:
+        """Load the model named `name` (a request body's `model`) unless it is loaded, so its
+        prompt side can read the request (an unknown name is left to `admit`'s 404)."""
+        slot = self.pool.find(name) if isinstance(name, str) else None
+        if slot is not None and slot.prompts is None:
+            self.pool.release_now(await self.pool.acquire(slot))
+
     def cancel(self, request_id: str) -> None:
-        self.engine.cancel(request_id)
+        engine = self._engines.get(request_id)
+        if engine is not None:
+            engine.cancel(request_id)
 
     def interrupt_all(self, message: str) -> int:
         """End every admitted request's event stream with a shutting-down error (each API
-        renders it: an SSE error event, or a 503) and cancel it in the engine; returns how
+        renders it: an SSE error event, or a 503) and cancel it in its engine; returns how
         many streams were still open. Event loop only."""
         live = list(self._live.items())
         self._live.clear()
         for request_id, stream in live:
             stream.interrupt(ErrorEvent(ErrorKind.SHUTTING_DOWN, message))
             with contextlib.suppress(EngineUnavailable):
-                self.engine.cancel(request_id)
+                self.cancel(request_id)
         return len(live)
 
     async def load_images(self, parts: Sequence[ImagePart]) -> list[DecodedImage]:
@@ -122,40 +137,51 @@ class ChatPipeline:
 
     async def _prepare(
         self, chat: ChatRequest, resolve: ImageResolver | None
-    ) -> tuple[PromptBuilder, LoopDelivery, list[Media]]:
-        """Check the model and the media count, load the media (in prompt order)."""
-        prompts, delivery = self.prompts, self._delivery
-        if prompts is None or delivery is None:
-            raise shutting_down()  # never opened: the model did not load
-        if chat.model != self.served_model_name:
-            raise model_not_found(chat.model, self.served_model_name)
-        rows = self.engine.config.max_batch if chat.n > 1 else 1
-        if chat.n > rows:  # its n rows decode together: more could never be admitted
-            raise invalid(
-                f"`n` ({chat.n}) exceeds this server's {rows} decode rows (--max-batch); "
-                f"ask for at most {rows} choices",
-                "n",
+    ) -> tuple[ModelSlot, LoopDelivery, list[Media]]:
+        """Find and hold the model (loading it if needed), check the media count, load the
+        media (in prompt order). The caller releases the model (`ModelSlot.release`), also
+        when this raises after the hold (it releases then itself)."""
+        delivery = self._delivery
+        if delivery is None:
+            raise shutting_down()  # never opened: the default model did not load
+        slot = self.pool.find(chat.model)
+        if slot is None:
+            raise model_not_found(chat.model, self.pool.served_names)
+        slot = await self.pool.acquire(slot)
+        try:
+            rows = slot.config.max_batch if chat.n > 1 else 1
+            if chat.n > rows:  # its n rows decode together: more could never be admitted
+                raise invalid(
+                    f"`n` ({chat.n}) exceeds this server's {rows} decode rows (--max-batch); "
+                    f"ask for at most {rows} choices",
+                    "n",
+                )
+            self.media.check_media_count(len(chat.images), len(chat.videos))
+            images, videos = await _both(
+                resolve(chat) if resolve else self.load_images(chat.images),
+                self.media.load_videos([(p.url, p.param) for p in chat.videos]),
             )
-        self.media.check_media_count(len(chat.images), len(chat.videos))
-        images, videos = await _both(
-            resolve(chat) if resolve else self.load_images(chat.images),
-            self.media.load_videos([(p.url, p.param) for p in chat.videos]),
-        )
+        except BaseException:
+            slot.release(chat.keep_alive_s)
+            raise
         # Back into prompt order: the placeholders of images and videos interleave.
         image_iter, video_iter = iter(images), iter(videos)
         media: list[Media] = [
             next(video_iter) if isinstance(p, VideoPart) else next(image_iter) for p in chat.media
         ]
-        return prompts, delivery, media
+        return slot, delivery, media
 
     async def count_tokens(self, chat: ChatRequest) -> int:
         """The prompt length (tokens, images included) `chat` would have; nothing runs on the
         engine. Same errors as `admit` up to the prompt."""
-        prompts, _, media = await self._prepare(chat, None)
+        slot, _, media = await self._prepare(chat, None)
         try:
-            return await asyncio.to_thread(prompts.count, chat, media)
+            assert slot.prompts is not None
+            return await asyncio.to_thread(slot.prompts.count, chat, media)
         except ValueError as exc:
             raise prompt_error(exc, chat) from None
+        finally:
+            slot.release(chat.keep_alive_s)
 
     async def admit(
         self,
@@ -173,25 +199,31 @@ class ChatPipeline:
         when the engine queue is full; 503 when the engine is gone) or ClientGone when
         `watch` says the client left. `resolve` supplies the images (default: `load_images`
         of every image part)."""
-        prompts, delivery, media = await self._prepare(chat, resolve)
+        slot, delivery, media = await self._prepare(chat, resolve)
+        engine, prompts = slot.engine, slot.prompts
+        assert engine is not None and prompts is not None  # held: loaded until released
         request_id = f"{id_prefix}{uuid.uuid4().hex}"
         t_media = time.perf_counter()
+        stream: EventStream[Event] = EventStream(delivery)
+        self._engines[request_id] = engine  # before submit: its end may come at once
         try:
             prepared = await asyncio.to_thread(prompts.build, chat, media, request_id, arrival)
-        except ValueError as exc:
-            raise prompt_error(exc, chat) from None
-        prepared = replace(prepared, affinity_key=affinity_key(chat, prepared))
-        t_prompt = time.perf_counter()
-        stream: EventStream[Event] = EventStream(delivery)
-        try:
-            self.engine.submit(prepared, stream.sink)
-        except EngineBusy as busy:
-            raise engine_busy(busy) from None
-        except EngineUnavailable:
-            raise engine_unavailable() from None
+            prepared = replace(prepared, affinity_key=affinity_key(chat, prepared))
+            t_prompt = time.perf_counter()
+            engine.submit(prepared, self._ending(request_id, slot, chat, stream.sink))
+        except BaseException as exc:  # nothing started: the model's hold ends here
+            self._engines.pop(request_id, None)
+            slot.release(chat.keep_alive_s)
+            if isinstance(exc, ValueError):
+                raise prompt_error(exc, chat) from None
+            if isinstance(exc, EngineBusy):
+                raise engine_busy(exc) from None
+            if isinstance(exc, EngineUnavailable):
+                raise engine_unavailable() from None
+            raise
         first = await (watch(stream.get()) if watch else stream.get())
         if first is None:
-            self.engine.cancel(request_id)
+            engine.cancel(request_id)
             raise ClientGone(request_id)
         if isinstance(first, ErrorEvent):
             raise engine_error(first)
@@ -203,6 +235,18 @@ class ChatPipeline:
         thinks = prepared.sampling.thinking is not None
         cap = prepared.sampling.max_tokens
         return Admission(request_id, chat, first, stream, timings, fmt, thinks, cap)
+
+    def _ending(self, request_id: str, slot: ModelSlot, chat: ChatRequest, sink: Sink) -> Sink:
+        """`sink`, which on the request's last event releases its model and forgets its
+        engine (runs on the engine client's thread)."""
+        engines = self._engines
+
+        def forward(event: Event) -> None:
+            if ends_request(event):
+                engines.pop(request_id, None)
+            sink(event)
+
+        return slot.releasing(forward, chat.keep_alive_s)
 
 
 async def _both(first: Awaitable[_A], second: Awaitable[_B]) -> tuple[_A, _B]:

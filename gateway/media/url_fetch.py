@@ -114,7 +114,7 @@ class UrlFetcher:
         except APIError as err:
             self._counts["refused" if err.code == FORBIDDEN_CODE else "failed"] += 1
             raise
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._counts["failed"] += 1
             raise invalid(
                 f"{self._kind} URL {shorten(url)} did not finish within "

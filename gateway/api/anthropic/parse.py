@@ -113,6 +113,7 @@ def parse_messages(
         grammar_field=output.grammar_field,
         prefill=talk.prefill,
         cache_salt=fields.cache_salt(body),
+        keep_alive_s=fields.keep_alive(body),
         tools=tools,
         thinking=switch,
         thinking_optional=optional,

@@ -6,8 +6,8 @@ Anthropic error objects).
 
 from __future__ import annotations
 
-import asyncio
 import time
+import weakref
 from typing import Any
 
 from starlette.requests import Request
@@ -22,35 +22,38 @@ from gateway.api.intake import Intake
 from gateway.frontend.chat import ChatRequest
 from gateway.frontend.errors import ClientGone
 from gateway.frontend.pipeline import ChatPipeline
+from gateway.frontend.prompt import PromptBuilder
 
 
 class _Fold:
-    """Whether system turns after the start are folded into user messages: asked of the
-    served chat template once (a probe render in a worker thread)."""
+    """Whether system turns after the start are folded into user messages, for the model a
+    request names: asked of that model's chat template once per load (a probe render). The
+    intake has loaded the named model before the parser runs (`ChatPipeline.preload`)."""
 
     def __init__(self, pipeline: ChatPipeline) -> None:
         self._pipeline = pipeline
-        self._fold: bool | None = None
+        self._fold: weakref.WeakKeyDictionary[PromptBuilder, bool] = weakref.WeakKeyDictionary()
 
-    async def __call__(self) -> bool:
-        prompts = self._pipeline.prompts
-        if prompts is None:  # not serving yet: the request gets its 503 from the intake
+    def __call__(self, model: object) -> bool:
+        prompts = self._pipeline.prompts_for(model) if isinstance(model, str) else None
+        if prompts is None:  # an unknown model: the request gets its 404 from the pipeline
             return False
-        if self._fold is None:
-            self._fold = not await asyncio.to_thread(renders_late_system, prompts.model.render)
-        return self._fold
+        if prompts not in self._fold:
+            self._fold[prompts] = not renders_late_system(prompts.model.render)
+        return self._fold[prompts]
 
 
 class _Parsed:
     """The intake's parser for one request, keeping what the response needs beyond the
     chat request (`MessagesRequest`)."""
 
-    def __init__(self, fold: bool, count_only: bool = False) -> None:
+    def __init__(self, fold: _Fold, count_only: bool = False) -> None:
         self._fold, self._count_only = fold, count_only
         self.request: MessagesRequest | None = None
 
     def __call__(self, body: Any) -> ChatRequest:
-        self.request = parse_messages(body, self._count_only, self._fold)
+        fold = self._fold(body.get("model") if isinstance(body, dict) else None)
+        self.request = parse_messages(body, self._count_only, fold)
         return self.request.chat
 
 
@@ -61,7 +64,7 @@ def routes(intake: Intake) -> list[Route]:
 
     @with_errors(render_error)
     async def messages(request: Request) -> Response:
-        parsed = _Parsed(await fold())
+        parsed = _Parsed(fold)
         try:
             admission = await intake.admit(request, parsed, "msg_")
         except ClientGone:
@@ -82,7 +85,7 @@ def routes(intake: Intake) -> list[Route]:
     @with_errors(render_error)
     async def count_tokens(request: Request) -> Response:
         start = time.perf_counter()
-        parsed = _Parsed(await fold(), count_only=True)
+        parsed = _Parsed(fold, count_only=True)
         tokens = await intake.count_tokens(request, parsed)
         assert parsed.request is not None
         body: dict[str, Any] = {"input_tokens": tokens}

@@ -78,6 +78,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         ignore_eos=ignore_eos,
         grammar=response_format_grammar(body.get("response_format")),
         cache_salt=fields.cache_salt(body),
+        keep_alive_s=fields.keep_alive(body),
         tools=parse_tools(body),
         n=n,
         **fields.shaping(body, max_tokens),

@@ -65,6 +65,7 @@ class ResponsesRequest:
     metadata: dict[str, str]
     truncation: str
     cache_salt: str = ""
+    keep_alive_s: float | None = None
     tools: ToolSet | None = None
     tools_echo: tuple[dict[str, Any], ...] = ()  # `tools` as the response body repeats them
     tool_choice_echo: Any = "auto"
@@ -131,6 +132,7 @@ def parse_responses_request(body: Any, seal: ReasoningSeal | None = None) -> Res
         metadata=_metadata(body.get("metadata")),
         truncation=truncation,
         cache_salt=fields.cache_salt(body),
+        keep_alive_s=fields.keep_alive(body),
         tools=tools.tools,
         tools_echo=tools.echo,
         tool_choice_echo=body.get("tool_choice") or ("auto" if tools.tools else "none"),

@@ -87,6 +87,7 @@ class Turn:
             grammar=r.grammar,
             grammar_field="text.format",
             cache_salt=r.cache_salt,
+            keep_alive_s=r.keep_alive_s,
             # A summary without an effort asks for thinking where the model thinks: a model
             # that does not answers without (no reasoning item, no 400; Codex sends a summary
             # to every model). Only `reasoning.effort` is a switch such a model refuses.

@@ -19,8 +19,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
-from gateway.config import MediaConfig
+from gateway.config import EngineConfig, MediaConfig
 from gateway.engine.client import EngineBusy, EngineUnavailable
 from gateway.engine.request import (
     AdmittedEvent,
@@ -37,7 +38,10 @@ from gateway.frontend.errors import ClientGone, Overloaded
 from gateway.frontend.pipeline import ChatPipeline
 from gateway.frontend.streams import LoopDelivery
 from gateway.media import MediaLoader
-from gateway.metrics import EdgeMetrics
+from gateway.metrics import EdgeMetrics, PoolMetrics
+from gateway.pool.pool import ModelPool
+from gateway.pool.slot import ModelSlot
+from gateway.pool_config import ModelSpec, PoolConfig
 
 ADMITTED = AdmittedEvent(prompt_tokens=5, cached_tokens=0, vision_hits=0, vision_misses=0)
 
@@ -60,6 +64,14 @@ class FakeEngine:
 
     def cancel(self, request_id: str) -> None:
         self.cancelled.append(request_id)
+
+    def start(self, timeout: float | None = None) -> None:
+        pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        pass
+
+    idle = alive = True
 
 
 class FakePrompts:
@@ -86,16 +98,29 @@ def _run(
 ) -> Any:
     async def main() -> Any:
         media = MediaLoader(MediaConfig())
-        pipeline = ChatPipeline("test", engine, media, EdgeMetrics())  # type: ignore[arg-type]
+        pool = _pool(engine)
+        pipeline = ChatPipeline(pool, media, EdgeMetrics())
         if opened:
-            delivery = LoopDelivery(asyncio.get_running_loop())
-            pipeline.open(FakePrompts(), delivery)  # type: ignore[arg-type]
+            await pool.start()
+            pipeline.open(LoopDelivery(asyncio.get_running_loop()))
         try:
             return await work(pipeline)
         finally:
+            await pool.stop()
             await media.aclose()
 
     return asyncio.run(main())
+
+
+def _pool(engine: FakeEngine) -> ModelPool:
+    """A pool of one model, "test", served by `engine` with `FakePrompts`."""
+    spec = ModelSpec("test", "/nowhere", pinned=True)
+    slot = ModelSlot(spec, EngineConfig("/nowhere", "test", max_batch=4), -1, 0, lambda _: engine)  # type: ignore[arg-type, return-value]
+
+    def prepare(slot: ModelSlot) -> None:
+        slot.prompts = FakePrompts()  # type: ignore[assignment]
+
+    return ModelPool(PoolConfig(), [slot], prepare, PoolMetrics(CollectorRegistry()))
 
 
 async def _admit(pipeline: ChatPipeline, chat: ChatRequest | None = None, **kw: Any) -> Admission:
