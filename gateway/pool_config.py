@@ -38,8 +38,8 @@ _SPEC_KEYS = frozenset({"path", "aliases", "keep_alive", "pinned"})
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """One model the server offers. `keep_alive_s`: seconds it stays loaded once idle (-1:
-    until evicted; 0: unloaded once its requests are done; None: the server's
+    """One model the server offers. `keep_alive_s`: seconds it stays loaded once idle
+    (negative: until evicted; 0: unloaded once its requests are done; None: the server's
     `--keep-alive`); `pinned`: loaded at start-up, never evicted nor unloaded for idleness;
     `settings`: engine and cache settings of its own, as (field name, value) pairs of
     `EngineConfig` / `CacheConfig`."""
@@ -54,11 +54,6 @@ class ModelSpec:
     def __post_init__(self) -> None:
         _require(bool(self.name.strip()), f"model {self.path!r}: an empty served name")
         _require(bool(self.path.strip()), f"model {self.name!r}: no path")
-        keep = self.keep_alive_s
-        _require(
-            keep is None or keep == -1 or keep >= 0,
-            f"model {self.name!r}: keep_alive must be -1 (forever), 0 or seconds",
-        )
 
 
 @dataclass(frozen=True)
@@ -94,7 +89,7 @@ class PoolConfig:
     keep_alive_s: float = flag(
         "--keep-alive",
         "seconds a model stays loaded once idle (a model's or request's keep_alive overrides "
-        "it); -1: until evicted",
+        "it); negative (-1): until evicted",
         -1.0,
         metavar="S",
     )
@@ -109,10 +104,6 @@ class PoolConfig:
     def __post_init__(self) -> None:
         _require(self.max_loaded >= 0, "--max-loaded-models must be >= 0")
         _require(self.memory_gb >= 0, "--models-memory-gb must be >= 0")
-        _require(
-            self.keep_alive_s == -1 or self.keep_alive_s >= 0,
-            "--keep-alive must be -1 (until evicted) or seconds >= 0",
-        )
         _require(self.load_timeout_s > 0, "--model-load-timeout must be > 0")
         names: set[str] = set()
         for spec in self.specs:

@@ -120,8 +120,9 @@ class ModelPool:
             try:
                 await asyncio.wait_for(asyncio.shield(task), max(deadline - time.monotonic(), 0))
             except TimeoutError:
-                why = "it did not load in time (--model-load-timeout)"
-                raise _unavailable(slot, why) from None
+                waiting = kind == "load" and slot.state is SlotState.UNLOADED  # for room
+                why = self._no_room(slot) if waiting else "it did not load in time"
+                raise _unavailable(slot, f"{why} (--model-load-timeout)") from None
             if kind == "load" and slot.last_error is not None:
                 raise _unavailable(slot, slot.last_error)
 
