@@ -106,7 +106,9 @@ class Gateway:
             assert self.engine.model is not None
             prompts = PromptBuilder(
                 self.engine.model,
-                context_window(self.engine.model, self.engine_config, self.engine.on_gpu).tokens,
+                context_window(
+                    self.engine.model, self.engine_config, self.engine.device_memory
+                ).tokens,
                 self.engine_config.default_max_tokens,
                 self.engine_config.tool_call_parser,
             )
