@@ -119,7 +119,7 @@ class Gateway:
         engine, config = slot.engine, slot.config
         assert engine is not None and engine.model is not None
         model = engine.model
-        window = context_window(model, config, engine.on_gpu).tokens
+        window = context_window(model, config, engine.device_memory).tokens
         prompts = PromptBuilder(model, window, config.default_max_tokens, config.tool_call_parser)
         if config.warmup:  # (a text model takes no images: its warm-up is text only)
             sizes = config.warmup_image_sizes if "image" in model.media else ()

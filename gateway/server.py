@@ -128,7 +128,8 @@ def bind_socket(server: ServerConfig) -> socket.socket:
 
 def resolve_model(engine: EngineConfig) -> tuple[EngineConfig, str | None]:
     """Check `--model`, or build the embedded tiny model: the config to serve and the
-    notice for /v1/models (None for a real model)."""
+    notice for /v1/models (None for a real model). Imports no MLX (the HTTP process's rule):
+    the check reads config.json and the file names, the build runs in a child process."""
     model = engine.model
     if (
         model
@@ -140,7 +141,7 @@ def resolve_model(engine: EngineConfig) -> tuple[EngineConfig, str | None]:
             "such as mlx-community/Qwen2.5-VL-7B-Instruct-4bit"
         )
     if model:
-        from gateway.engine.families.registry import check_checkpoint
+        from gateway.processors.checkpoint import check_checkpoint  # (no MLX here)
 
         try:
             check_checkpoint(model, engine.cache.kv_bits)
@@ -148,10 +149,11 @@ def resolve_model(engine: EngineConfig) -> tuple[EngineConfig, str | None]:
             raise ConfigError(f"--model {model}: {exc}") from None
     notice = None
     if not engine.model:
-        from gateway.offline_model import ensure_model
+        from gateway.offline_model.child import ensure_model_in_child
 
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        path = ensure_model(progress=lambda msg: log.info("embedded model: %s", msg))
+        # Built (when missing) in a child process: the builder runs MLX, this process never.
+        path = ensure_model_in_child(progress=lambda msg: log.info("embedded model: %s", msg))
         engine = dataclasses.replace(engine, model=str(path))
         notice = EMBEDDED_NOTICE
         log.warning(EMBEDDED_NOTICE)

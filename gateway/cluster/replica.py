@@ -73,7 +73,7 @@ class EngineReplica:
 
             prompts = PromptBuilder(
                 self.engine.model,
-                context_window(self.engine.model, config, self.engine.on_gpu).tokens,
+                context_window(self.engine.model, config, self.engine.device_memory).tokens,
                 config.default_max_tokens,
                 config.tool_call_parser,
             )
@@ -152,6 +152,7 @@ class EngineReplica:
             running=self.engine.running,
             waiting=self.engine.waiting,
             uptime_s=round(time.time() - self.started, 1),
+            device_memory=self.engine.device_memory,
         )
 
     async def call(self, call: Call) -> Any:

@@ -75,6 +75,7 @@ class RoutedEngine(ReplicaQueries):
         self.config = config
         self.model: Any = None  # prompt side only (tokenizer, processor)
         self.on_gpu = False  # some replica computes on a GPU (known once open)
+        self.device_memory: int | None = None  # the least any replica's device may use
         self.router = router
         self._handles = list(handles)
         self._flights: dict[str, _Flight] = {}
@@ -106,6 +107,9 @@ class RoutedEngine(ReplicaQueries):
                 raise RuntimeError(f"replica {slot} did not start: {info}")
             log.info("replica %d ready: pid %s on %s", slot, info.pid, info.host)
         self.on_gpu = any(isinstance(i, ReplicaInfo) and i.on_gpu for i in infos)
+        # The context must fit every replica's device: the smallest one bounds it.
+        sizes = [i.device_memory for i in infos if isinstance(i, ReplicaInfo) and i.device_memory]
+        self.device_memory = min(sizes, default=None)
         self._alive = True
         asyncio.run_coroutine_threadsafe(self._start_tasks(), self._loop).result(timeout)
 

@@ -67,6 +67,13 @@ class EngineClient(Protocol):
         """The model computes on a GPU (known once started; False before)."""
         ...
 
+    @property
+    def device_memory(self) -> int | None:
+        """Bytes the model's device may use (its GPU's, else the engine machine's RAM), as the
+        engine reports it once started (`engine/device_memory.py`); None before, or when the
+        device does not say. The served context is bounded by it (`frontend/context.py`)."""
+        ...
+
     def start(self, timeout: float | None = None) -> None:
         """Load the model and start serving; blocks until ready (timeout in seconds, None:
         no limit). Raises TimeoutError, or RuntimeError naming why the model did not load."""

@@ -34,6 +34,7 @@ from caches.entries import entries_report
 from caches.prefix import ImageSpan
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import cache_stats, new_caches
+from gateway.engine.device_memory import device_memory
 from gateway.engine.families import ModelFamily, load_model
 from gateway.engine.model.cudnn import disable_cudnn_attention
 from gateway.engine.pixels import PixelPreparer
@@ -162,6 +163,10 @@ class Engine:
         """The model computes on a GPU (False until it is loaded)."""
         loaded = self.loaded
         return loaded is not None and loaded.on_gpu
+
+    @property
+    def device_memory(self) -> int | None:  # bytes for the model (None until loaded)
+        return None if self.loaded is None else device_memory(self.loaded.on_gpu)
 
     @property
     def scheduler(self) -> Scheduler | None:

@@ -129,10 +129,13 @@ Command = Submit | Cancel | Stop | Invoke
 class Ready:
     """Engine -> HTTP, first: the model is loaded (`on_gpu`: it computes on a GPU); `prompt`
     is its prompt side for the HTTP process (`ModelFamily.shipped_prompt`: a
-    `PromptProcessor`, no MLX), None for a family not split yet."""
+    `PromptProcessor`, no MLX), None for a family not split yet; `device_memory`: the bytes
+    its device may use (`Engine.device_memory`; None: not reported), so the HTTP process
+    bounds the context without asking MLX."""
 
     on_gpu: bool
     prompt: PromptProcessor | None = None
+    device_memory: int | None = None
 
 
 @dataclass(frozen=True)
@@ -184,3 +187,4 @@ class ReplicaInfo:
     running: int
     waiting: int
     uptime_s: float  # seconds since the replica was constructed, 0.1 s resolution
+    device_memory: int | None = None  # bytes its engine's device may use (None: not reported)

@@ -7,20 +7,20 @@
   the tokenizer's `model_max_length`; else 32768. `sliding_window` is no context limit.
 - Bounded by memory: one row holding a whole context's KV must fit in the memory left after
   the weights and the two caches' budgets (`--kv-cache-mb`, `--vision-cache-mb`):
-  context <= (memory - weights - budgets) / KV bytes per token. Memory is the GPU's (Metal:
-  its recommended working set; CUDA: its total), else the machine's RAM; weights are the
-  checkpoint's *.safetensors sizes; KV bytes per token are 2 (K and V) x KV heads x head dim x
-  the KV dtype's size, over the layers that keep every token's KV (full attention: a sliding
-  window keeps at most its window, a recurrent layer a fixed state, a layer that reuses an
-  earlier one's KV nothing of its own). Several long rows at once need a row's KV each:
-  `--max-context` (or `--max-batch`) is the operator's lever there.
+  context <= (memory - weights - budgets) / KV bytes per token. Memory is what the engine
+  reports of its device (`EngineClient.device_memory`: the GPU's, Metal's recommended working
+  set or CUDA's total, else the machine's RAM; asked there, so this process imports no MLX);
+  weights are the checkpoint's *.safetensors sizes; KV bytes per token are 2 (K and V) x KV
+  heads x head dim x the KV dtype's size, over the layers that keep every token's KV (full
+  attention: a sliding window keeps at most its window, a recurrent layer a fixed state, a
+  layer that reuses an earlier one's KV nothing of its own). Several long rows at once need a
+  row's KV each: `--max-context` (or `--max-batch`) is the operator's lever there.
 - `--max-context N` overrides both; above either it is served as asked, with a warning.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,13 +157,15 @@ def choose(
     return ContextWindow(tokens, chosen_by, checkpoint, key, bound), warnings
 
 
-def context_window(model: PromptSide, config: EngineConfig, on_gpu: bool) -> ContextWindow:
-    """The context to serve `model` with under `config` on this machine (module doc), logged
-    in one line (and a warning for an override above a bound or a missing key)."""
+def context_window(model: PromptSide, config: EngineConfig, memory: int | None) -> ContextWindow:
+    """The context to serve `model` with under `config` on a device of `memory` bytes (the
+    engine's `device_memory`; None: not reported, so no memory bound), as the module doc
+    says, logged in one line (and a warning for an override above a bound or a missing
+    key)."""
     raw = _read_config(model)
     own = checkpoint_context(raw, getattr(model.tokenizer, "model_max_length", None))
     per_token = kv_bytes_per_token(raw, model.embed_bytes) if raw else None
-    memory, weights = device_memory(on_gpu), weights_bytes(model.path)
+    weights = weights_bytes(model.path)
     reserved = config.cache.kv_capacity_bytes + config.cache.vision_capacity_bytes
     bound = memory_bound(per_token, memory, weights, reserved)
     window, warnings = choose(config.max_context_tokens, own, bound)
@@ -202,24 +204,6 @@ def _read_config(model: PromptSide) -> dict[str, Any]:
         log.warning("could not read %s/config.json for its context: %s", model.path, exc)
         return {}
     return config if isinstance(config, dict) else {}
-
-
-def device_memory(on_gpu: bool) -> int | None:
-    """Bytes the model's device may use: the GPU's (Metal's recommended working set, a
-    CUDA device's total), else the machine's RAM; None when not reported."""
-    if on_gpu:
-        import mlx.core as mx
-
-        info = mx.device_info()
-        for key in ("max_recommended_working_set_size", "total_memory", "memory_size"):
-            size = info.get(key)
-            if isinstance(size, int) and size > 0:
-                return size
-        return None
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):  # not every platform has these names
-        return None
 
 
 def weights_bytes(path: str) -> int:

@@ -2,6 +2,7 @@
 
     build_model(out_dir, arch, size, seed, progress) -> out_dir
     ensure_model(arch, size, seed, progress) -> default_model_dir(arch, size, seed), built once
+    built_model(arch, size, seed) -> that folder if already built, else None (builds nothing)
 
 Either takes `quantize=4|8` (and `group_size`): the float checkpoint is built first, then
 quantized by the runtime's own converter (see quantize.py).
@@ -42,6 +43,7 @@ __all__ = [
     "SIZES",
     "BUILDER_VERSION",
     "build_model",
+    "built_model",
     "default_model_dir",
     "ensure_model",
     "family",
@@ -253,6 +255,26 @@ def default_model_dir(
     return cache_root() / "models" / f"{arch}-{size}-{dtype}{quant}-seed{seed}-b{BUILDER_VERSION}"
 
 
+def built_model(
+    arch: str = "qwen2_vl",
+    size: str = "tiny",
+    seed: int = 0,
+    *,
+    dtype: str | None = None,
+    quantize: int | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
+) -> Path | None:
+    """`default_model_dir(...)` when a complete build of these arguments is there, else None.
+    Builds nothing and imports no MLX (the server's HTTP process asks it first:
+    `child.ensure_model_in_child`)."""
+    dtype = check_arch_size(arch, size, dtype)
+    target = default_model_dir(
+        arch, size, seed, dtype=dtype, quantize=quantize, group_size=group_size
+    )
+    quant = _quant_info(quantize, group_size)
+    return target if _is_complete(target, arch, size, seed, dtype, quant) else None
+
+
 def ensure_model(
     arch: str = "qwen2_vl",
     size: str = "tiny",
@@ -270,12 +292,13 @@ def ensure_model(
     spend the build time; that is seconds for tiny.)
     """
     dtype = check_arch_size(arch, size, dtype)
+    built = built_model(arch, size, seed, dtype=dtype, quantize=quantize, group_size=group_size)
+    if built is not None:
+        return built
     target = default_model_dir(
         arch, size, seed, dtype=dtype, quantize=quantize, group_size=group_size
     )
     quant = _quant_info(quantize, group_size)
-    if _is_complete(target, arch, size, seed, dtype, quant):
-        return target
     tmp = _build_tmp(target, arch, size, seed, dtype, progress, quant)
     try:
         for _ in range(3):

@@ -2,14 +2,16 @@
 that says why, before the server reports ready.
 
 A family that says why it cannot be served so (`ModelFamily.kv_quant_off`) is refused before
-its weights load (`kv_quant_refusal`, from `registry.check_checkpoint`). Otherwise quantized
-KV covers a family when every layer of its `new_cache()` is a `RowQuantKVCache` (its
-attention is mlx-lm's or mlx-vlm's, which read such a cache through quantized matmuls) and a
-prompt block and a decode step through its `text_core` run on it: they fail when a head's
-width is not a multiple of the group size (MLX quantizes groups of 32, 64 or 128 channels) or
-the attention cannot take a quantized cache on this device. Families that keep other layers
-(sliding windows read in ring order, recurrent states, their own attention kernels) are
-refused, not served half-quantized. Engine thread only (it runs a forward).
+its weights load, from the MLX-free copy of that reason (`check_checkpoint` in
+`processors/checkpoint.py`), and here again from its class (the sentence: `kv_quant_refusal`
+in `processors/families.py`). Otherwise quantized KV covers a family when every layer of its
+`new_cache()` is a `RowQuantKVCache` (its attention is mlx-lm's or mlx-vlm's, which read such
+a cache through quantized matmuls) and a prompt block and a decode step through its
+`text_core` run on it: they fail when a head's width is not a multiple of the group size (MLX
+quantizes groups of 32, 64 or 128 channels) or the attention cannot take a quantized cache on
+this device. Families that keep other layers (sliding windows read in ring order, recurrent
+states, their own attention kernels) are refused, not served half-quantized. Engine thread
+only (it runs a forward).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import mlx.core as mx
 from mlx_lm.models.base import quantized_scaled_dot_product_attention
 
 from gateway.engine.model.quant_kv import KVQuant, RowQuantKVCache
+from gateway.processors.families import kv_quant_refusal
 
 # Quantized attention against the same KV dequantized, relative: rounding gives ~1e-3 in
 # bfloat16 and ~1e-6 in float32; a wrong kernel gives order 1 (MLX 0.32.4 on an H200).
@@ -43,7 +46,8 @@ def enable_kv_quant(model: Any, quant: KVQuant | None) -> None:
     if quant is None:
         return
     flags = f"--kv-bits {quant.bits} --kv-group-size {quant.group_size}"
-    refusal = kv_quant_refusal(type(model), model.model_type, quant.bits)
+    reason = getattr(type(model), "kv_quant_off", None)
+    refusal = kv_quant_refusal(model.model_type, reason, quant.bits)
     if refusal is not None:
         raise KVQuantUnsupported(refusal)
     model.kv_quant = quant
@@ -116,18 +120,6 @@ def attention_error(cache: RowQuantKVCache) -> float:
         scale = mx.abs(want).max() + 1e-6
         worst = max(worst, (mx.abs(got - want).max() / scale).item())
     return worst
-
-
-def kv_quant_refusal(family: type, model_type: str, bits: int) -> str | None:
-    """Why `--kv-bits bits` cannot serve a checkpoint of `family` (a ModelFamily class),
-    known before loading (its `kv_quant_off`), or None."""
-    reason = getattr(family, "kv_quant_off", None)
-    if not bits or reason is None:
-        return None
-    return (
-        f"--kv-bits {bits}: {model_type} {reason}, which quantized KV does not cover yet; "
-        "serve this model without --kv-bits"
-    )
 
 
 def _covered(cache: Any) -> bool:

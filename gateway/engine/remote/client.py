@@ -11,8 +11,8 @@ process and talks to it over two pipes.
 Wire protocol (`gateway.engine.wire`'s frozen dataclasses, pickled over `multiprocessing`
 connections):
     HTTP -> engine   Submit(request) | Cancel(request_id) | Stop() | Invoke(call_id, Call)
-    engine -> HTTP   Ready(on_gpu) | LoadFailed(message) | Events(((id, Event), ...))
-                     | Reply(call_id, ok, value) | Stopped()
+    engine -> HTTP   Ready(on_gpu, prompt, device_memory) | LoadFailed(message)
+                     | Events(((id, Event), ...)) | Reply(call_id, ok, value) | Stopped()
 Events are shipped once per engine step, as one message, by the engine thread.
 
 In the engine process (`gateway.engine.remote.main`) a small pool prepares image pixels
@@ -71,6 +71,7 @@ class RemoteEngine:
     def __init__(self, config: EngineConfig, log_level: str = "info") -> None:
         self.config = config
         self.on_gpu = False  # the engine computes on a GPU (known once started)
+        self.device_memory: int | None = None  # bytes its device may use (known once started)
         self._log_level = log_level
         self.model: Any = None  # the prompt side (a PromptProcessor, or a lazy family)
         self._sinks: dict[str, Sink] = {}
@@ -108,7 +109,7 @@ class RemoteEngine:
             first = self._events.recv()
             if not isinstance(first, Ready):
                 raise RuntimeError(f"model failed to load: {first.message}")
-            self.on_gpu = first.on_gpu
+            self.on_gpu, self.device_memory = first.on_gpu, first.device_memory
             self.model = first.prompt or _lazy_family(self.config.model)
         except BaseException:
             self._kill()

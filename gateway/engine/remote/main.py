@@ -66,7 +66,8 @@ def engine_process_main(
         outbox.send(LoadFailed(str(exc)))
         return
     model = engine.model
-    outbox.send(Ready(engine.on_gpu, None if model is None else model.shipped_prompt()))
+    prompt = None if model is None else model.shipped_prompt()
+    outbox.send(Ready(engine.on_gpu, prompt, engine.device_memory))
     images = ImageStore(keep_images=True)
     while True:
         try:

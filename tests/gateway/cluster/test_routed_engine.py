@@ -69,7 +69,10 @@ class FakeReplica:
         return self._queue
 
     async def _info(self):
-        return ReplicaInfo(self.slot, 100 + self.slot, "here", True, self.slot == 1, 0, 0, 1.0)
+        memory = (self.slot + 1) << 30  # replica 0's device is the smaller
+        return ReplicaInfo(
+            self.slot, 100 + self.slot, "here", True, self.slot == 1, 0, 0, 1.0, memory
+        )
 
     async def _call(self, call: Call):
         self.asked.append(call)
@@ -127,6 +130,7 @@ def test_events_arrive_in_order_and_the_load_is_released():
         assert _run(engine, "") in ([ADMITTED, TOKEN, TOKEN, FINISH], [ADMITTED, FINISH])
         assert engine.router.loads() == [0, 0] and engine.idle
         assert engine.on_gpu  # replica 1 says it computes on a GPU
+        assert engine.device_memory == 1 << 30  # the context must fit the smallest device
     finally:
         engine.stop()
 

@@ -103,7 +103,7 @@ def test_the_check_catches_a_missing_member_and_a_changed_signature() -> None:
 
     class Broken:
         def __init__(self) -> None:
-            self.config, self.model, self.on_gpu = CONFIG, None, False
+            self.config, self.model, self.on_gpu, self.device_memory = CONFIG, None, False, None
             self.waiting, self.idle, self.alive = 0, True, True
 
         def running(self) -> int:

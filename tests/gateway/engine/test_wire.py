@@ -92,11 +92,13 @@ def test_messages_cross_a_pickle_intact_and_are_immutable() -> None:
         Stop(),
         *(Invoke(k, call) for k, (call, _, _) in enumerate(CALLS.values())),
         Ready(True),
+        Ready(False, None, 64 << 30),
         LoadFailed("no such model"),
         events,
         Reply(3, True, {"vision": {"hits": 1}}),
         Stopped(),
         ReplicaInfo(0, 12, "here", True, False, 1, 2, 3.5),
+        ReplicaInfo(0, 12, "here", True, True, 1, 2, 3.5, 141 << 30),
     ]
     for message in messages:
         again = pickle.loads(pickle.dumps(message))

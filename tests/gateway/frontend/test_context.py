@@ -15,7 +15,6 @@ from support import tiny_model
 from gateway.config import CacheConfig, EngineConfig
 from gateway.engine.families import load_model
 from gateway.engine.families.registry import read_config
-from gateway.frontend import context
 from gateway.frontend.context import (
     FALLBACK_CONTEXT,
     checkpoint_context,
@@ -141,23 +140,24 @@ def _config(max_context: int = 0) -> EngineConfig:
 
 
 def test_the_start_up_reads_the_checkpoint_and_logs_one_line(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Invariant: the tiny qwen3 serves 40960 (its config's), a memory that holds 1000
-    tokens of one row's KV after weights and cache budgets bounds it to 1000, and
-    --max-context 64 is served as given; each start-up logs one `context:` line."""
+    """Invariant: the tiny qwen3 serves 40960 (its config's) on a device that reports no
+    memory, a memory that holds 1000 tokens of one row's KV after weights and cache budgets
+    bounds it to 1000, and --max-context 64 is served as given; each start-up logs one
+    `context:` line."""
     model = load_model(str(tiny_model("qwen3")), lazy=True)
     with caplog.at_level(logging.INFO, logger="gateway.frontend.context"):
-        assert context_window(model, _config(), on_gpu=False).tokens == 40960
+        assert context_window(model, _config(), None).tokens == 40960
         weights = sum(f.stat().st_size for f in Path(model.path).glob("*.safetensors"))
         reserved = CacheConfig().kv_capacity_bytes + CacheConfig().vision_capacity_bytes
         memory = weights + reserved + 1000 * 1024 + 5  # qwen3 tiny: 1 KiB of KV per token
-        monkeypatch.setattr(context, "device_memory", lambda on_gpu: memory)
-        window = context_window(model, _config(), on_gpu=True)
+        window = context_window(model, _config(), memory)
         assert (window.tokens, window.chosen_by) == (1000, "memory")
-        assert context_window(model, _config(64), on_gpu=True).tokens == 64
+        assert context_window(model, _config(64), memory).tokens == 64
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("context:")]
     assert lines[0].startswith("context: 40960 tokens (the checkpoint's own; checkpoint: 40960")
+    assert lines[0].endswith("memory: no bound, the device reports no memory size)")
     assert lines[1].startswith("context: 1000 tokens (bounded by memory")
     assert lines[2].startswith("context: 64 tokens (--max-context")
     assert len(lines) == 3

@@ -2,8 +2,9 @@
 
 Pinned: a request through the engine process gives the tokens and logprobs the in-process
 engine gives (events cross the pipe intact, images preprocessed in the engine process); cache
-stats and metrics come back over the pipe; if the engine process dies, requests in flight get
-an error event and new ones are refused with EngineUnavailable instead of hanging.
+stats and metrics come back over the pipe, and the device's memory with `Ready`; if the
+engine process dies, requests in flight get an error event and new ones are refused with
+EngineUnavailable instead of hanging.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from support import EngineHarness, Run, chat_body, decoded, noise_image, tiny_mo
 from gateway.api.openai.parse import parse_chat_request
 from gateway.config import EngineConfig
 from gateway.engine.client import EngineUnavailable
+from gateway.engine.device_memory import device_memory
 from gateway.engine.remote.client import RemoteEngine
 from gateway.engine.request import ErrorEvent, FinishEvent
 from gateway.frontend.prompt import PromptBuilder
@@ -63,6 +65,12 @@ def test_remote_output_equals_in_process_output(remote: RemoteEngine) -> None:
     assert stats["vision"]["misses"] >= 1
     assert b"vision_gateway_generation_tokens_total" in remote.metrics_text()
     assert remote.running == 0 and remote.waiting == 0
+
+
+def test_the_engine_process_reports_its_devices_memory(remote: RemoteEngine) -> None:
+    """Invariant: the HTTP side knows the engine's device memory from `wire.Ready` (what
+    `device_memory` gives there: the RAM on this CPU), without asking MLX itself."""
+    assert remote.device_memory == device_memory(remote.on_gpu) > 0
 
 
 def test_a_dead_engine_process_fails_requests_instead_of_hanging() -> None:
