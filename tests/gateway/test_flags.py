@@ -11,23 +11,35 @@ from typing import Any
 import pytest
 
 from gateway.config import CacheConfig, EngineConfig, Flag, MediaConfig, ServerConfig
-from gateway.flags import SECTIONS, add_serve_flags, configs_from_args, flagged_fields
+from gateway.flags import (
+    SECTIONS,
+    add_serve_flags,
+    configs_from_args,
+    flagged_fields,
+    pool_from_args,
+)
+from gateway.pool_config import PoolConfig
+
+
+def _namespace(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_serve_flags(parser)
+    return parser.parse_args(list(argv))
 
 
 def _parse(*argv: str) -> tuple[ServerConfig, EngineConfig, MediaConfig]:
-    parser = argparse.ArgumentParser()
-    add_serve_flags(parser)
-    return configs_from_args(parser.parse_args(list(argv)))
+    return configs_from_args(_namespace(*argv))
 
 
-def _config_of(config: type, built: tuple[ServerConfig, EngineConfig, MediaConfig]) -> Any:
-    server, engine, media = built
+def _config_of(config: type, ns: argparse.Namespace) -> Any:
+    server, engine, media = configs_from_args(ns)
     by_type = {
         ServerConfig: server,
         type(server.responses): server.responses,
         EngineConfig: engine,
         CacheConfig: engine.cache,
         MediaConfig: media,
+        PoolConfig: pool_from_args(ns),
     }
     return by_type[config]
 
@@ -66,7 +78,7 @@ def test_a_numeric_flag_sets_its_field(config: type, f: dataclasses.Field, spec:
     value = kind((f.default or 0) * 2 or 16)  # (0 / None defaults: a value every such flag takes)
     if spec.choices:  # (--kv-bits: one of its values)
         value = next(c for c in reversed(spec.choices) if c != f.default)
-    built = _config_of(config, _parse(spec.name, str(value)))
+    built = _config_of(config, _namespace(spec.name, str(value)))
     assert getattr(built, f.name) == value, spec.name
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from support import ServerProcess, data_uri, noise_png, tiny_model
+from support import ServerProcess, data_uri, noise_png, tiny_model, wait_until
 
 from bench.server import LocalServer, _process_tree
 
@@ -64,6 +64,18 @@ def _engines(server: LocalServer) -> list[int]:
     return found
 
 
+def _written(server: LocalServer, model: str) -> None:
+    """Wait until `model` has written its KV blocks to the disk tier (in the background: a
+    response can arrive before its entry is on disk)."""
+
+    def done() -> bool | None:
+        url = f"{server.base_url}/v1/cache/stats?model={model}"
+        disk = httpx.get(url, timeout=10).json()["disk"]
+        return (disk["prefix"]["writes"] > 0 and disk["pending_bytes"] == 0) or None
+
+    wait_until(done, 30.0, message=lambda: f"{model} wrote nothing to disk")
+
+
 def _states(server: LocalServer) -> dict[str, str]:
     cards = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
     return {card["id"]: card["state"] for card in cards}
@@ -86,11 +98,13 @@ def pool_run(broken: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     models.append(f"--model=broken={broken}")
     cache = tmp_path_factory.mktemp("disk")
     args = [*models, "--max-loaded-models", "2", "--no-warmup", "--cache-dir", str(cache)]
+    args += ["--kv-block-tokens", "8"]  # (the short prompts fill whole blocks)
     seen: dict[str, Any] = {}
     with LocalServer(args) as server:
         client = server.client()
         seen["start"] = _states(server)
         seen["qwen"] = _ask(client, "qwen", image=True)
+        _written(server, "qwen")
         seen["gemma"] = _ask(client, "gemma", image=True)
         seen["two"] = len(_engines(server))
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -113,7 +127,7 @@ def test_every_model_answers_as_a_single_model_server_would(pool_run: dict) -> N
     """Invariant: the pool's greedy answer of each model equals a single-model server's for
     the same request (token ids and logprobs)."""
     for name, arch in FAMILIES.items():
-        with ServerProcess("--no-warmup", arch=arch) as alone:
+        with ServerProcess("--no-warmup", "--kv-block-tokens", "8", arch=arch) as alone:
             expected = _ask(alone.client(), "test", image=name != "text")
         assert pool_run[name][0] == expected[0], name
         assert len(expected[0]) > 0
