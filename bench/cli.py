@@ -124,6 +124,16 @@ def _client_parsers(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--markdown", type=Path, help="write the markdown table")
     p.set_defaults(run=_multi_turn)
 
+    p = kinds.add_parser(
+        "model-load", help="several models: first token of an unloaded model, after a reload"
+    )
+    _common(p)
+    p.add_argument("--other-model", help="the second model (default: a tiny Qwen3 text model)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--markdown", type=Path, help="write the markdown table")
+    p.set_defaults(run=_model_load)
+
     p = kinds.add_parser("load", help="N clients mixing text and image requests for M seconds")
     _common(p)
     add_target_options(p)
@@ -216,6 +226,29 @@ def _stall(args: argparse.Namespace) -> None:
     from bench.cli_client import stall
 
     stall(args)
+
+
+def _model_load(args: argparse.Namespace) -> None:
+    from bench import model_load
+    from bench.report import machine
+
+    first = local_model(args)
+    other = args.other_model or str(_tiny("qwen3"))
+    result = model_load.run(first, other, args.rounds, args.image_size, args.server_arg)
+    text = model_load.table(result)
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    if args.out:
+        payload = {"machine": machine(), "models": [first, other], **model_load.quick(result)}
+        args.out.write_text(json.dumps(payload, indent=2))
+
+
+def _tiny(arch: str) -> Path:
+    """A tiny random-weight checkpoint of `arch`, built once into the user cache."""
+    from gateway.offline_model import ensure_model
+
+    return ensure_model(arch)
 
 
 def _load(args: argparse.Namespace) -> None:

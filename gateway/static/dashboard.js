@@ -107,12 +107,37 @@
     }
   }
 
+  // Several models behind the server: a picker of the loaded ones (a model's caches live
+  // while it is loaded); the charts restart when another is picked.
+  let model = null;
+  let listed = false;
+  async function listModels(current) {
+    if (listed) return;
+    listed = true;
+    const response = await VG.request("/v1/models");
+    if (!response.ok) return;
+    const cards = (await response.json()).data;
+    const pick = $("model-pick");
+    pick.hidden = cards.length < 2;
+    $("model-name").hidden = cards.length > 1;
+    pick.replaceChildren(
+      ...cards.map((c) => el("option", { value: c.id, text: `${c.id} (${c.state || "loaded"})` })),
+    );
+    pick.value = current;
+    pick.onchange = () => {
+      model = pick.value;
+      listed = false; // the states may have changed: listed again with the next sample
+      poll();
+    };
+  }
+
   async function poll() {
     if (stopped || document.hidden) return;
     try {
+      const which = model ? `model=${encodeURIComponent(model)}` : "";
       const [live, entries] = await Promise.all([
-        VG.request("/v1/dashboard"),
-        VG.request("/v1/cache/entries?limit=10"),
+        VG.request(`/v1/dashboard?${which}`),
+        VG.request(`/v1/cache/entries?limit=10&${which}`),
       ]);
       if (live.status === 401 || entries.status === 401) {
         stopped = true;
@@ -132,6 +157,7 @@
       if (!live.ok) throw new Error(await VG.errorMessage(live));
       const data = await live.json();
       $("model-name").textContent = data.model;
+      await listModels(data.model);
       const family = data.caches.family; // the model family, once the engine has loaded
       $("model-family").hidden = !family;
       $("model-family").textContent = family ? `family: ${family.family} · ${family.model_type}` : "";
@@ -158,7 +184,8 @@
 
   async function clearCaches() {
     if (!window.confirm("Empty the vision and prefix caches? Counters are kept; the next request about each image pays for it again.")) return;
-    const response = await VG.request("/v1/cache/clear", { method: "POST" });
+    const which = model ? `?model=${encodeURIComponent(model)}` : "";
+    const response = await VG.request(`/v1/cache/clear${which}`, { method: "POST" });
     $("clear-result").textContent = response.ok ? "cleared" : await VG.errorMessage(response);
     poll();
   }

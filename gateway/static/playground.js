@@ -29,9 +29,23 @@
       $("model-name").textContent = response.status === 401 ? "(API key needed)" : "(unavailable)";
       return;
     }
-    const card = (await response.json()).data[0];
+    const cards = (await response.json()).data;
+    // Several models behind the server: a picker (each with its state: a model not loaded
+    // loads when the first message reaches it); one model: its name.
+    const pick = $("model-pick");
+    pick.hidden = cards.length < 2;
+    $("model-name").hidden = cards.length > 1;
+    pick.replaceChildren(
+      ...cards.map((c) => el("option", { value: c.id, text: `${c.id} (${c.state || "loaded"})` })),
+    );
+    pick.onchange = () => chooseModel(cards.find((c) => c.id === pick.value));
+    chooseModel(cards.find((c) => c.id === state.model) || cards[0]);
+  }
+
+  function chooseModel(card) {
     state.model = card.id;
     $("model-name").textContent = card.id;
+    $("model-pick").value = card.id;
     showFamily(card);
     const notice = $("model-notice");
     notice.hidden = !card.notice;

@@ -1,0 +1,70 @@
+"""The playground and the dashboard in front of several models (gateway.pool), driven by
+headless Chromium against one `vision-gateway serve --model vision=... --model text=...`.
+
+Pinned: the playground lists both models with their state and sends the question to the
+one picked (the text model, not loaded until then, loads for it and answers; the server
+then lists it loaded); the dashboard's picker switches its numbers to the picked model's
+caches. No console errors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, expect
+from support import tiny_model
+from web_pages import NEEDS_CHROMIUM, Console, ask, open_page
+
+from bench.server import LocalServer
+
+pytestmark = NEEDS_CHROMIUM
+
+
+@pytest.fixture(scope="module")
+def pool_server() -> Iterator[LocalServer]:
+    models = [f"--model=vision={tiny_model('qwen2_vl')}", f"--model=text={tiny_model('qwen3')}"]
+    server = LocalServer([*models, "--no-warmup"])
+    yield server
+    assert server.stop(), server.log()
+
+
+def test_the_playground_asks_the_model_picked(
+    pool_server: LocalServer, browser: Browser, console: Console
+) -> None:
+    page = open_page(browser, console)
+    sent: list[str] = []
+    page.on(
+        "request",
+        lambda r: r.url.endswith("/v1/chat/completions") and sent.append(r.post_data_json["model"]),
+    )
+    page.goto(pool_server.base_url + "/")
+    pick = page.get_by_test_id("model-pick")
+    expect(pick.locator("option")).to_have_text(["vision (loaded)", "text (unloaded)"])
+    pick.select_option("text")
+    expect(page.get_by_test_id("model-family")).to_be_hidden()  # not loaded yet: no card
+    page.get_by_test_id("max-tokens").fill("4")
+    ask(page, "Say hello.", 1)
+    assert sent == ["text"]
+    assert page.get_by_test_id("answer").first.text_content()
+    cards = httpx.get(pool_server.base_url + "/v1/models", timeout=10).json()["data"]
+    assert {c["id"]: c["state"] for c in cards} == {"vision": "loaded", "text": "loaded"}
+    assert console.errors == []
+
+
+def test_the_dashboard_shows_the_model_picked(
+    pool_server: LocalServer, browser: Browser, console: Console
+) -> None:
+    httpx.post(pool_server.base_url + "/v1/models/text/load", timeout=120).raise_for_status()
+    page = open_page(browser, console)
+    asked: list[str] = []
+    page.on("request", lambda r: "/v1/dashboard" in r.url and asked.append(r.url))
+    page.goto(pool_server.base_url + "/dashboard")
+    pick = page.get_by_test_id("model-pick")
+    expect(pick).to_be_visible()
+    expect(page.get_by_test_id("model-family")).to_contain_text("qwen_vl")
+    pick.select_option("text")
+    expect(page.get_by_test_id("model-family")).to_contain_text("text · qwen3")
+    assert any(url.endswith("model=text") for url in asked)
+    assert console.errors == []
