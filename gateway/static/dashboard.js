@@ -69,6 +69,17 @@
     drawChart($(`chart-${name}`), series.t, series[`${name}_hit_rate`]);
   }
 
+  // How the prefix cache holds KV (--kv-bits): "8-bit, groups of 64 · 1.1 KiB per token", or
+  // the dtype ("bfloat16 · 4.0 KiB per token"); what one cached token costs.
+  function showKvFormat(stats) {
+    if (stats.kv_bits === undefined) return;
+    const held = stats.kv_quantized
+      ? `${stats.kv_bits}-bit, groups of ${stats.kv_group_size}`
+      : stats.kv_dtype;
+    const per = stats.bytes_per_token ? ` · ${VG.formatBytes(stats.bytes_per_token)} per token` : "";
+    $("kv-format").textContent = held + per;
+  }
+
   function showEngine(data) {
     $("running").textContent = data.running;
     $("waiting").textContent = data.waiting;
@@ -163,6 +174,7 @@
       $("model-family").textContent = family ? `family: ${family.family} · ${family.model_type}` : "";
       showCache("vision", data.caches.vision, data.series);
       showCache("prefix", data.caches.prefix, data.series);
+      showKvFormat(data.caches.prefix);
       $("token-hit-rate").textContent = data.caches.prefix.tokens_queried
         ? `${VG.formatPercent(data.caches.prefix.token_hit_rate)} (${data.caches.prefix.tokens_hit} of ${data.caches.prefix.tokens_queried})`
         : "—";

@@ -136,6 +136,9 @@ def test_dashboard_moves_with_traffic_and_clears_after_confirmation(
     expect(dashboard.get_by_test_id("hit-rate-prefix")).to_have_text(
         f"{100 * stats['prefix']['hit_rate']:.1f}%"
     )
+    # how the KV is held (issue 40): the tiny model's float32, and what a cached token costs
+    expect(dashboard.get_by_test_id("kv-format")).to_contain_text(f"{prefix['kv_dtype']} · ")
+    expect(dashboard.get_by_test_id("kv-format")).to_contain_text("per token")
     expect(dashboard.get_by_test_id("cache-bytes-vision")).to_have_attribute(
         "data-bytes", str(stats["vision"]["bytes"])
     )
