@@ -74,12 +74,13 @@ class Gateway:
         notice: str | None = None,
         engine: EngineClient | None = None,
         pool: PoolConfig | None = None,
+        make_engine: EngineFactory | None = None,
     ) -> None:
         self.server = server
         self.engine_config = engine_config
         self.metrics = EdgeMetrics()
         pool = pool or PoolConfig()
-        make_engine = self._engine_factory(server, loader, engine)
+        make_engine = make_engine or self._engine_factory(server, loader, engine)
         self.pool = ModelPool(
             pool, model_slots(pool, engine_config, make_engine), self._prepare, self.metrics.pool
         )
@@ -385,11 +386,13 @@ def create_app(
     notice: str | None = None,
     engine_client: EngineClient | None = None,
     pool: PoolConfig | None = None,
+    make_engine: EngineFactory | None = None,
 ) -> Starlette:
     """The app over the models `pool` names (default: `engine.model` alone), each on an
-    `Engine` (with `loader`, or `--in-process-engine`), a `RemoteEngine` (the default), or
-    `engine_client`, any other `EngineClient` (the cluster's `RoutedEngine`)."""
-    gateway = Gateway(server, engine, media, loader, notice, engine_client, pool)
+    `Engine` (with `loader`, or `--in-process-engine`), a `RemoteEngine` (the default),
+    `engine_client` (any other `EngineClient`, for the one model), or what `make_engine`
+    makes of each model's config (the cluster's `RoutedEngine`s)."""
+    gateway = Gateway(server, engine, media, loader, notice, engine_client, pool, make_engine)
     routes = [
         *openai_api.routes(gateway.intake),
         *anthropic_api.routes(gateway.intake),

@@ -90,12 +90,25 @@ class RoutedEngine(ReplicaQueries):
     # ----- lifecycle ----------------------------------------------------------------------------
 
     def start(self, timeout: float | None = None) -> None:
-        """Load the prompt side here and wait until every replica answers (model loaded and
-        warmed up there)."""
-        from gateway.engine.families import load_model
-
-        self.model = load_model(self.config.model, lazy=True)
+        """Wait until every replica answers (model loaded and warmed up there), then take the
+        model's prompt side from one (`EngineReplica.prompt_side`: no MLX here); a family
+        not split yet is loaded here with its weights unread instead."""
         self.open(timeout)
+
+        async def ask() -> Any:  # (Serve calls on this object's loop, as every other)
+            return await await_response(self._handles[0].prompt_side.remote())
+
+        try:
+            prompt = asyncio.run_coroutine_threadsafe(ask(), self._loop).result(timeout)
+        except Exception as exc:  # noqa: BLE001 - an older replica, or none answered
+            log.warning("replica 0 sent no prompt side: %s", describe_error(exc))
+            prompt = None
+        if prompt is None:
+            from gateway.engine.families import load_model
+
+            log.info("no prompt side from the replicas: loading it here (weights unread)")
+            prompt = load_model(self.config.model, lazy=True)
+        self.model = prompt
 
     def open(self, timeout: float | None = None) -> None:
         """Start routing once every replica answers `info` (`start` without the prompt side;
