@@ -1,5 +1,7 @@
-"""Gemma 4 (`model_type` "gemma4") over mlx-vlm: the only module that knows its image layout,
-token budget and cache layout. The prompt forward is in `gemma4_forward.py`.
+"""Gemma 4 (`model_type` "gemma4") over mlx-vlm: the only module that knows its tower and
+cache layout. The prompt forward is in `gemma4_forward.py`; the prompt side (image layout,
+token budget) is `gateway.processors.gemma4.Gemma4Processor`, which this family builds from
+what mlx-vlm loaded and delegates to.
 
 What differs from the other families (checked against mlx-vlm 0.7.10):
 - prompt: the template writes `<|image|>` where an image part is; the processor replaces it
@@ -45,7 +47,10 @@ from gateway.engine.model.kv import RowKVCache
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.model.vision import EncodedImage
 from gateway.engine.model.window_kv import layer_caches
+from gateway.processors.gemma4 import Gemma4Processor, Gemma4Settings
 from gateway.processors.positions import ImageLayout
+from gateway.processors.processor import PromptProcessor
+from gateway.processors.video_layout import VideoLayout
 from gateway.processors.video_processor import VideoFrames
 
 MODEL_TYPES = ("gemma4",)
@@ -74,24 +79,21 @@ class Gemma4(VlmFamily):
     # A text-only prompt's last token is a one-row step (as mlx-vlm feeds it); an image
     # prompt's is not, but the prefix cache never stores it either way.
     last_token_apart = True
+    prompt_split = True  # the prompt side is `Gemma4Processor`
+    prompt: Gemma4Processor
     kv_quant_off = "keeps sliding-window and KV-sharing layers under its own attention"
 
     def __init__(self, path: str, lazy: bool = False) -> None:
         super().__init__(path, lazy=lazy)
         config = self.model.config
         text = config.text_config
-        ip = self.image_processor
-        self.patch = int(ip.patch_size)
-        self.pool = int(ip.pooling_kernel_size)
-        self.budget = int(ip.max_soft_tokens)
+        settings = self.prompt.settings
+        self.patch, self.pool, self.budget = settings.patch, settings.pool, settings.budget
         if self.patch != int(config.vision_config.patch_size):
             raise ValueError(f"processor patch {self.patch} != tower patch")
         if self.pool != int(config.vision_config.pooling_kernel_size):
             raise ValueError(f"processor pooling {self.pool} != tower pooling")
-        tokenizer = self.tokenizer
-        self._image_id = int(config.image_token_id)
-        self.boi_id = int(tokenizer.convert_tokens_to_ids(self.processor.boi_token))
-        self.eoi_id = int(tokenizer.convert_tokens_to_ids(self.processor.eoi_token))
+        self._image_id = settings.image_token_id
         media = (config.image_token_id, config.audio_token_id, config.video_token_id)
         self._media_ids = np.asarray([int(t) for t in media if t is not None], dtype=np.int64)
         self.window = int(text.sliding_window)
@@ -105,6 +107,27 @@ class Gemma4(VlmFamily):
             self.language_model, self.new_cache, self.language_model.logits_from_hidden
         )
 
+    def _init_tokens(
+        self,
+        tokenizer: Any,
+        eos_token_ids: Sequence[int],
+        prompt: PromptProcessor | None = None,
+    ) -> None:
+        """Called by `VlmFamily.__init__` once mlx-vlm's config and processor are loaded: the
+        prompt side is a `Gemma4Processor` over the settings resolved from them."""
+        config, ip = self.model.config, self.image_processor
+        settings = Gemma4Settings(
+            image_token_id=int(config.image_token_id),
+            boi_id=int(tokenizer.convert_tokens_to_ids(self.processor.boi_token)),
+            eoi_id=int(tokenizer.convert_tokens_to_ids(self.processor.eoi_token)),
+            patch=int(ip.patch_size),
+            pool=int(ip.pooling_kernel_size),
+            budget=int(ip.max_soft_tokens),
+            do_resize=bool(ip.do_resize),
+        )
+        own = Gemma4Processor(self.path, self.model_type, tokenizer, settings)
+        super()._init_tokens(tokenizer, eos_token_ids, prompt or own)
+
     # ----- per family (VlmFamily) -------------------------------------------------------------
 
     @property
@@ -116,8 +139,8 @@ class Gemma4(VlmFamily):
         return self._image_id  # the template writes one `<|image|>` per image
 
     def span_ids(self, grid: Grid) -> list[int]:
-        _, h, w = grid
-        return [self.boi_id, *[self._image_id] * (h * w // self.pool**2), self.eoi_id]
+        """`Gemma4Processor.span_ids`."""
+        return self.prompt.span_ids(grid)
 
     def processor_settings(self) -> dict[str, Any]:
         return {k: getattr(self.image_processor, k, None) for k in _SETTINGS}
@@ -149,21 +172,24 @@ class Gemma4(VlmFamily):
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 
-    def image_grid(self, width: int, height: int) -> Grid:
-        """(1, rows, cols) patches of the resized image (the processor's own arithmetic)."""
-        from mlx_vlm.models.gemma4.processing_gemma4 import get_aspect_ratio_preserving_size
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """`Gemma4Processor.render`."""
+        return self.prompt.render(messages, tools, template_kwargs)
 
-        if width < 1 or height < 1:
-            raise ValueError(f"an image of {width}x{height} pixels")
-        if self.image_processor.do_resize:
-            max_patches = self.budget * self.pool**2
-            height, width = get_aspect_ratio_preserving_size(
-                height, width, self.patch, max_patches, self.pool
-            )
-        rows, cols = height // self.patch, width // self.patch
-        if rows % self.pool or cols % self.pool or not rows:
-            raise ValueError(f"{width}x{height} px is not whole {self.pool}x{self.pool} pools")
-        return (1, rows, cols)
+    def image_grid(self, width: int, height: int) -> Grid:
+        """`Gemma4Processor.image_grid`."""
+        return self.prompt.image_grid(width, height)
+
+    def layout_prompt(
+        self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
+    ) -> tuple[list[int], list[ImageLayout]]:
+        """`Gemma4Processor.layout_prompt`."""
+        return self.prompt.layout_prompt(ids, grids)
 
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         """PIL RGB image -> ((1, 3, H, W) float32 pixels, grid): the checkpoint's own image
