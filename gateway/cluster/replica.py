@@ -157,7 +157,7 @@ class EngineReplica:
 
     async def prompt_side(self) -> Any:
         """The model's prompt side for the ingress (a `PromptProcessor`, which pickles
-        without MLX), or None for a family whose prompt side is not split from it."""
+        without MLX)."""
         model = self.engine.model
         shipped = getattr(model, "shipped_prompt", None)  # the in-process engine's family
         return shipped() if shipped is not None else model

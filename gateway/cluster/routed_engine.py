@@ -73,7 +73,7 @@ class RoutedEngine(ReplicaQueries):
         if len(handles) != router.slots:
             raise ValueError("one handle per router slot")
         self.config = config
-        self.model: Any = None  # prompt side only (tokenizer, processor)
+        self.model: Any = None  # the prompt side (a PromptProcessor from a replica)
         self.on_gpu = False  # some replica computes on a GPU (known once open)
         self.device_memory: int | None = None  # the least any replica's device may use
         self.router = router
@@ -91,23 +91,15 @@ class RoutedEngine(ReplicaQueries):
 
     def start(self, timeout: float | None = None) -> None:
         """Wait until every replica answers (model loaded and warmed up there), then take the
-        model's prompt side from one (`EngineReplica.prompt_side`: no MLX here); a family
-        not split yet is loaded here with its weights unread instead."""
+        model's prompt side from one (`EngineReplica.prompt_side`: no MLX here)."""
         self.open(timeout)
 
         async def ask() -> Any:  # (Serve calls on this object's loop, as every other)
             return await await_response(self._handles[0].prompt_side.remote())
 
-        try:
-            prompt = asyncio.run_coroutine_threadsafe(ask(), self._loop).result(timeout)
-        except Exception as exc:  # noqa: BLE001 - an older replica, or none answered
-            log.warning("replica 0 sent no prompt side: %s", describe_error(exc))
-            prompt = None
+        prompt = asyncio.run_coroutine_threadsafe(ask(), self._loop).result(timeout)
         if prompt is None:
-            from gateway.engine.families import load_model
-
-            log.info("no prompt side from the replicas: loading it here (weights unread)")
-            prompt = load_model(self.config.model, lazy=True)
+            raise RuntimeError("replica 0 sent no prompt side for the model")
         self.model = prompt
 
     def open(self, timeout: float | None = None) -> None:

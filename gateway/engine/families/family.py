@@ -12,9 +12,9 @@ tokenizer is guarded by a lock; everything else they read is immutable after `__
 Engine-side methods run only on the engine thread, which owns MLX. A family object is built
 on the thread that will own MLX (`load_model`); a `lazy` one (weights unread) serves only the
 prompt side. The prompt half is `prompt`, a `gateway.processors.PromptProcessor` (no MLX):
-a split family (`prompt_split`) delegates its prompt methods to it and the engine process
-ships it to the HTTP process (`shipped_prompt`); a family not split yet implements them
-itself, and the HTTP process loads it lazily.
+every family delegates its prompt methods to it (`prompt_split`, pinned for each family by
+tests/gateway/processors/test_shipped.py) and the engine process ships it to the HTTP
+process (`shipped_prompt`), which never imports MLX.
 
 What the engine assumes of every family (read these before adding one):
 - Prompts are token ids with every image's placeholder run already expanded
@@ -146,9 +146,8 @@ class ModelFamily(ABC):
     kv_quant_off: ClassVar[str | None] = None
     # True: `prompt` is this family's whole prompt side (a `PromptProcessor` subclass whose
     # grids and layout the family's own methods delegate to), so the engine process sends it
-    # to the HTTP process, which then needs no MLX. False: the family still implements its
-    # prompt methods itself (`prompt` holds the template and tokenizer only), and the HTTP
-    # process loads the family's prompt side with its weights unread (`load_model(lazy)`).
+    # to the HTTP process, which needs no MLX. A family must set it: the HTTP process has no
+    # other way to build its prompts (the engine process refuses to serve one without).
     prompt_split: ClassVar[bool] = False
     prompt: PromptProcessor
 
@@ -217,8 +216,8 @@ class ModelFamily(ABC):
 
     def shipped_prompt(self) -> PromptProcessor | None:
         """The prompt side the engine process sends the HTTP process (`wire.Ready`), with the
-        family's card and KV value size; None when the family is not split yet
-        (`prompt_split`)."""
+        family's card and KV value size; None for a family that does not set `prompt_split`
+        (the HTTP process then refuses to serve it)."""
         if not self.prompt_split:
             return None
         return self.prompt.described(self.describe(), self.embed_bytes)

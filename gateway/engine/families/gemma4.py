@@ -50,7 +50,6 @@ from gateway.engine.model.window_kv import layer_caches
 from gateway.processors.gemma4 import Gemma4Processor, Gemma4Settings
 from gateway.processors.positions import ImageLayout
 from gateway.processors.processor import PromptProcessor
-from gateway.processors.video_layout import VideoLayout
 from gateway.processors.video_processor import VideoFrames
 
 MODEL_TYPES = ("gemma4",)
@@ -138,10 +137,6 @@ class Gemma4(VlmFamily):
     def placeholder_id(self) -> int:
         return self._image_id  # the template writes one `<|image|>` per image
 
-    def span_ids(self, grid: Grid) -> list[int]:
-        """`Gemma4Processor.span_ids`."""
-        return self.prompt.span_ids(grid)
-
     def processor_settings(self) -> dict[str, Any]:
         return {k: getattr(self.image_processor, k, None) for k in _SETTINGS}
 
@@ -171,25 +166,6 @@ class Gemma4(VlmFamily):
             raise ValueError(f"{self.model_type} keeps {', '.join(sorted(kinds))} layers")
 
     # ----- prompt side (any thread) -----------------------------------------------------------
-
-    def render(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
-        """`Gemma4Processor.render`."""
-        return self.prompt.render(messages, tools, template_kwargs)
-
-    def image_grid(self, width: int, height: int) -> Grid:
-        """`Gemma4Processor.image_grid`."""
-        return self.prompt.image_grid(width, height)
-
-    def layout_prompt(
-        self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
-    ) -> tuple[list[int], list[ImageLayout]]:
-        """`Gemma4Processor.layout_prompt`."""
-        return self.prompt.layout_prompt(ids, grids)
 
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         """PIL RGB image -> ((1, 3, H, W) float32 pixels, grid): the checkpoint's own image

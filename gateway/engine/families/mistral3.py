@@ -43,9 +43,7 @@ from PIL import Image
 from gateway.engine.families.family import Grid
 from gateway.engine.families.vlm_base import VlmFamily
 from gateway.processors.mistral3 import Mistral3Processor, Mistral3Settings
-from gateway.processors.positions import ImageLayout
 from gateway.processors.processor import PromptProcessor
-from gateway.processors.video_layout import VideoLayout
 
 MODEL_TYPES = ("mistral3",)
 TEXT_MODEL_TYPES = ("mistral",)
@@ -138,25 +136,6 @@ class Mistral3(VlmFamily):
         settings["tokens"] = (proc.image_token, proc.image_break_token, proc.image_end_token)
         return settings
 
-    def render(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
-        """`Mistral3Processor.render` (a leading system string as one text part)."""
-        return self.prompt.render(messages, tools, template_kwargs)
-
-    def image_grid(self, width: int, height: int) -> Grid:
-        """`Mistral3Processor.image_grid`."""
-        return self.prompt.image_grid(width, height)
-
-    def layout_prompt(
-        self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
-    ) -> tuple[list[int], list[ImageLayout]]:
-        """`Mistral3Processor.layout_prompt`."""
-        return self.prompt.layout_prompt(ids, grids)
-
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         """PIL image -> ((3, H, W) float32 pixels, grid): mlx-vlm's Pixtral image processor
         called as its Mistral 3 processor calls it (cells of `patch * merge` px)."""
@@ -166,10 +145,6 @@ class Mistral3(VlmFamily):
         h, w = (int(x) for x in out["image_sizes"][0])
         pixels = np.ascontiguousarray(np.asarray(out["pixel_values"])[0, :, :h, :w])
         return pixels, (1, h // self.patch, w // self.patch)
-
-    def span_ids(self, grid: Grid) -> list[int]:
-        """`Mistral3Processor.span_ids`."""
-        return self.prompt.span_ids(grid)
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

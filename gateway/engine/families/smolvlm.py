@@ -31,10 +31,8 @@ import numpy as np
 
 from gateway.engine.families.family import Grid
 from gateway.engine.families.vlm_base import VlmFamily
-from gateway.processors.positions import ImageLayout
 from gateway.processors.processor import PromptProcessor
 from gateway.processors.smolvlm import SmolVLMProcessor, SmolVLMSettings
-from gateway.processors.video_layout import VideoLayout
 
 MODEL_TYPES = ("smolvlm",)
 _SETTINGS = (
@@ -124,25 +122,6 @@ class SmolVLM(VlmFamily):
         settings["image_seq_len"] = self.processor.image_seq_len
         return settings
 
-    def render(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
-        """`SmolVLMProcessor.render`."""
-        return self.prompt.render(messages, tools, template_kwargs)
-
-    def image_grid(self, width: int, height: int) -> Grid:
-        """`SmolVLMProcessor.image_grid`."""
-        return self.prompt.image_grid(width, height)
-
-    def layout_prompt(
-        self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
-    ) -> tuple[list[int], list[ImageLayout]]:
-        """`SmolVLMProcessor.layout_prompt`."""
-        return self.prompt.layout_prompt(ids, grids)
-
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         """PIL RGB image -> (tiles then the global image: (n, 3, tile, tile) float32, grid),
         the checkpoint's own image processor's output."""
@@ -155,10 +134,6 @@ class SmolVLM(VlmFamily):
         p = self.per_side
         grid = (1, p, p) if rows == 0 else (1, rows * p, cols * p)
         return np.ascontiguousarray(pixels, dtype=np.float32), grid
-
-    def span_ids(self, grid: Grid) -> list[int]:
-        """`SmolVLMProcessor.span_ids`."""
-        return self.prompt.span_ids(grid)
 
     def _tile_count(self, grid: Grid) -> int:
         rows, cols = self.prompt.rows_cols(grid)

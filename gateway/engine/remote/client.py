@@ -73,7 +73,7 @@ class RemoteEngine:
         self.on_gpu = False  # the engine computes on a GPU (known once started)
         self.device_memory: int | None = None  # bytes its device may use (known once started)
         self._log_level = log_level
-        self.model: Any = None  # the prompt side (a PromptProcessor, or a lazy family)
+        self.model: Any = None  # the prompt side (a PromptProcessor: no MLX here)
         self._sinks: dict[str, Sink] = {}
         self._admitted: set[str] = set()
         self._rows: dict[str, int] = {}  # rows each request in flight takes (its n choices)
@@ -88,8 +88,7 @@ class RemoteEngine:
 
     def start(self, timeout: float | None = None) -> None:
         """Spawn the engine process, wait until the model is loaded there (re-raises a load
-        failure as RuntimeError) and take its prompt side (`wire.Ready.prompt`: no MLX here);
-        a family not split yet is loaded here with its weights unread instead."""
+        failure as RuntimeError) and take its prompt side (`wire.Ready.prompt`: no MLX here)."""
         ctx = mp.get_context("spawn")  # never fork a process that may hold a GPU context
         cmd_read, cmd_write = ctx.Pipe(duplex=False)
         evt_read, evt_write = ctx.Pipe(duplex=False)
@@ -110,7 +109,9 @@ class RemoteEngine:
             if not isinstance(first, Ready):
                 raise RuntimeError(f"model failed to load: {first.message}")
             self.on_gpu, self.device_memory = first.on_gpu, first.device_memory
-            self.model = first.prompt or _lazy_family(self.config.model)
+            if first.prompt is None:  # every family ships one (prompt_split, tested)
+                raise RuntimeError("the engine process sent no prompt side for the model")
+            self.model = first.prompt
         except BaseException:
             self._kill()
             raise
@@ -272,11 +273,3 @@ class RemoteEngine:
             done.set()
         self._stopped.set()
 
-
-def _lazy_family(path: str) -> Any:
-    """The prompt side of a family not split into a `PromptProcessor` yet: the family loaded
-    with its weights unread (this imports MLX into the HTTP process)."""
-    from gateway.engine.families import load_model
-
-    log.info("this model family has no MLX-free prompt side yet: loading it lazily here")
-    return load_model(path, lazy=True)
