@@ -38,6 +38,7 @@ from gateway.api.responses import routes as responses_api
 from gateway.config import EngineConfig, MediaConfig, ServerConfig
 from gateway.engine.client import EngineClient, EngineUnavailable
 from gateway.engine.remote.client import RemoteEngine
+from gateway.engine.remote.spare import SpareEngines
 from gateway.errors import APIError
 from gateway.frontend.context import context_window
 from gateway.frontend.errors import engine_unavailable, model_not_found
@@ -80,7 +81,16 @@ class Gateway:
         self.engine_config = engine_config
         self.metrics = EdgeMetrics()
         pool = pool or PoolConfig()
-        make_engine = make_engine or self._engine_factory(server, loader, engine)
+        # Several models in engine processes: loads on demand take a spare process whose
+        # imports are done (gateway.engine.remote.spare).
+        default_engines = make_engine is None and engine is None and loader is None
+        several = len(pool.specs) > 1 and pool.spare_engine
+        self.spares = (
+            SpareEngines(server.log_level)
+            if default_engines and several and server.engine_process
+            else None
+        )
+        make_engine = make_engine or self._engine_factory(server, loader, engine, self.spares)
         self.pool = ModelPool(
             pool, model_slots(pool, engine_config, make_engine), self._prepare, self.metrics.pool
         )
@@ -98,6 +108,7 @@ class Gateway:
         server: ServerConfig,
         loader: Callable[[], ModelFamily] | None,
         engine: EngineClient | None,
+        spares: SpareEngines | None,
     ) -> EngineFactory:
         """How each model's engine client is made: `engine` as given (the cluster's
         `RoutedEngine`), an engine process (the default), or the engine in this process
@@ -105,7 +116,7 @@ class Gateway:
         if engine is not None:
             return lambda _config: engine
         if loader is None and server.engine_process:
-            return lambda config: RemoteEngine(config, server.log_level)
+            return lambda config: RemoteEngine(config, server.log_level, spares)
 
         def in_process(config: EngineConfig) -> EngineClient:
             from gateway.engine.core import Engine
@@ -170,6 +181,8 @@ class Gateway:
         delivery = LoopDelivery(self._loop)
         try:
             await self.pool.start()
+            if self.spares is not None:  # the next load's process, imports done meanwhile
+                self.spares.prepare()
             self.pipeline.open(delivery)  # from here on /health says ready
             if self.engine_config.warmup:
                 await self._warm_http(app)
@@ -180,6 +193,8 @@ class Gateway:
         finally:  # also when start-up fails after an engine started: never leave one running
             self.pipeline.close()
             await self.pool.stop()
+            if self.spares is not None:
+                await asyncio.to_thread(self.spares.close)
             await self.media.aclose()
 
     async def _warm_http(self, app: Starlette) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import multiprocessing as mp
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -33,7 +32,7 @@ from typing import Any
 from gateway.config import EngineConfig
 from gateway.engine.client import EngineBusy, EngineUnavailable
 from gateway.engine.image_store import ImageStore
-from gateway.engine.remote.main import engine_process_main
+from gateway.engine.remote.spare import SpareEngines, spawn_engine
 from gateway.engine.request import (
     AdmittedEvent,
     EngineRequest,
@@ -68,8 +67,12 @@ class RemoteEngine:
     """An `EngineClient` over an engine process. Thread-safe; sinks are called on this
     object's reader thread and must not block."""
 
-    def __init__(self, config: EngineConfig, log_level: str = "info") -> None:
+    def __init__(
+        self, config: EngineConfig, log_level: str = "info", spares: SpareEngines | None = None
+    ) -> None:
+        """`spares`: take a spare engine process (imports done) instead of spawning one."""
         self.config = config
+        self._spares = spares
         self.on_gpu = False  # the engine computes on a GPU (known once started)
         self.device_memory: int | None = None  # bytes its device may use (known once started)
         self._log_level = log_level
@@ -87,21 +90,15 @@ class RemoteEngine:
     # ----- lifecycle ----------------------------------------------------------------------------
 
     def start(self, timeout: float | None = None) -> None:
-        """Spawn the engine process, wait until the model is loaded there (re-raises a load
-        failure as RuntimeError) and take its prompt side (`wire.Ready.prompt`: no MLX here)."""
-        ctx = mp.get_context("spawn")  # never fork a process that may hold a GPU context
-        cmd_read, cmd_write = ctx.Pipe(duplex=False)
-        evt_read, evt_write = ctx.Pipe(duplex=False)
-        self._commands, self._events = cmd_write, evt_read
-        self._process = ctx.Process(
-            target=engine_process_main,
-            args=(self.config, self._log_level, cmd_read, evt_write),
-            name="vision-gateway-engine",
-            daemon=True,
-        )
-        self._process.start()
-        cmd_read.close()
-        evt_write.close()
+        """Start the engine process (or take a spare: `spares`), wait until the model is
+        loaded there (re-raises a load failure as RuntimeError) and take its prompt side
+        (`wire.Ready.prompt`: no MLX here)."""
+        if self._spares is not None:
+            started = self._spares.take(self.config)
+        else:
+            started = spawn_engine(self.config, self._log_level)
+        self._process = started.process
+        self._commands, self._events = started.commands, started.events
         try:
             if not self._events.poll(timeout):
                 raise TimeoutError("the engine process did not load the model in time")
@@ -272,4 +269,3 @@ class RemoteEngine:
         for done, _ in calls.values():
             done.set()
         self._stopped.set()
-

@@ -28,6 +28,7 @@ from gateway.engine.wire import (
     Call,
     Cancel,
     Command,
+    Configure,
     Events,
     Invoke,
     LoadFailed,
@@ -44,9 +45,11 @@ log = logging.getLogger(__name__)
 
 
 def engine_process_main(
-    config: EngineConfig, log_level: str, commands: Connection, events: Connection
+    config: EngineConfig | None, log_level: str, commands: Connection, events: Connection
 ) -> None:
-    """Entry point of the engine process: run an Engine, serve the command pipe."""
+    """Entry point of the engine process: run an Engine, serve the command pipe. `config`
+    None: a spare (`gateway.engine.remote.spare`): import what an engine needs, then wait
+    for the model to serve (`Configure`; a `Stop` or a closed pipe ends it)."""
     from gateway.engine.core import Engine
     from gateway.metrics import Metrics
 
@@ -57,6 +60,10 @@ def engine_process_main(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if config is None:
+        config = _await_model(commands)
+        if config is None:
+            return
     outbox = _Outbox(events)
     engine = Engine(config, Metrics())
     engine.on_events = outbox.flush
@@ -87,6 +94,20 @@ def engine_process_main(
                 outbox.flush()
                 outbox.send(Stopped())
                 return
+
+
+def _await_model(commands: Connection) -> EngineConfig | None:
+    """A spare's wait: the model loaders imported now (what a load spends most of its first
+    second on), then the `Configure` naming the model; None when told to stop instead."""
+    import mlx_vlm  # noqa: F401
+
+    import gateway.engine.families.registry  # noqa: F401 - mlx, mlx-lm, mlx-vlm, the families
+
+    try:
+        message = commands.recv()
+    except (EOFError, OSError):  # the HTTP process is gone
+        return None
+    return message.config if isinstance(message, Configure) else None
 
 
 def _submit(
