@@ -9,7 +9,9 @@ unloaded model's process has exited, and each load took the spare; a burst of
 8 concurrent requests to an unloaded model loads it once (the metric); a model whose
 checkpoint cannot load gives a 503 naming it while the others answer; a reloaded model
 answers its earlier image from the disk tier (cached tokens > 0); the HTTP process never
-mapped MLX's library; /v1/models shows every model's state; an alias reaches its model.
+mapped MLX's library; /v1/models shows every model's state; the Anthropic and Responses APIs
+route by model too; an unknown name is a 404 listing the served ones; the admin endpoint
+unloads a model.
 """
 
 from __future__ import annotations
@@ -65,6 +67,21 @@ def _engines(server: LocalServer) -> list[int]:
     return found
 
 
+def _other_apis(server: LocalServer) -> dict[str, str]:
+    """The model each of the other two APIs reports answering: Anthropic's Messages to
+    `text`, the Responses API to `gemma` (both real SDKs)."""
+    import anthropic
+
+    messages = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+    said = messages.messages.create(
+        model="text", max_tokens=4, messages=[{"role": "user", "content": "Hello"}]
+    )
+    responses = server.client().responses.create(
+        model="gemma", input="Hello", max_output_tokens=4, temperature=0
+    )
+    return {"anthropic": said.model, "responses": responses.model}
+
+
 def _written(server: LocalServer, model: str) -> None:
     """Wait until `model` has written its KV blocks to the disk tier (in the background: a
     response can arrive before its entry is on disk)."""
@@ -118,6 +135,12 @@ def pool_run(broken: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
         seen["broken"] = refused.value
         seen["text_after_broken"] = _ask(client, "text", False)
         seen["qwen_again"] = _ask(client, "qwen", image=True)
+        seen["other_apis"] = _other_apis(server)
+        with pytest.raises(openai.NotFoundError) as unknown:
+            _ask(client, "nope", image=False)
+        seen["unknown"] = unknown.value
+        unload = httpx.post(server.base_url + "/v1/models/text/unload", timeout=60)
+        seen["unload"] = (unload.status_code, unload.json(), _states(server)["text"])
         seen["metrics"] = server.metrics()
         maps = Path(f"/proc/{server.proc.pid}/maps").read_text()
         seen["http_maps_mlx"] = "libmlx" in maps or "/mlx/" in maps
@@ -170,3 +193,18 @@ def test_a_reloaded_model_answers_its_image_from_the_disk_tier(pool_run: dict) -
 
 def test_the_http_process_never_maps_mlx(pool_run: dict) -> None:
     assert pool_run["http_maps_mlx"] is False
+
+
+def test_every_api_routes_by_model(pool_run: dict) -> None:
+    assert pool_run["other_apis"] == {"anthropic": "text", "responses": "gemma"}
+
+
+def test_an_unknown_model_is_a_404_listing_the_served_names(pool_run: dict) -> None:
+    body = pool_run["unknown"].body
+    assert body["code"] == "model_not_found" and body["param"] == "model"
+    assert all(f"`{name}`" in body["message"] for name in ("qwen", "gemma", "text", "broken"))
+
+
+def test_the_admin_unloads_a_model(pool_run: dict) -> None:
+    status, body, state = pool_run["unload"]
+    assert status == 200 and body["unloaded"] is True and state == "unloaded"
