@@ -26,15 +26,19 @@ class FamilyFacts:
     """One family as known without loading it: `family` (its `ModelFamily.family` name),
     the `model_types` it serves (empty for text models: mlx-lm decides) and `kv_quant_off`
     (why `--kv-bits` cannot serve it, a phrase after the model type; None: it can where its
-    heads allow)."""
+    heads allow); `media`, the kinds of media parts it takes (what /v1/models says of a
+    model not loaded yet)."""
 
     family: str
     model_types: tuple[str, ...]
     kv_quant_off: str | None = None
+    media: frozenset[str] = frozenset({"image"})  # the parts it takes (its class's `media`)
 
 
 VISION_FAMILIES: tuple[FamilyFacts, ...] = (
-    FamilyFacts("qwen_vl", ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")),
+    FamilyFacts(
+        "qwen_vl", ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"), media=frozenset({"image", "video"})
+    ),
     FamilyFacts("mistral3", ("mistral3",)),
     FamilyFacts("smolvlm", ("smolvlm",)),
     FamilyFacts(
@@ -47,7 +51,7 @@ VISION_FAMILIES: tuple[FamilyFacts, ...] = (
         "qwen3_5", ("qwen3_5", "qwen3_5_moe"), "keeps recurrent-state layers (a hybrid model)"
     ),
 )
-TEXT = FamilyFacts("text", ())
+TEXT = FamilyFacts("text", (), media=frozenset())
 BY_MODEL_TYPE: dict[str, FamilyFacts] = {t: f for f in VISION_FAMILIES for t in f.model_types}
 TEXT_EXAMPLES = ("qwen3", "llama")  # what docs and errors name; any mlx-lm text model loads
 VISION_KEYS = ("vision_config", "vision_tower", "image_token_id", "image_token_index")

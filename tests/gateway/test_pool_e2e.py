@@ -121,6 +121,7 @@ def pool_run(broken: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     with LocalServer(args) as server:
         client = server.client()
         seen["start"] = _states(server)
+        seen["start_cards"] = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
         seen["qwen"] = _ask(client, "qwen", image=True)
         _written(server, "qwen")
         seen["gemma"] = _ask(client, "gemma", image=True)
@@ -208,3 +209,16 @@ def test_an_unknown_model_is_a_404_listing_the_served_names(pool_run: dict) -> N
 def test_the_admin_unloads_a_model(pool_run: dict) -> None:
     status, body, state = pool_run["unload"]
     assert status == 200 and body["unloaded"] is True and state == "unloaded"
+
+
+def test_models_not_loaded_yet_are_described_from_their_config(pool_run: dict) -> None:
+    """Invariant: /v1/models tells a client what a model takes before it first loads (its
+    family, vision or not, its checkpoint's context), and the loaded one its capabilities."""
+    cards = {card["id"]: card for card in pool_run["start_cards"]}
+    gemma, text, qwen = cards["gemma"], cards["text"], cards["qwen"]
+    assert gemma["state"] == "unloaded" and gemma["family"] == "gemma3"
+    assert gemma["capabilities"]["vision"] and not gemma["capabilities"]["video"]
+    assert not text["capabilities"]["vision"] and text["family"] == "text"
+    assert all(isinstance(c["context_length"], int) for c in (gemma, text, qwen))
+    assert qwen["state"] == "loaded" and qwen["capabilities"]["video"]
+    assert set(qwen["capabilities"]) == {"vision", "video", "tools", "thinking", "structured"}
