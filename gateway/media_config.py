@@ -74,10 +74,21 @@ class MediaConfig:
         "--video-fps", "frames sampled per second of video (up to --max-video-frames)", 2.0
     )
 
+    # Audio (`input_audio` / `audio_url` parts): the encoded clip's size and its length (a
+    # model may read less: Gemma 4 reads 30 s a clip, and says so in a 400).
+    max_audio_bytes: int = flag(
+        "--max-audio-bytes", "per audio clip (the encoded bytes), bytes (more: 413)", 32 * MIB
+    )
+    max_audio_seconds: float = flag(
+        "--max-audio-seconds", "per audio clip, its length in seconds (longer: 400)", 600.0
+    )
+
     def __post_init__(self) -> None:
         _require(self.max_image_bytes > 0, "--max-image-bytes must be > 0")
         _require(self.max_image_pixels > 0, "--max-image-pixels must be > 0")
         _require(self.max_video_bytes > 0, "--max-video-bytes must be > 0")
+        _require(self.max_audio_bytes > 0, "--max-audio-bytes must be > 0")
+        _require(self.max_audio_seconds > 0, "--max-audio-seconds must be > 0")
         _require(self.max_video_seconds > 0, "--max-video-seconds must be > 0")
         _require(1 <= self.max_video_frames <= 1024, "--max-video-frames must be in 1..1024")
         _require(0 < self.video_fps <= 60, "--video-fps must be in (0, 60]")

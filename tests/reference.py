@@ -127,8 +127,11 @@ def _drop_duplicate_bos(processor: Any, input_ids: Any, mask: Any) -> tuple[Any,
     return input_ids[:, 1:], None if mask is None else mask[:, 1:]
 
 
-def _drop_first(value: Any, length: int) -> Any:
-    """A (1, length, ...) per-token array without its first entry; anything else as is."""
+def _drop_first(value: Any, length: int, key: str = "") -> Any:
+    """A (1, length, ...) per-token array without its first entry; anything else as is
+    (audio features are per frame, whatever their count)."""
+    if key.startswith("input_features"):
+        return value
     shape = getattr(value, "shape", ())
     if len(shape) >= 2 and shape[0] == 1 and shape[1] == length:
         return value[:, 1:]
@@ -143,18 +146,21 @@ def _vision_generate(
     max_tokens: int,
     single_bos: bool,
     template_kwargs: dict[str, Any],
+    audio: list[Any],
 ) -> ReferenceOutput:
     import mlx_vlm
     from mlx_vlm.generate.dispatch import _prepare_generation_inputs
     from mlx_vlm.prompt_utils import apply_chat_template
 
+    if audio:
+        template_kwargs = {**template_kwargs, "num_audios": len(audio)}
     prompt = apply_chat_template(
         processor, model.config, messages, num_images=len(images), **template_kwargs
     )
     # The inputs stream_generate prepares for itself (the same call, made here), handed back to
     # it as caller-prepared tensors: the one way to correct the duplicated BOS.
     input_ids, pixel_values, mask, extra = _prepare_generation_inputs(
-        model, processor, prompt, images or None, None, None, {}
+        model, processor, prompt, images or None, audio or None, None, {}
     )
     if single_bos:
         length = input_ids.shape[1]
@@ -163,7 +169,7 @@ def _vision_generate(
             # The per-token inputs the processor made along the ids lose the same first entry
             # (Gemma 4's `mm_token_type_ids`: left one longer than the ids, mlx-vlm silently
             # drops its bidirectional image mask, which the checkpoint was trained with).
-            extra = {k: _drop_first(v, length) for k, v in extra.items()}
+            extra = {k: _drop_first(v, length, k) for k, v in extra.items()}
     prompt_ids = tuple(int(t) for t in input_ids[0].tolist())
     ids: list[int] = []
     logprobs: list[float] = []
@@ -173,6 +179,7 @@ def _vision_generate(
         processor,
         prompt,
         image=images or None,
+        audio=audio or None,
         max_tokens=max_tokens,
         temperature=0.0,
         input_ids=input_ids,
@@ -200,6 +207,7 @@ def reference_generate(
     max_tokens: int = 16,
     single_bos: bool = True,
     template_kwargs: dict[str, Any] | None = None,
+    audio: Sequence[Any] = (),
 ) -> ReferenceOutput:
     """The reference library's greedy answer to `messages` (OpenAI-style dicts; image parts
     as {"type": "image"}) with `images` (paths or PIL images, in prompt order).
@@ -209,7 +217,8 @@ def reference_generate(
     checkpoint or a max_tokens below 1. `template_kwargs`: extra chat-template variables for
     a vision checkpoint (mlx-vlm renders with `enable_thinking=False` unless told otherwise;
     the gateway renders the template's defaults, so a thinking template's test passes
-    `{"enable_thinking": True}`).
+    `{"enable_thinking": True}`). `audio`: mono float32 clips at the model's rate (numpy),
+    in prompt order (mlx-vlm's template helper puts them after the message's text).
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
@@ -220,4 +229,6 @@ def reference_generate(
         return _text_generate(model, processor, messages, max_tokens)
     loaded = [str(i) if isinstance(i, Path) else i for i in images]
     kwargs = dict(template_kwargs or {})
-    return _vision_generate(model, processor, messages, loaded, max_tokens, single_bos, kwargs)
+    return _vision_generate(
+        model, processor, messages, loaded, max_tokens, single_bos, kwargs, list(audio)
+    )

@@ -166,6 +166,11 @@ def decoded(image: Image.Image) -> DecodedImage:
     )
 
 
+def _media(item: object) -> object:
+    """A PIL image decoded as the media loader would; decoded media (audio) as given."""
+    return decoded(item) if isinstance(item, Image.Image) else item
+
+
 def chat_body(question: str, images: int = 0, max_tokens: int = 8, **extra: object) -> dict:
     """A greedy OpenAI chat body; image parts (URLs are placeholders) come before the text."""
     content: list[dict] = [{"type": "image_url", "image_url": {"url": "x"}}] * images
@@ -279,7 +284,7 @@ class EngineHarness:
         """Submit a parsed `ChatRequest` (from any wire format)."""
         self._ids += 1
         request = self.prompts.build(
-            chat, [decoded(i) for i in images], f"req-{self._ids}", time.perf_counter()
+            chat, [_media(i) for i in images], f"req-{self._ids}", time.perf_counter()
         )
         run = Run()
         self.engine.submit(request, run.sink)

@@ -34,7 +34,16 @@ class VideoPart:
     param: str
 
 
-Part = TextPart | ImagePart | VideoPart
+@dataclass(frozen=True)
+class AudioPart:
+    """An audio clip: a data URI (an OpenAI `input_audio` part's base64 and format become
+    `data:audio/<format>;base64,...`), an http(s) URL or a path (vLLM's `audio_url`)."""
+
+    url: str
+    param: str
+
+
+Part = TextPart | ImagePart | VideoPart | AudioPart
 
 
 @dataclass(frozen=True)
@@ -144,6 +153,10 @@ class ChatRequest:
         return [p for m in self.messages for p in m.parts if isinstance(p, VideoPart)]
 
     @property
-    def media(self) -> list[ImagePart | VideoPart]:
-        """Images and videos in prompt order (the order of their placeholders)."""
+    def audio(self) -> list[AudioPart]:
+        return [p for m in self.messages for p in m.parts if isinstance(p, AudioPart)]
+
+    @property
+    def media(self) -> list[ImagePart | VideoPart | AudioPart]:
+        """Images, videos and audio in prompt order (the order of their placeholders)."""
         return [p for m in self.messages for p in m.parts if not isinstance(p, TextPart)]

@@ -25,7 +25,7 @@ from gateway.engine.request import AdmittedEvent, ErrorEvent, ErrorKind, Event, 
 from gateway.errors import invalid
 from gateway.frontend.admission import Admission, Timings
 from gateway.frontend.affinity import affinity_key
-from gateway.frontend.chat import ChatRequest, ImagePart, VideoPart
+from gateway.frontend.chat import AudioPart, ChatRequest, ImagePart, VideoPart
 from gateway.frontend.errors import (
     ClientGone,
     engine_busy,
@@ -37,7 +37,7 @@ from gateway.frontend.errors import (
 )
 from gateway.frontend.prompt import Media, PromptBuilder
 from gateway.frontend.streams import EventStream, LoopDelivery
-from gateway.media import DecodedImage, MediaLoader
+from gateway.media import DecodedAudio, DecodedImage, MediaLoader
 from gateway.metrics import EdgeMetrics
 from gateway.pool.pool import ModelPool
 from gateway.pool.slot import ModelSlot
@@ -135,6 +135,21 @@ class ChatPipeline:
             self._metrics.image_hash_seconds.observe(image.hash_seconds)
         return images
 
+    async def _load_audio(self, slot: ModelSlot, chat: ChatRequest) -> list[DecodedAudio]:
+        """The request's audio parts decoded at the model's rate; a model without audio
+        gets a 400 naming the first audio part before anything is decoded."""
+        if not chat.audio:
+            return []
+        prompts = slot.prompts
+        assert prompts is not None  # held: loaded until released
+        rate = prompts.model.audio_rate
+        if rate is None:
+            try:
+                prompts.check_media_kinds(chat)
+            except ValueError as exc:
+                raise prompt_error(exc, chat) from None
+        return await self.media.load_audio([(p.url, p.param) for p in chat.audio], rate or 16000)
+
     async def _prepare(
         self, chat: ChatRequest, resolve: ImageResolver | None
     ) -> tuple[ModelSlot, LoopDelivery, list[Media]]:
@@ -161,13 +176,19 @@ class ChatPipeline:
                 resolve(chat) if resolve else self.load_images(chat.images),
                 self.media.load_videos([(p.url, p.param) for p in chat.videos]),
             )
+            audio = await self._load_audio(slot, chat)
         except BaseException:
             slot.release(chat.keep_alive_s)
             raise
-        # Back into prompt order: the placeholders of images and videos interleave.
-        image_iter, video_iter = iter(images), iter(videos)
+        # Back into prompt order: the placeholders of images, videos and audio interleave.
+        image_iter, video_iter, audio_iter = iter(images), iter(videos), iter(audio)
         media: list[Media] = [
-            next(video_iter) if isinstance(p, VideoPart) else next(image_iter) for p in chat.media
+            next(video_iter)
+            if isinstance(p, VideoPart)
+            else next(audio_iter)
+            if isinstance(p, AudioPart)
+            else next(image_iter)
+            for p in chat.media
         ]
         return slot, delivery, media
 

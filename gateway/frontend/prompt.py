@@ -15,9 +15,10 @@ from typing import Any
 from caches.scope import scoped_hash
 from gateway.engine.request import EngineRequest, ImageInput, SamplingParams, ThinkingParams
 from gateway.errors import invalid
-from gateway.frontend.chat import ChatRequest, ImagePart, TextPart, VideoPart
+from gateway.frontend.chat import AudioPart, ChatRequest, ImagePart, TextPart, VideoPart
 from gateway.frontend.reasoning import Reasoning, template_kwargs
-from gateway.media import DecodedImage, DecodedVideo
+from gateway.media import DecodedAudio, DecodedImage, DecodedVideo
+from gateway.processors.audio import AudioClip
 from gateway.processors.positions import ImageLayout
 from gateway.processors.processor import PromptSide
 from gateway.processors.video_layout import VideoLayout
@@ -25,7 +26,7 @@ from gateway.tools.fallback import fold, needs_folding, renders_tools
 from gateway.tools.formats import ToolFormat, resolve
 from gateway.tools.grammar import tool_grammar
 
-Media = DecodedImage | DecodedVideo
+Media = DecodedImage | DecodedVideo | DecodedAudio
 Grid = tuple[int, int, int] | VideoLayout
 
 
@@ -37,7 +38,7 @@ class UnsupportedImage(ValueError):
     def __init__(self, index: int, message: str, kind: str = "image") -> None:
         super().__init__(message)
         self.index = index
-        self.kind = kind  # "image" or "video"
+        self.kind = kind  # "image", "video" or "audio"
 
 
 def template_messages(chat: ChatRequest) -> list[dict[str, Any]]:
@@ -60,6 +61,8 @@ def template_messages(chat: ChatRequest) -> list[dict[str, Any]]:
                     content.append({"type": "image"})
                 elif isinstance(part, VideoPart):
                     content.append({"type": "video"})
+                elif isinstance(part, AudioPart):
+                    content.append({"type": "audio"})
                 else:
                     content.append({"type": "text", "text": part.text})
             entry["content"] = content
@@ -120,7 +123,7 @@ class PromptBuilder:
     ) -> tuple[list[int], list[ImageLayout], list[Grid], ThinkingParams | None, str]:
         """The prompt's ids, its media layouts and grids, its thinking parameters and the
         template variables it was rendered with (`EngineRequest.template_vars`)."""
-        self._check_media_kinds(chat)
+        self.check_media_kinds(chat)
         tools = None
         if chat.tools is not None:
             self._check_tools(chat)
@@ -138,12 +141,12 @@ class PromptBuilder:
         prompt, layouts = self.model.layout_prompt(ids, grids)
         return prompt, layouts, grids, thinking, _template_vars(kwargs)
 
-    def _check_media_kinds(self, chat: ChatRequest) -> None:
+    def check_media_kinds(self, chat: ChatRequest) -> None:
         """Refuse a media part the model does not take (an image sent to a text model): the
         message names the part's field (APIs without a `param`, like Anthropic's, show only
         the message) and the error carries its place among the request's media."""
         for index, part in enumerate(chat.media):
-            kind = "video" if isinstance(part, VideoPart) else "image"
+            kind = _KINDS[type(part)]
             if kind not in self.model.media:
                 model = self.model
                 instead = "images or text" if "image" in model.media else "text only"
@@ -151,7 +154,7 @@ class PromptBuilder:
                     index,
                     f"{part.param}: this model ({model.model_type}, family {model.family}) "
                     f"does not take {kind} input; send {instead}, or serve a model that reads "
-                    f"{kind}s",
+                    f"{'audio' if kind == 'audio' else kind + 's'}",
                     kind,
                 )
 
@@ -188,6 +191,13 @@ class PromptBuilder:
         return self.tool_format if constrained else None
 
     def _grid(self, index: int, item: Media) -> Grid:
+        if isinstance(item, DecodedAudio):
+            try:
+                return self.model.audio_grid(len(item.samples), item.rate)
+            except ValueError as exc:
+                raise UnsupportedImage(
+                    index, f"the audio ({item.seconds:.2f} s) cannot be processed: {exc}", "audio"
+                ) from None
         what = "video frames" if isinstance(item, DecodedVideo) else "image"
         try:
             if isinstance(item, DecodedVideo):
@@ -221,6 +231,8 @@ class PromptBuilder:
             item, grid = media[index], grids[index]
             if isinstance(item, DecodedImage):
                 source, grid_thw = item.image, grid
+            elif isinstance(item, DecodedAudio):
+                source, grid_thw = AudioClip(item.samples, item.rate), grid
             else:
                 assert isinstance(grid, VideoLayout)
                 source = self.model.video_clip(item.frames, item.times, grid.grid, block)
@@ -323,6 +335,9 @@ class PromptBuilder:
                     f"logit_bias.{token}",
                 )
         return chat.logit_bias
+
+
+_KINDS: dict[type, str] = {ImagePart: "image", VideoPart: "video", AudioPart: "audio"}
 
 
 def _block_hash(item: Media, block: int | None) -> str:

@@ -5,10 +5,12 @@ Outside this package only `MediaLoader` and `DecodedImage` are used (import them
 `loader` is the one module that uses the others: `sources` (data URIs, local files),
 `url_fetch` + `url_policy` (SSRF-safe fetching), `image_decode` (Pillow, pixel hashing) and
 `single_flight` (one fetch per URL, one decode per byte hash); videos go through
-`video_loader` (the same sources and fetcher rules) and `video_decode` (PyAV, frame sampling).
+`video_loader` (the same sources and fetcher rules) and `video_decode` (PyAV, frame sampling); audio through `audio_loader` and `audio_decode`
+(PyAV: mono, resampled to the model's rate, hashed over the samples).
 """
 
+from gateway.media.audio_decode import DecodedAudio
 from gateway.media.loader import DecodedImage, MediaLoader
 from gateway.media.video_decode import DecodedVideo
 
-__all__ = ["DecodedImage", "DecodedVideo", "MediaLoader"]
+__all__ = ["DecodedAudio", "DecodedImage", "DecodedVideo", "MediaLoader"]

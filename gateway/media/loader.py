@@ -27,6 +27,8 @@ from caches.hashing import bytes_hash
 from caches.lru import ByteLRU
 from gateway.config import MIB, MediaConfig
 from gateway.errors import invalid, too_large
+from gateway.media.audio_decode import DecodedAudio
+from gateway.media.audio_loader import AudioLoader
 from gateway.media.failures import as_client_error
 from gateway.media.image_decode import decode_and_hash, raise_pillow_pixel_limit
 from gateway.media.single_flight import SingleFlight
@@ -106,6 +108,12 @@ class MediaLoader:
             transport_factory=transport_factory,
             address_policy=address_policy,
         )
+        self.audio = AudioLoader(
+            config,
+            resolver=resolver,
+            transport_factory=transport_factory,
+            address_policy=address_policy,
+        )
         self._counts = dict(decodes=0, unexpected_errors=0, data_uri_memo_hits=0)
         self._sources = dict(url=0, data=0, path=0)
         raise_pillow_pixel_limit(config.max_image_pixels)
@@ -125,12 +133,14 @@ class MediaLoader:
             "loads_by_source": dict(self._sources),
             "fetch": self._fetcher.stats(),
             "videos": dict(self.videos.counts),
+            "audio": dict(self.audio.counts),
         }
 
     async def aclose(self) -> None:
         """Cancel in-flight fetches and drop the memo. The loader stays usable afterwards."""
         await self._fetcher.aclose()
         await self.videos.aclose()
+        await self.audio.aclose()
         await self._decoding.cancel_all()
         self._memo.clear()
         self._data_uris.clear()
@@ -183,6 +193,22 @@ class MediaLoader:
         `max_images_per_request` together with the request's images (checked by the caller
         through `check_media_count`)."""
         tasks = [asyncio.ensure_future(self.videos.load(u, p)) for u, p in urls]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            failed = [t for t in tasks if not t.cancelled() and t.exception() is not None]
+            if failed:
+                raise failed[0].exception() from None  # type: ignore[misc]
+            raise
+        return [t.result() for t in tasks]
+
+    async def load_audio(self, urls: Sequence[tuple[str, str]], rate: int) -> list[DecodedAudio]:
+        """Load (url, param) audio pairs concurrently at `rate` Hz, in input order; the
+        first failure in input order is raised, the other loads cancelled."""
+        tasks = [asyncio.ensure_future(self.audio.load(u, p, rate)) for u, p in urls]
         try:
             await asyncio.gather(*tasks)
         except BaseException:

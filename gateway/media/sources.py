@@ -24,7 +24,7 @@ from pathlib import Path
 from gateway.errors import APIError, invalid, too_large
 from gateway.media.url_policy import shorten
 
-_ARTICLE = {"image": "an image", "video": "a video"}
+_ARTICLE = {"image": "an image", "video": "a video", "audio": "audio"}
 _BASE64_BODY = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 # b64decode(validate=True) is a strict a2b_base64 from Python 3.11 on; 3.10 has no strict mode
 # (it validates with a regex instead), so there every payload takes the checked path.

@@ -78,7 +78,8 @@ class UrlFetcher:
         """`kind` "video": the cap is `max_video_bytes` and messages say "video URL"."""
         self._config = config
         self._kind = kind
-        self._cap = config.max_video_bytes if kind == "video" else config.max_image_bytes
+        caps = {"video": config.max_video_bytes, "audio": config.max_audio_bytes}
+        self._cap = caps.get(kind, config.max_image_bytes)
         self._resolver = resolver or system_resolver
         self._transport_factory = transport_factory
         self._policy = address_policy or forbidden_address_reason

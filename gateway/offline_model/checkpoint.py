@@ -60,6 +60,8 @@ def block_bytes(seed: int, name: str, block: int, specs: dict[str, ParamSpec], d
         x = np.ones(n, dtype=np.float32)
     elif spec.init == "zeros":
         x = np.zeros(n, dtype=np.float32)
+    elif spec.init in ("inf", "-inf"):
+        x = np.full(n, float(spec.init), dtype=np.float32)
     else:
         rng = np.random.default_rng([seed, _name_key(name), block])
         x = rng.standard_normal(n, dtype=np.float32)

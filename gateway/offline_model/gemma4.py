@@ -22,7 +22,11 @@ Structure kept from the small Gemma 4 checkpoints at tiny sizes:
   ids, `<bos>` added by the post-processor, `<turn|>` ends a turn;
 - files: processor_config.json's `image_processor.max_soft_tokens` sets the budget (it
   belongs in any cache key: another budget means other pixels and another token count).
-No audio tower: the tiny checkpoint is vision-only (`audio_config: null`).
+- audio: a Gemma 4 (USM Conformer) audio tower at tiny widths, with the processor's own
+  feature extractor settings (`processor_config.json`'s `feature_extractor`: 16 kHz, 128 mel
+  bins, 10 ms hop; one soft token per 40 ms, at most 750, i.e. 30 s a clip): an audio part
+  renders as `<|audio|>`, which becomes `<|audio>` + one `<|audio|>` per 40 ms + `<audio|>`.
+  The clip bounds of its clippable linears are written as +-inf (no clipping), their default.
 
 Sizes: `tiny` as above; `small` keeps E2B's image path (the default 280-token budget, its
 512-token window) at CPU-benchmark cost (see its comment).
@@ -111,6 +115,43 @@ _TEXT = {
         hidden_size_per_layer_input=16,
     ),
 }
+_AUDIO = dict(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    hidden_act="silu",
+    subsampling_conv_channels=[8, 4],
+    conv_kernel_size=5,
+    residual_weight=0.5,
+    attention_chunk_size=12,
+    attention_context_left=13,
+    attention_context_right=0,
+    attention_logit_cap=50.0,
+    attention_invalid_logits_value=-1e9,
+    use_clipped_linears=True,
+    rms_norm_eps=1e-6,
+    gradient_clipping=1e10,
+    output_proj_dims=48,
+)
+# Gemma 4's USM front end (mlx-vlm's `Gemma4AudioFeatureExtractor` defaults, written out).
+FEATURE_EXTRACTOR = {
+    "feature_extractor_type": "Gemma4AudioFeatureExtractor",
+    "feature_size": 128,
+    "sampling_rate": 16000,
+    "padding_value": 0.0,
+    "frame_length_ms": 20.0,
+    "hop_length_ms": 10.0,
+    "min_frequency": 0.0,
+    "max_frequency": 8000.0,
+    "preemphasis": 0.0,
+    "preemphasis_htk_flavor": True,
+    "fft_overdrive": False,
+    "dither": 0.0,
+    "input_scale_factor": 1.0,
+    "mel_floor": 0.001,
+}
+AUDIO_SEQ_LENGTH = 750  # soft tokens a clip may take (30 s at 40 ms each)
+AUDIO_MS_PER_TOKEN = 40
 _VISION = {
     "tiny": dict(
         hidden_size=32,
@@ -247,7 +288,7 @@ def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
         "initializer_range": 0.02,
         "text_config": text,
         "vision_config": vision,
-        "audio_config": None,
+        "audio_config": {"model_type": "gemma4_audio", **_AUDIO},
         "torch_dtype": dtype,
     }
     dump_json(out / "config.json", config)
@@ -259,6 +300,9 @@ def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
         {
             "image_processor": _image_processor(size),
             "image_seq_length": SOFT_TOKENS[size],
+            "feature_extractor": FEATURE_EXTRACTOR,
+            "audio_seq_length": AUDIO_SEQ_LENGTH,
+            "audio_ms_per_token": AUDIO_MS_PER_TOKEN,
             "processor_class": "Gemma4Processor",
         },
     )

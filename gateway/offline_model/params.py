@@ -109,7 +109,9 @@ class ParamSpec:
     """One tensor of the checkpoint: its shape and how the builder initialises it."""
 
     shape: tuple[int, ...]
-    init: str  # "normal" (random, std 0.02), "ones" (norm scales) or "zeros" (norm shifts)
+    # "normal" (random, std 0.02), "ones" (norm scales), "zeros" (norm shifts), or "-inf" /
+    # "inf" (the clip bounds of a clippable linear: no clipping, the runtime's own default)
+    init: str
 
     @property
     def numel(self) -> int:
@@ -151,6 +153,11 @@ def _norm_init(module: Any) -> str:
         module.weight = weight
 
 
+# Gemma 4's `ClippableLinear` bounds (scalars): random values would clip every activation
+# into a sliver around zero, so they are written as the unbounded defaults.
+_CLIP_BOUNDS = {"input_min": "-inf", "output_min": "-inf", "input_max": "inf", "output_max": "inf"}
+
+
 def param_specs(model: Any) -> dict[str, ParamSpec]:
     """{parameter name: spec} of an instantiated model, sorted by name. Norm layers (found by
     module type: a class whose name contains "Norm") get a unit scale and zero shift so
@@ -168,6 +175,8 @@ def param_specs(model: Any) -> dict[str, ParamSpec]:
         init = "normal"
         if owner in norms:
             init = norms[owner] if leaf == "weight" else "zeros"
+        elif leaf in _CLIP_BOUNDS:
+            init = _CLIP_BOUNDS[leaf]
         specs[name] = ParamSpec(tuple(value.shape), init)
     return dict(sorted(specs.items()))
 

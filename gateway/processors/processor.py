@@ -82,6 +82,11 @@ class PromptSide(Protocol):
 
     def video_grid(self, frames: int, width: int, height: int) -> Grid: ...
 
+    @property
+    def audio_rate(self) -> int | None: ...
+
+    def audio_grid(self, num_samples: int, rate: int) -> Grid: ...
+
     def video_layout(self, grid: Grid, times: Sequence[float]) -> VideoLayout: ...
 
     def video_clip(
@@ -210,6 +215,16 @@ class PromptProcessor:
     ) -> VideoFrames:
         """The frames the engine preprocesses for a clip (or one of its placeholder blocks)."""
         raise self._no_video()
+
+    @property
+    def audio_rate(self) -> int | None:
+        """The rate (Hz) audio is resampled to for this model; None: it takes no audio."""
+        return None
+
+    def audio_grid(self, num_samples: int, rate: int) -> Grid:
+        """The grid of a clip of `num_samples` at `rate` Hz (`processors.audio.AudioGrid`);
+        ValueError for a clip the model cannot take (too long, another rate, no tower)."""
+        raise ValueError(f"{self.model_type} takes no audio")
 
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]

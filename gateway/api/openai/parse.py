@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.api import fields
+from gateway.api.audio_part import audio_url, input_audio
 from gateway.api.accepted import OPENAI_CHAT, refuse_unapplied, unknown_fields
 from gateway.api.openai.tools import check_call_ids, parse_tools, tool_calls
 from gateway.api.thinking_fields import effort_switch, message_reasoning, template_kwargs
@@ -144,8 +145,19 @@ def _content(raw: Any, where: str, allow_images: bool) -> tuple[Part, ...]:
                 raise invalid(f"`{at}`: videos are only accepted in user messages", at)
             url = _media_url(part, at, "video_url", "video")
             parts.append(VideoPart(url, f"{at}.video_url.url"))
+        elif kind in ("input_audio", "audio_url"):
+            if not allow_images:
+                raise invalid(f"`{at}`: audio is only accepted in user messages", at)
+            if kind == "input_audio":
+                parts.append(input_audio(part.get("input_audio"), at))
+            else:
+                parts.append(audio_url(part, at))
         else:
-            raise invalid(f"`{at}.type` must be 'text', 'image_url' or 'video_url'", f"{at}.type")
+            raise invalid(
+                f"`{at}.type` must be 'text', 'image_url', 'video_url', 'input_audio' or "
+                "'audio_url'",
+                f"{at}.type",
+            )
     return tuple(parts)
 
 

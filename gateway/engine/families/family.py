@@ -279,6 +279,15 @@ class ModelFamily(ABC):
         """The frames `preprocess` takes for a clip (or for one of its placeholder blocks)."""
         raise self._no_video()
 
+    @property
+    def audio_rate(self) -> int | None:
+        """The rate (Hz) audio is resampled to; None: no audio (the processor's)."""
+        return self.prompt.audio_rate
+
+    def audio_grid(self, num_samples: int, rate: int) -> Grid:
+        """The grid of a clip (`PromptProcessor.audio_grid`: the processor's)."""
+        return self.prompt.audio_grid(num_samples, rate)
+
     @abstractmethod
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]

@@ -21,6 +21,13 @@ What differs from the other families (checked against mlx-vlm 0.7.10):
   full layers (`use_bidirectional_attention: "vision"`), so a prompt with images is prefilled
   as the reference does it, every image run whole (`gemma4_forward.py`); the cost is a
   read-ahead of at most one image run per block;
+- audio (a checkpoint with an audio tower): the template writes `<|audio|>` per audio part;
+  it becomes `<|audio>` + one `<|audio|>` per 40 ms + `<audio|>` (`Gemma4Processor`). The
+  clip's input is the checkpoint's own feature extractor's log-mel spectrogram (`preprocess`
+  of an `AudioClip`; the padding flags ride along as one more column), each clip alone
+  through the Conformer tower and `embed_audio`, merged unscaled like image features. Audio
+  runs are causal (mlx-vlm overlays no bidirectional mask on them), so an audio prompt is
+  prefilled in blocks as a text prompt is;
 - KV: sliding layers (`WindowKVCache`: all positions kept, the window read in mlx-vlm's ring
   order) and full layers (`RowKVCache`); the last `num_kv_shared_layers` layers reuse the KV
   of the last earlier layer of their type, so there are fewer caches than layers (6 for 10
@@ -47,7 +54,8 @@ from gateway.engine.model.kv import RowKVCache
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.model.vision import EncodedImage
 from gateway.engine.model.window_kv import layer_caches
-from gateway.processors.gemma4 import Gemma4Processor, Gemma4Settings
+from gateway.processors.audio import AudioClip, AudioGrid
+from gateway.processors.gemma4 import Gemma4Audio, Gemma4Processor, Gemma4Settings
 from gateway.processors.positions import ImageLayout
 from gateway.processors.processor import PromptProcessor
 from gateway.processors.video_processor import VideoFrames
@@ -66,6 +74,22 @@ _SETTINGS = (
     "patch_size",
     "max_soft_tokens",
     "pooling_kernel_size",
+)
+# The feature extractor's settings that change an audio clip's features.
+_AUDIO_SETTINGS = (
+    "feature_size",
+    "sampling_rate",
+    "padding_value",
+    "frame_length",
+    "hop_length",
+    "fft_length",
+    "min_frequency",
+    "max_frequency",
+    "preemphasis",
+    "preemphasis_htk_flavor",
+    "fft_overdrive",
+    "dither",
+    "input_scale_factor",
 )
 
 
@@ -93,6 +117,8 @@ class Gemma4(VlmFamily):
         if self.pool != int(config.vision_config.pooling_kernel_size):
             raise ValueError(f"processor pooling {self.pool} != tower pooling")
         self._image_id = settings.image_token_id
+        self.media = self.prompt.media
+        self._audio = settings.audio
         media = (config.image_token_id, config.audio_token_id, config.video_token_id)
         self._media_ids = np.asarray([int(t) for t in media if t is not None], dtype=np.int64)
         self.window = int(text.sliding_window)
@@ -123,9 +149,25 @@ class Gemma4(VlmFamily):
             pool=int(ip.pooling_kernel_size),
             budget=int(ip.max_soft_tokens),
             do_resize=bool(ip.do_resize),
+            audio=self._audio_settings(tokenizer),
         )
         own = Gemma4Processor(self.path, self.model_type, tokenizer, settings)
         super()._init_tokens(tokenizer, eos_token_ids, prompt or own)
+
+    def _audio_settings(self, tokenizer: Any) -> Gemma4Audio | None:
+        """The audio prompt settings, or None for a checkpoint without an audio tower (or
+        without a feature extractor to feed one)."""
+        extractor = getattr(self.processor, "feature_extractor", None)
+        if getattr(self.model, "audio_tower", None) is None or extractor is None:
+            return None
+        return Gemma4Audio(
+            audio_token_id=int(self.model.config.audio_token_id),
+            boa_id=int(tokenizer.convert_tokens_to_ids(self.processor.boa_token)),
+            eoa_id=int(tokenizer.convert_tokens_to_ids(self.processor.eoa_token)),
+            rate=int(extractor.sampling_rate),
+            ms_per_token=int(self.processor.audio_ms_per_token),
+            max_tokens=int(self.processor.audio_seq_length),
+        )
 
     # ----- per family (VlmFamily) -------------------------------------------------------------
 
@@ -137,8 +179,18 @@ class Gemma4(VlmFamily):
     def placeholder_id(self) -> int:
         return self._image_id  # the template writes one `<|image|>` per image
 
+    @property
+    def feature_ids(self) -> tuple[int, ...]:
+        audio = self.prompt.settings.audio
+        return (self._image_id,) if audio is None else (self._image_id, audio.audio_token_id)
+
     def processor_settings(self) -> dict[str, Any]:
-        return {k: getattr(self.image_processor, k, None) for k in _SETTINGS}
+        settings = {k: getattr(self.image_processor, k, None) for k in _SETTINGS}
+        extractor = getattr(self.processor, "feature_extractor", None)
+        if self.prompt.settings.audio is not None and extractor is not None:
+            settings["audio"] = {k: getattr(extractor, k, None) for k in _AUDIO_SETTINGS}
+            settings["audio_tokens"] = (self.processor.audio_ms_per_token, self.processor.audio_seq_length)
+        return settings
 
     def tower_units(self) -> list[nn.Module]:
         tower = self.model.vision_tower
@@ -148,10 +200,27 @@ class Gemma4(VlmFamily):
         """Each image through the tower and `embed_vision` alone (its own size), as mlx-vlm
         runs a list of images: (soft tokens, text hidden) each."""
         out = []
-        for pixels, _ in images:
+        for pixels, grid in images:
+            if isinstance(grid, AudioGrid):
+                out.append(self._audio_features(pixels, grid.tokens))
+                continue
             features = self.model.embed_vision(self.model.vision_tower(mx.array(pixels)))
             out.append(features[0])
         return out
+
+    def _audio_features(self, packed: np.ndarray, tokens: int) -> mx.array:
+        """One clip through the audio tower and `embed_audio` (`preprocess`'s packed
+        features: the spectrogram, then a padding flag per frame): (tokens, text hidden).
+        Row i is the tower's row i modulo its rows, as mlx-vlm's masked scatter reads them
+        for one clip (its rows usually equal `tokens`: 40 ms each)."""
+        features = mx.array(packed[..., :-1])
+        padding = mx.array(packed[..., -1] != 0)
+        encoded, _ = self.model.audio_tower(features, padding)
+        embedded = self.model.embed_audio(encoded)[0]
+        rows = embedded.shape[0]
+        if rows == tokens:
+            return embedded
+        return embedded[mx.array(np.arange(tokens, dtype=np.int32) % rows)]
 
     def embed_ids(self, ids: mx.array) -> mx.array:
         """Text embeddings as mlx-vlm's merge makes them: scaled by sqrt(hidden)."""
@@ -172,10 +241,23 @@ class Gemma4(VlmFamily):
         processor (aspect-preserving resize within the budget, rescale)."""
         if isinstance(image, VideoFrames):
             raise self._no_video()
+        if isinstance(image, AudioClip):
+            return self._preprocess_audio(image)
         data, _ = self.image_processor.preprocess([image])
         pixels = np.asarray(data["pixel_values"])
         grid = (1, pixels.shape[2] // self.patch, pixels.shape[3] // self.patch)
         return np.ascontiguousarray(pixels, dtype=np.float32), grid
+
+    def _preprocess_audio(self, clip: AudioClip) -> tuple[np.ndarray, Grid]:
+        """An `AudioClip` (mono, the model's rate) -> ((1, frames, mel bins + 1) float32,
+        grid): the checkpoint's own feature extractor's log-mel frames, then 1.0 in the last
+        column where a frame is padding (its mask, inverted, as mlx-vlm hands it the tower)."""
+        grid = self.prompt.audio_grid(len(clip.samples), clip.rate)
+        out = self.processor.feature_extractor([clip.samples])
+        features = np.asarray(out["input_features"][0], dtype=np.float32)
+        padding = ~np.asarray(out["input_features_mask"][0], dtype=bool)
+        packed = np.concatenate([features, padding[:, None].astype(np.float32)], axis=1)
+        return np.ascontiguousarray(packed[None]), grid
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

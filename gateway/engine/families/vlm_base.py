@@ -158,6 +158,12 @@ class VlmFamily(ModelFamily):
     def placeholder_id(self) -> int:
         """The id the rendered template puts where an image goes (one per image)."""
 
+    @property
+    def feature_ids(self) -> tuple[int, ...]:
+        """The ids whose rows a tower's features replace in a span: the image token's (a
+        family with another tower, e.g. audio, adds its soft token)."""
+        return (self.image_token_id,)
+
     def span_ids(self, grid: Grid) -> list[int]:
         """The token run one image placeholder expands to, for an image of this grid: its
         separators and `image_token_id` rows, as the reference processor expands it (the
@@ -255,7 +261,7 @@ class VlmFamily(ModelFamily):
         """The span's input embeddings: token embeddings of its ids with `features` put over
         the image-token rows (the reference's masked scatter, cast to the embedding dtype)."""
         run = np.asarray(self.span_ids(grid), dtype=np.int32)
-        rows = np.flatnonzero(run == self.image_token_id)
+        rows = np.flatnonzero(np.isin(run, self.feature_ids))
         if rows.size != features.shape[0]:
             raise RuntimeError(f"vision tower gave {features.shape[0]} features for {rows.size}")
         embeds = self.embed_ids(mx.array(run))
@@ -274,7 +280,7 @@ class VlmFamily(ModelFamily):
         positions (the language model reads them from the cache offset; these are for the
         engine's bookkeeping)."""
         plan = plan_inputs(
-            self.embed_ids, (self.image_token_id,), prompt_ids, layouts, encoded, start, end
+            self.embed_ids, self.feature_ids, prompt_ids, layouts, encoded, start, end
         )
         host = np.arange(start, end, dtype=np.int32)[None]
         return replace(plan, positions=mx.array(host)[:, None, :], host_positions=host)

@@ -39,7 +39,8 @@ def engine_request(h: EngineHarness, body: dict, images: Sequence[Image.Image]) 
     """The EngineRequest the prompt builder makes for `body` (prompt ids, image spans),
     without submitting it."""
     chat = parse_chat_request(body)
-    return h.prompts.build(chat, [decoded(i) for i in images], "probe", 0.0)
+    media = [decoded(i) if isinstance(i, Image.Image) else i for i in images]
+    return h.prompts.build(chat, media, "probe", 0.0)
 
 
 def assert_reference_answer(

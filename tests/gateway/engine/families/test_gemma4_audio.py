@@ -1,0 +1,187 @@
+"""Gemma 4's audio tower through the engine (families/gemma4.py) on the tiny offline
+checkpoint, which has one (`make-model --arch gemma4`: a 2-layer Conformer, the real feature
+extractor settings; one soft token per 40 ms).
+
+Pinned at tolerance zero (token ids and logprobs): the engine's greedy answer to an audio +
+text question equals mlx-vlm's own `stream_generate` on the same samples (tests/reference.py)
+for clips of two lengths, in float32 and bf16; cached == uncached over a multi-turn
+conversation about one clip (prefix blocks over the audio run, audio-feature cache hits);
+the same samples delivered as WAV and as FLAC are one content hash, so one cache entry; a
+model without an audio tower refuses an audio part naming it.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import numpy as np
+import pytest
+from support import EngineHarness, Run, tiny_model
+
+from gateway.engine.families.gemma4 import Gemma4
+from gateway.frontend.prompt import UnsupportedImage
+from gateway.media.audio_decode import DecodedAudio, decode_audio
+from gateway.processors.audio import AudioGrid
+from tests.gateway.engine.families.common import (
+    assert_cached_equals_uncached,
+    assert_reference_answer,
+    conversation,
+    engine_request,
+)
+
+QUESTION = "What is said in this clip?"
+RATE = 16000
+
+
+def _chirp(seconds: float, rate: int, pitch: float) -> np.ndarray:
+    """A deterministic test sound: a rising tone with a little harmonic, in [-0.5, 0.5]."""
+    t = np.arange(int(seconds * rate)) / rate
+    tone = np.sin(2 * np.pi * pitch * t * (1 + t)) + 0.3 * np.sin(2 * np.pi * 3 * pitch * t)
+    return (0.4 * tone).astype(np.float32)
+
+
+def encode(samples: np.ndarray, rate: int, container: str) -> bytes:
+    """`samples` as 16-bit PCM in a WAV file, or FLAC-compressed (lossless: same samples)."""
+    import av
+
+    codec = {"wav": "pcm_s16le", "flac": "flac"}[container]
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format=container) as out:
+        stream = out.add_stream(codec, rate=rate)
+        stream.layout = "mono"
+        pcm = np.round(samples * 32767).astype(np.int16)[None]
+        frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
+        frame.sample_rate = rate
+        for packet in [*stream.encode(frame), *stream.encode(None)]:
+            out.mux(packet)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def clips() -> list[DecodedAudio]:
+    """A 1.3 s clip recorded at 16 kHz and a 2.07 s one at 44.1 kHz (resampled), as WAV."""
+    return [
+        decode_audio(encode(_chirp(1.3, RATE, 440.0), RATE, "wav"), RATE, 60.0, "data"),
+        decode_audio(encode(_chirp(2.07, 44100, 300.0), 44100, "wav"), RATE, 60.0, "data"),
+    ]
+
+
+def audio_body(question: str, max_tokens: int = 10) -> dict:
+    """A greedy OpenAI chat body: the question, then one `input_audio` part (its data is a
+    placeholder: the engine harness hands the decoded clip in)."""
+    part = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+    content = [{"type": "text", "text": question}, part]
+    return {
+        "model": "test",
+        "temperature": 0,
+        "max_tokens": max_tokens,
+        "logprobs": True,
+        "messages": [{"role": "user", "content": content}],
+    }
+
+
+@pytest.mark.parametrize("weights", ["float32", "bfloat16"])
+def test_greedy_answer_equals_mlx_vlm_generate(weights: str, clips: list[DecodedAudio]) -> None:
+    """Invariant: engine == mlx-vlm's generate (prompt ids, answer ids, logprobs) on the
+    same samples, for a 33-token and a 52-token clip (audio runs crossing 32-token blocks,
+    the 48-token window wrapped)."""
+    path = tiny_model("gemma4", weights)
+    h = EngineHarness(path=path, max_batch=2)
+    try:
+        assert isinstance(h.engine.model, Gemma4)
+        assert "audio" in h.engine.model.media
+        for clip in clips:
+            body = audio_body(QUESTION)
+            messages = [{"role": "user", "content": QUESTION}]
+            request = engine_request(h, body, [clip])
+            tokens = request.images[0].layout.num_tokens - 2  # less `<|audio>`, `<audio|>`
+            assert request.images[0].grid_thw == AudioGrid.of(tokens)
+            assert tokens == int(np.ceil(len(clip.samples) / RATE * 1000 / 40))
+            from reference import reference_generate
+
+            ref = reference_generate(path, messages, max_tokens=10, audio=[clip.samples])
+            assert list(request.prompt_ids) == list(ref.prompt_ids)
+            run = h.run(body, [clip])
+            assert run.token_ids == list(ref.token_ids)
+            assert run.logprobs == list(ref.logprobs)  # tolerance zero
+    finally:
+        h.close()
+
+
+def test_cached_equals_uncached(clips: list[DecodedAudio]) -> None:
+    """Invariant: follow-up turns that resend the clip (prefix blocks over the audio run) and
+    a new question about it (an audio-feature cache hit) change no token id and no logprob."""
+    clip = clips[1]
+
+    def talk(h: EngineHarness) -> list[Run]:
+        first = (audio_body(QUESTION), [clip])
+        then = [(audio_body("Who speaks, and in which language?"), [clip])]
+        return conversation(h, first, 3, lambda t: f"And what about second {t}?", then)
+
+    def check(cached: EngineHarness, runs: list[Run]) -> None:
+        span = engine_request(cached, audio_body(QUESTION), [clip]).images[0].layout
+        assert all(r.finish.usage.cached_tokens >= span.end - 32 for r in runs[1:3])
+        # Another question before the clip: the clip's blocks differ, its features do not.
+        assert runs[3].finish.usage.vision_hits == 1
+
+    assert_cached_equals_uncached(tiny_model("gemma4"), talk, check, max_batch=2)
+
+
+def test_wav_and_flac_of_the_same_samples_share_one_entry(clips: list[DecodedAudio]) -> None:
+    """Invariant: the cache key is the decoded samples' hash, so a FLAC delivery of the WAV
+    clip's samples hits every cache the WAV one filled (and answers the same); one changed
+    sample is another key."""
+    samples = _chirp(1.3, 44100, 440.0)
+    wav, flac = encode(samples, 44100, "wav"), encode(samples, 44100, "flac")
+    assert wav != flac
+    as_wav = decode_audio(wav, RATE, 60.0, "data")
+    as_flac = decode_audio(flac, RATE, 60.0, "path")
+    assert as_wav.content_hash == as_flac.content_hash
+    changed = samples.copy()
+    changed[1000] += 1 / 32767
+    other = decode_audio(encode(changed, 44100, "flac"), RATE, 60.0, "data")
+    assert other.content_hash != as_wav.content_hash
+    h = EngineHarness(path=tiny_model("gemma4"), max_batch=2)
+    try:
+        first = h.run(audio_body(QUESTION), [as_wav])
+        again = h.run(audio_body("Another question?"), [as_flac])
+        assert again.finish.usage.vision_hits == 1 and again.finish.usage.vision_misses == 0
+        same = h.run(audio_body(QUESTION), [as_flac])
+        assert same.token_ids == first.token_ids and same.logprobs == first.logprobs
+        assert same.finish.usage.cached_tokens > 0
+        miss = h.run(audio_body("Another question?"), [other])
+        assert miss.finish.usage.vision_misses == 1
+    finally:
+        h.close()
+
+
+def test_model_without_audio_tower_refuses_audio(clips: list[DecodedAudio]) -> None:
+    """Invariant: an audio part sent to a model without an audio tower is a refusal naming
+    the part (never silently dropped)."""
+    h = EngineHarness(path=tiny_model("qwen2_vl"), max_batch=1)
+    try:
+        with pytest.raises(UnsupportedImage) as refused:
+            engine_request(h, audio_body(QUESTION), [clips[0]])
+        assert refused.value.kind == "audio" and refused.value.index == 0
+        assert "content[1].input_audio.data" in str(refused.value)
+    finally:
+        h.close()
+
+
+def test_input_audio_part_parses_to_a_data_uri() -> None:
+    """Invariant: an OpenAI `input_audio` part becomes an audio part over a data URI of its
+    format, named by its field; a bad format is a 400 naming `format`."""
+    from gateway.api.openai.parse import parse_chat_request
+    from gateway.errors import APIError
+
+    data = base64.b64encode(b"RIFF....").decode()
+    body = audio_body(QUESTION)
+    body["messages"][0]["content"][1]["input_audio"]["data"] = data
+    [part] = parse_chat_request(body).audio
+    assert part.url == f"data:audio/wav;base64,{data}"
+    assert part.param == "messages[0].content[1].input_audio.data"
+    body["messages"][0]["content"][1]["input_audio"]["format"] = "midi"
+    with pytest.raises(APIError) as bad:
+        parse_chat_request(body)
+    assert bad.value.param == "messages[0].content[1].input_audio.format"
