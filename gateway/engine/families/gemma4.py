@@ -193,8 +193,14 @@ class Gemma4(VlmFamily):
         return settings
 
     def tower_units(self) -> list[nn.Module]:
+        """The vision tower's units, then the audio tower's (its convolutional front end,
+        then each Conformer block): a group runs the units of the media it holds."""
         tower = self.model.vision_tower
-        return [tower.patch_embedder, *tower.encoder.layers]
+        units = [tower.patch_embedder, *tower.encoder.layers]
+        audio = getattr(self.model, "audio_tower", None)
+        if audio is not None:
+            units += [audio.subsample_conv_projection, *audio.layers]
+        return units
 
     def tower_features(self, images: Sequence[tuple[np.ndarray, Grid]]) -> list[mx.array]:
         """Each image through the tower and `embed_vision` alone (its own size), as mlx-vlm

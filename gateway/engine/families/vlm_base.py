@@ -250,8 +250,9 @@ class VlmFamily(ModelFamily):
         for k, hidden in enumerate(units):
             if stepwise():
                 out = _first_array(hidden)
+                head = out[0] if isinstance(out, list) else out  # a tuple's main output
                 # Announced before it runs, so the step budget knows what the next() costs.
-                yield Unit("embed" if k == 0 else "block", _rows(out), tuple(out.shape))
+                yield Unit("embed" if k == 0 else "block", _rows(head), tuple(head.shape))
                 mx.eval(out)
         encoded = [self._span_embeddings(f, grid) for f, (_, grid) in zip(features, images)]
         mx.eval([e.features for e in encoded])

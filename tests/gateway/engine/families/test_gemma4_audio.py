@@ -185,3 +185,30 @@ def test_input_audio_part_parses_to_a_data_uri() -> None:
     with pytest.raises(APIError) as bad:
         parse_chat_request(body)
     assert bad.value.param == "messages[0].content[1].input_audio.format"
+
+
+def test_stepwise_audio_tower_yields_units_and_the_whole_towers_features(
+    clips: list[DecodedAudio],
+) -> None:
+    """Invariant: the audio tower runs one unit per step (its convolutional front end, then
+    each Conformer block), announced to the step budget, and gives, bit for bit, the features
+    of the whole tower run at once."""
+    import mlx.core as mx
+
+    from gateway.engine.families.registry import load_model
+    from gateway.processors.audio import AudioClip
+
+    family = load_model(str(tiny_model("gemma4")))
+    features, grid = family.preprocess(AudioClip(clips[1].samples, clips[1].rate))
+    steps = family.encode_steps(features, grid)
+    units = []
+    while True:
+        try:
+            units.append(next(steps))
+        except StopIteration as done:
+            stepwise = done.value
+            break
+    assert [u.kind for u in units] == ["embed", "block", "block"], units
+    whole = family.encode_image(features, grid)
+    assert mx.array_equal(stepwise.features, whole.features).item()
+    assert stepwise.features.shape[0] == grid.tokens + 2  # with `<|audio>`, `<audio|>`
