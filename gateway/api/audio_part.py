@@ -21,9 +21,7 @@ def input_audio(value: Any, at: str, key: str = "input_audio") -> AudioPart:
         raise invalid(f"`{at}.{key}` must be an object with `data` and `format`", f"{at}.{key}")
     data, fmt = value.get("data"), value.get("format")
     if not isinstance(data, str) or not data:
-        raise invalid(
-            f"`{at}.{key}.data` must be a non-empty base64 string", f"{at}.{key}.data"
-        )
+        raise invalid(f"`{at}.{key}.data` must be a non-empty base64 string", f"{at}.{key}.data")
     if fmt not in AUDIO_FORMATS:
         raise invalid(
             f"`{at}.{key}.format` must be one of {', '.join(AUDIO_FORMATS)}",

@@ -43,6 +43,11 @@ class AudioClip:
     def seconds(self) -> float:
         return len(self.samples) / self.rate
 
+    @property
+    def nbytes(self) -> int:
+        """Its size where decoded media are held by bytes (`engine.image_store`)."""
+        return int(self.samples.nbytes)
+
 
 def audio_tokens(num_samples: int, rate: int, ms_per_token: int, max_tokens: int) -> int:
     """Soft tokens of a clip of `num_samples` at `rate` Hz: ceil(duration / ms_per_token),

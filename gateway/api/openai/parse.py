@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.api import fields
-from gateway.api.audio_part import audio_url, input_audio
 from gateway.api.accepted import OPENAI_CHAT, refuse_unapplied, unknown_fields
+from gateway.api.audio_part import audio_url, input_audio
 from gateway.api.openai.tools import check_call_ids, parse_tools, tool_calls
 from gateway.api.thinking_fields import effort_switch, message_reasoning, template_kwargs
 from gateway.errors import invalid

@@ -1,11 +1,11 @@
 """A Responses body's `input` -> the turn's messages (pure).
 
     input: "text" | [ {type: message?, role, content: "text" | [input_text | input_image |
-                       output_text]}
+                       input_audio | output_text]}
                      | {type: function_call, call_id, name, namespace?, arguments}
                      | {type: custom_tool_call, call_id, name, namespace?, input}
                      | {type: function_call_output | custom_tool_call_output, call_id,
-                        output: "text" | [input_text | input_image]}
+                        output: "text" | [input_text | input_image | input_audio]}
                      | {type: reasoning, encrypted_content | content | summary} ]
 
 A reasoning item is earlier thinking, owned by the assistant turn after it: its
@@ -20,10 +20,11 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.api import fields
+from gateway.api.audio_part import audio_url, input_audio
 from gateway.api.responses.sealed import ReasoningSeal
 from gateway.api.responses.tools import function_call, output_call_id, tool_message, with_calls
 from gateway.errors import invalid
-from gateway.frontend.chat import ChatMessage, ImagePart, TextPart
+from gateway.frontend.chat import AudioPart, ChatMessage, ImagePart, TextPart
 
 ROLES = ("system", "developer", "user", "assistant")
 CALLS = ("function_call", "custom_tool_call")
@@ -110,7 +111,7 @@ def _item(item: Any, where: str) -> ChatMessage:
     return ChatMessage(role, _content(item.get("content"), f"{where}.content", role))
 
 
-def _content(content: Any, where: str, role: str) -> tuple[TextPart | ImagePart, ...]:
+def _content(content: Any, where: str, role: str) -> tuple[TextPart | ImagePart | AudioPart, ...]:
     if isinstance(content, str):
         return (TextPart(fields.text(content, where)),)
     if not isinstance(content, list) or not content:
@@ -118,7 +119,7 @@ def _content(content: Any, where: str, role: str) -> tuple[TextPart | ImagePart,
     return tuple(_part(p, f"{where}[{j}]", role) for j, p in enumerate(content))
 
 
-def _part(part: Any, at: str, role: str) -> TextPart | ImagePart:
+def _part(part: Any, at: str, role: str) -> TextPart | ImagePart | AudioPart:
     kind = part.get("type") if isinstance(part, dict) else None
     if kind in ("input_text", "output_text", "text"):
         if not isinstance(part.get("text"), str):
@@ -144,6 +145,17 @@ def _part(part: Any, at: str, role: str) -> TextPart | ImagePart:
                 f"{at}.image_url",
             )
         return ImagePart(url, f"{at}.image_url")
+    if kind in ("input_audio", "audio_url"):
+        if role not in ("user", "tool"):
+            raise invalid(
+                f"`{at}`: audio is only accepted in user messages and function call outputs",
+                at,
+            )
+        if kind == "input_audio":
+            return input_audio(part.get("input_audio"), at)
+        return audio_url(part, at)
     if kind == "input_file":
-        raise invalid(f"`{at}`: file inputs are not supported; send text or images", at)
-    raise invalid(f"`{at}.type` must be 'input_text', 'input_image' or 'output_text'", at)
+        raise invalid(f"`{at}`: file inputs are not supported; send text, images or audio", at)
+    raise invalid(
+        f"`{at}.type` must be 'input_text', 'input_image', 'input_audio' or 'output_text'", at
+    )

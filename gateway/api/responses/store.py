@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.config import ResponsesConfig
-from gateway.frontend.chat import ChatMessage, ImagePart, TextPart
+from gateway.frontend.chat import AudioPart, ChatMessage, ImagePart, TextPart
 from gateway.media import DecodedImage
 
 
@@ -56,7 +56,9 @@ class StoredResponse:
         size = 512
         for message in self.messages:
             for part in message.parts:
+                # An audio part keeps its reference (a data URI's text) for the continuation.
                 size += len(part.text.encode("utf-8")) if isinstance(part, TextPart) else 64
+                size += len(part.url) if isinstance(part, AudioPart) else 0
         return size + sum(len(str(v)) for v in self.body.values())
 
 

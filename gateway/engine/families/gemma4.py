@@ -189,7 +189,10 @@ class Gemma4(VlmFamily):
         extractor = getattr(self.processor, "feature_extractor", None)
         if self.prompt.settings.audio is not None and extractor is not None:
             settings["audio"] = {k: getattr(extractor, k, None) for k in _AUDIO_SETTINGS}
-            settings["audio_tokens"] = (self.processor.audio_ms_per_token, self.processor.audio_seq_length)
+            settings["audio_tokens"] = (
+                self.processor.audio_ms_per_token,
+                self.processor.audio_seq_length,
+            )
         return settings
 
     def tower_units(self) -> list[nn.Module]:

@@ -13,10 +13,10 @@ model without an audio tower refuses an audio part naming it.
 from __future__ import annotations
 
 import base64
-import io
 
 import numpy as np
 import pytest
+from audio_clips import chirp, encode
 from support import EngineHarness, Run, tiny_model
 
 from gateway.engine.families.gemma4 import Gemma4
@@ -25,7 +25,6 @@ from gateway.media.audio_decode import DecodedAudio, decode_audio
 from gateway.processors.audio import AudioGrid
 from tests.gateway.engine.families.common import (
     assert_cached_equals_uncached,
-    assert_reference_answer,
     conversation,
     engine_request,
 )
@@ -34,36 +33,12 @@ QUESTION = "What is said in this clip?"
 RATE = 16000
 
 
-def _chirp(seconds: float, rate: int, pitch: float) -> np.ndarray:
-    """A deterministic test sound: a rising tone with a little harmonic, in [-0.5, 0.5]."""
-    t = np.arange(int(seconds * rate)) / rate
-    tone = np.sin(2 * np.pi * pitch * t * (1 + t)) + 0.3 * np.sin(2 * np.pi * 3 * pitch * t)
-    return (0.4 * tone).astype(np.float32)
-
-
-def encode(samples: np.ndarray, rate: int, container: str) -> bytes:
-    """`samples` as 16-bit PCM in a WAV file, or FLAC-compressed (lossless: same samples)."""
-    import av
-
-    codec = {"wav": "pcm_s16le", "flac": "flac"}[container]
-    buffer = io.BytesIO()
-    with av.open(buffer, "w", format=container) as out:
-        stream = out.add_stream(codec, rate=rate)
-        stream.layout = "mono"
-        pcm = np.round(samples * 32767).astype(np.int16)[None]
-        frame = av.AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
-        frame.sample_rate = rate
-        for packet in [*stream.encode(frame), *stream.encode(None)]:
-            out.mux(packet)
-    return buffer.getvalue()
-
-
 @pytest.fixture(scope="module")
 def clips() -> list[DecodedAudio]:
     """A 1.3 s clip recorded at 16 kHz and a 2.07 s one at 44.1 kHz (resampled), as WAV."""
     return [
-        decode_audio(encode(_chirp(1.3, RATE, 440.0), RATE, "wav"), RATE, 60.0, "data"),
-        decode_audio(encode(_chirp(2.07, 44100, 300.0), 44100, "wav"), RATE, 60.0, "data"),
+        decode_audio(encode(chirp(1.3, RATE, 440.0), RATE, "wav"), RATE, 60.0, "data"),
+        decode_audio(encode(chirp(2.07, 44100, 300.0), 44100, "wav"), RATE, 60.0, "data"),
     ]
 
 
@@ -132,7 +107,7 @@ def test_wav_and_flac_of_the_same_samples_share_one_entry(clips: list[DecodedAud
     """Invariant: the cache key is the decoded samples' hash, so a FLAC delivery of the WAV
     clip's samples hits every cache the WAV one filled (and answers the same); one changed
     sample is another key."""
-    samples = _chirp(1.3, 44100, 440.0)
+    samples = chirp(1.3, 44100, 440.0)
     wav, flac = encode(samples, 44100, "wav"), encode(samples, 44100, "flac")
     assert wav != flac
     as_wav = decode_audio(wav, RATE, 60.0, "data")
