@@ -168,6 +168,8 @@ class ModelFamily(ABC):
         self.tokenizer = tokenizer
         self.prompt = prompt or PromptProcessor(self.path, self.model_type, tokenizer)
         self._tokenizer_lock = self.prompt.tokenizer_lock  # one lock per tokenizer
+        # Audio is the processor's alone (`PromptProcessor.audio_rate`, `audio_grid`).
+        self.audio_rate, self.audio_grid = self.prompt.audio_rate, self.prompt.audio_grid
         self.eos_token_ids = tuple(sorted(set(eos_token_ids)))
         self._byte_table = byte_table(tokenizer, self.vocab_size)
         if self._byte_table is None:
@@ -278,15 +280,6 @@ class ModelFamily(ABC):
     ) -> VideoFrames:
         """The frames `preprocess` takes for a clip (or for one of its placeholder blocks)."""
         raise self._no_video()
-
-    @property
-    def audio_rate(self) -> int | None:
-        """The rate (Hz) audio is resampled to; None: no audio (the processor's)."""
-        return self.prompt.audio_rate
-
-    def audio_grid(self, num_samples: int, rate: int) -> Grid:
-        """The grid of a clip (`PromptProcessor.audio_grid`: the processor's)."""
-        return self.prompt.audio_grid(num_samples, rate)
 
     @abstractmethod
     def layout_prompt(
