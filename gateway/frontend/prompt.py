@@ -146,7 +146,7 @@ class PromptBuilder:
         message names the part's field (APIs without a `param`, like Anthropic's, show only
         the message) and the error carries its place among the request's media."""
         for index, part in enumerate(chat.media):
-            kind = _KINDS[type(part)]
+            kind = _kind(part)
             if kind not in self.model.media:
                 model = self.model
                 instead = "images or text" if "image" in model.media else "text only"
@@ -337,7 +337,15 @@ class PromptBuilder:
         return chat.logit_bias
 
 
-_KINDS: dict[type, str] = {ImagePart: "image", VideoPart: "video", AudioPart: "audio"}
+def _kind(part: ImagePart | VideoPart | AudioPart) -> str:
+    """The medium of a media part (a Responses continuation's held image is an image)."""
+    return (
+        "video"
+        if isinstance(part, VideoPart)
+        else "audio"
+        if isinstance(part, AudioPart)
+        else "image"
+    )
 
 
 def _block_hash(item: Media, block: int | None) -> str:

@@ -51,13 +51,15 @@ def preview(path: str) -> tuple[dict[str, Any], int | None]:
     if facts is None:
         return {}, None
     own = checkpoint_context(config)
+    media = facts.media_of(config)
     card = {
         "family": facts.family,
         "model_type": str(config.get("model_type", "")),
-        "media": sorted(facts.media),
+        "media": sorted(media),
         "capabilities": {
-            "vision": "image" in facts.media,
-            "video": "video" in facts.media,
+            "vision": "image" in media,
+            "video": "video" in media,
+            "audio": "audio" in media,
             "structured": True,
         },
     }
@@ -79,6 +81,7 @@ def capabilities(model: Any, prompts: PromptBuilder) -> dict[str, Any]:
         "capabilities": {
             "vision": "image" in media,
             "video": "video" in media,
+            "audio": "audio" in media,
             "tools": prompts.tool_format is not None,
             "thinking": prompts.reasoning is not None,
             "structured": True,

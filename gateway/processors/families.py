@@ -27,12 +27,18 @@ class FamilyFacts:
     the `model_types` it serves (empty for text models: mlx-lm decides) and `kv_quant_off`
     (why `--kv-bits` cannot serve it, a phrase after the model type; None: it can where its
     heads allow); `media`, the kinds of media parts it takes (what /v1/models says of a
-    model not loaded yet)."""
+    model not loaded yet); `audio`: it also takes audio when its config has an audio tower
+    (`media_of`)."""
 
     family: str
     model_types: tuple[str, ...]
     kv_quant_off: str | None = None
     media: frozenset[str] = frozenset({"image"})  # the parts it takes (its class's `media`)
+    audio: bool = False
+
+    def media_of(self, config: dict[str, Any]) -> frozenset[str]:
+        """The media a checkpoint of this family with this config.json takes."""
+        return self.media | {"audio"} if self.audio and config.get("audio_config") else self.media
 
 
 VISION_FAMILIES: tuple[FamilyFacts, ...] = (
@@ -45,7 +51,10 @@ VISION_FAMILIES: tuple[FamilyFacts, ...] = (
         "gemma3", ("gemma3",), "keeps sliding-window layers read in ring order by its own attention"
     ),
     FamilyFacts(
-        "gemma4", ("gemma4",), "keeps sliding-window and KV-sharing layers under its own attention"
+        "gemma4",
+        ("gemma4",),
+        "keeps sliding-window and KV-sharing layers under its own attention",
+        audio=True,
     ),
     FamilyFacts(
         "qwen3_5", ("qwen3_5", "qwen3_5_moe"), "keeps recurrent-state layers (a hybrid model)"

@@ -218,7 +218,11 @@ def test_models_not_loaded_yet_are_described_from_their_config(pool_run: dict) -
     gemma, text, qwen = cards["gemma"], cards["text"], cards["qwen"]
     assert gemma["state"] == "unloaded" and gemma["family"] == "gemma3"
     assert gemma["capabilities"]["vision"] and not gemma["capabilities"]["video"]
+    assert not gemma["capabilities"]["audio"]  # Gemma 3 has no audio tower
     assert not text["capabilities"]["vision"] and text["family"] == "text"
     assert all(isinstance(c["context_length"], int) for c in (gemma, text, qwen))
     assert qwen["state"] == "loaded" and qwen["capabilities"]["video"]
-    assert set(qwen["capabilities"]) == {"vision", "video", "tools", "thinking", "structured"}
+    assert not qwen["capabilities"]["audio"]
+    assert set(qwen["capabilities"]) == {
+        "vision", "video", "audio", "tools", "thinking", "structured"
+    }  # fmt: skip

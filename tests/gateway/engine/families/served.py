@@ -63,8 +63,8 @@ FAMILIES = [
     ),
     # 448 x 448 -> 64 soft tokens between the image markers: the 48-token window wraps.
     Family("gemma3", "gemma3", ("image",), _shapes, ("--no-warmup",), 32, "video"),
-    # 448 x 448 -> 64 soft tokens read both ways; 4 of 10 layers share KV.
-    Family("gemma4", "gemma4", ("image",), _shapes, ("--no-warmup",), 32, "video"),
+    # 448 x 448 -> 64 soft tokens read both ways; 4 of 10 layers share KV; an audio tower.
+    Family("gemma4", "gemma4", ("audio", "image"), _shapes, ("--no-warmup",), 32, "video"),
     # 150 x 100 -> 3 x 2 tiles + the global image, row/column separators.
     Family(
         "smolvlm",

@@ -187,3 +187,27 @@ def test_stepwise_audio_tower_yields_units_and_the_whole_towers_features(
     whole = family.encode_image(features, grid)
     assert mx.array_equal(stepwise.features, whole.features).item()
     assert stepwise.features.shape[0] == grid.tokens + 2  # with `<|audio>`, `<audio|>`
+
+
+def test_models_card_says_audio_before_and_after_load() -> None:
+    """Invariant: /v1/models' preview of a Gemma 4 checkpoint (config.json alone) lists audio
+    when the config has an audio tower and not when it has none; the loaded family agrees."""
+    import json
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from gateway.pool.build import preview
+
+    path = tiny_model("gemma4")
+    card, _ = preview(str(path))
+    assert card["media"] == ["audio", "image"] and card["capabilities"]["audio"]
+    assert sorted(Gemma4(str(path), lazy=True).media) == card["media"]
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "no-audio"
+        shutil.copytree(path, copy)
+        config = json.loads((copy / "config.json").read_text())
+        config["audio_config"] = None
+        (copy / "config.json").write_text(json.dumps(config))
+        card, _ = preview(str(copy))
+        assert card["media"] == ["image"] and not card["capabilities"]["audio"]
