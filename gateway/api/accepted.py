@@ -33,7 +33,10 @@ _NEUTRAL: tuple[Any, ...] = (None, False, {}, [], "")
 
 OPENAI_CHAT: dict[str, tuple[str, str]] = {
     "model": (APPLIED, "the served model's name (404 for another)"),
-    "messages": (APPLIED, "text, image_url, video_url parts; tool calls and results"),
+    "messages": (
+        APPLIED,
+        "text, image_url, video_url, input_audio, audio_url parts; tool calls and results",
+    ),
     "max_completion_tokens": (APPLIED, "the most tokens to generate"),
     "max_tokens": (APPLIED, "the same (the older name)"),
     "temperature": (APPLIED, "0 to 2; 0 is greedy"),
@@ -129,7 +132,10 @@ ANTHROPIC_MESSAGES: dict[str, tuple[str, str]] = {
 
 RESPONSES: dict[str, tuple[str, str]] = {
     "model": (APPLIED, "the served model's name"),
-    "input": (APPLIED, "text, input_image, function/custom tool call and output, reasoning items"),
+    "input": (
+        APPLIED,
+        "text, input_image, input_audio, function/custom tool call and output, reasoning items",
+    ),
     "instructions": (APPLIED, "a system message"),
     "previous_response_id": (APPLIED, "continues a stored response"),
     "max_output_tokens": (APPLIED, "the most tokens to generate"),
