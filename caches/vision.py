@@ -94,6 +94,7 @@ class VisionCache:
             capacity_bytes, group=_tenant, group_share=tenant_share
         )
         self._tenants = TenantCounters()
+        self._media = TenantCounters()  # the same counters, by medium instead of tenant
         # Own lock so that peek -> verify -> pop/touch -> record is one atomic step: without it a
         # concurrent store of a fresh entry could be dropped by a stale corruption check.
         self._lock = threading.Lock()
@@ -102,8 +103,11 @@ class VisionCache:
     def capacity_bytes(self) -> int:
         return self._lru.capacity_bytes
 
-    def lookup(self, key: VisionKey, expected_tokens: int) -> VisionEntry | None:
-        """Return the cached entry for `key`, or None.
+    def lookup(
+        self, key: VisionKey, expected_tokens: int, media: str = "image"
+    ) -> VisionEntry | None:
+        """Return the cached entry for `key`, or None; counted under `media` ("image", or
+        "audio" for an audio clip's features, which this cache holds too: `media_stats`).
 
         `expected_tokens` is the number of placeholder tokens the prompt holds for this image.
         A stored entry with a different `num_tokens` is treated as corrupt: it is dropped,
@@ -115,6 +119,7 @@ class VisionCache:
                 entry = self._lru.peek(key)
                 if entry is None or entry.num_tokens != expected_tokens:
                     self._tenants.count(key.tenant, hit=False)
+                    self._media.count(media, hit=False)
                 if entry is None:
                     self._lru.record(False)
                     return None
@@ -132,6 +137,7 @@ class VisionCache:
                 self._lru.touch(key, hit=True)
                 self._lru.record(True)
                 self._tenants.count(key.tenant, hit=True)
+                self._media.count(media, hit=True)
                 return entry
         except Exception:
             logger.exception("vision cache lookup failed; treating as a miss")
@@ -181,6 +187,11 @@ class VisionCache:
     def tenant_stats(self) -> dict[str, dict[str, int]]:
         """Per tenant that looked up or holds anything: queries, hits, entries, bytes."""
         return self._tenants.report(self._lru.groups())
+
+    def media_stats(self) -> dict[str, dict[str, int]]:
+        """Per medium looked up ("image", "audio"): queries and hits."""
+        rows = self._media.report({})
+        return {m: {"queries": r["queries"], "hits": r["hits"]} for m, r in rows.items()}
 
     def __len__(self) -> int:
         return len(self._lru)

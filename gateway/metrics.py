@@ -210,6 +210,14 @@ class CacheCollector:
         # vLLM's convention: vision (multimodal) cache counts items, prefix cache counts tokens.
         yield CounterMetricFamily(p + "vision_cache_queries", "Images looked up", vision["queries"])
         yield CounterMetricFamily(p + "vision_cache_hits", "Images found", vision["hits"])
+        # The same lookups by medium (audio features live in the vision cache too).
+        for name, doc, key in (("queries", "looked up", "queries"), ("hits", "found", "hits")):
+            metric = CounterMetricFamily(
+                p + f"vision_cache_media_{name}", f"Images and audio clips {doc}", labels=["media"]
+            )
+            for media, row in vision.get("media", {}).items():
+                metric.add_metric([media], row[key])
+            yield metric
         yield CounterMetricFamily(
             p + "prefix_cache_queries", "Prompt tokens looked up", prefix["tokens_queried"]
         )

@@ -233,7 +233,7 @@ class CacheOps:
         for i in pending:
             entry = None
             if request.use_caches and self._vision_on:
-                entry = self._vision_lookup(request.images[i].content_hash, layouts[i].num_tokens)
+                entry = self._vision_lookup(request.images[i], layouts[i].num_tokens)
             if entry is None and request.use_caches:
                 entry = self._vision_from_disk(request.images[i], found)
                 job.vision_disk_hits += entry is not None
@@ -244,10 +244,10 @@ class CacheOps:
                 job.to_encode.append(i)
                 job.vision_misses += 1
 
-    def _vision_lookup(self, content_hash: str, tokens: int) -> VisionEntry | None:
+    def _vision_lookup(self, image: Any, tokens: int) -> VisionEntry | None:  # an ImageInput
         try:
-            key = self.vision_key(content_hash)
-            entry = self.vision.lookup(key, tokens)
+            key = self.vision_key(image.content_hash)
+            entry = self.vision.lookup(key, tokens, image.media)
             if entry is not None and self._disk_for(self.vision):
                 self.disk.touch("vision", self.disk.vision_file_key(key))  # type: ignore[union-attr]
             return entry
@@ -393,6 +393,7 @@ def cache_stats(vision: VisionCache, prefix: PrefixCache) -> dict[str, dict[str,
         d["hit_rate"] = stats.hit_rate
         d["enabled"] = stats.capacity_bytes > 0
         out[name] = d
+    out["vision"]["media"] = vision.media_stats()
     out["prefix"]["token_hit_rate"] = p.tokens_hit / p.tokens_queried if p.tokens_queried else 0.0
     tenants: dict[str, dict[str, object]] = {}
     for name, per in (("vision", vision.tenant_stats()), ("prefix", prefix.tenant_stats())):

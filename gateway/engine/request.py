@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from caches.scope import scope_of_hash
+from gateway.processors.audio import AudioGrid
 from gateway.processors.positions import ImageLayout
 
 
@@ -88,7 +89,8 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class ImageInput:
-    """One image of a prompt.
+    """One image of a prompt (or one audio clip: `image` an `AudioClip`, `grid_thw` its
+    `AudioGrid`, `pixel_values` its features).
 
     `pixel_values` is the processor's output (a numpy array, patches x features), or None
     when the request was built without preprocessing (the features were expected in a cache,
@@ -101,6 +103,12 @@ class ImageInput:
     grid_thw: tuple[int, int, int]  # in patches, as the vision tower wants it
     pixel_values: Any | None = None
     image: Any | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def media(self) -> str:
+        """The medium its cache lookups are counted under: "audio" for an audio clip (its
+        grid is an `AudioGrid`), else "image" (a video's blocks included)."""
+        return "audio" if isinstance(self.grid_thw, AudioGrid) else "image"
 
 
 @dataclass(frozen=True)

@@ -211,3 +211,38 @@ def test_models_card_says_audio_before_and_after_load() -> None:
         (copy / "config.json").write_text(json.dumps(config))
         card, _ = preview(str(copy))
         assert card["media"] == ["image"] and not card["capabilities"]["audio"]
+
+
+def test_cache_stats_count_lookups_by_media(clips: list[DecodedAudio]) -> None:
+    """Invariant: the vision cache's stats and /metrics count audio-feature lookups under
+    media "audio" and image lookups under "image" (one cache, two labels)."""
+    from PIL import Image
+
+    from gateway.engine.cache_ops import cache_stats
+    from gateway.metrics import CacheCollector
+
+    h = EngineHarness(path=tiny_model("gemma4"), max_batch=2)
+    try:
+        h.run(audio_body(QUESTION, max_tokens=2), [clips[0]])
+        h.run(audio_body("Again?", max_tokens=2), [clips[0]])
+        image = Image.new("RGB", (96, 96), (200, 30, 30))
+        body = {**audio_body("A picture?", max_tokens=2)}
+        body["messages"] = [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "x"}}, {"type": "text", "text": "Hi?"}
+        ]}]  # fmt: skip
+        h.run(body, [image])
+        engine = h.engine
+        stats = cache_stats(engine.vision_cache, engine.prefix_cache)
+        assert stats["vision"]["media"] == {
+            "audio": {"queries": 2, "hits": 1},
+            "image": {"queries": 1, "hits": 0},
+        }
+        samples = {
+            (m.name, s.labels.get("media")): s.value
+            for m in CacheCollector(lambda: stats).collect()
+            for s in m.samples
+            if "media" in m.name
+        }
+        assert samples[("vision_gateway_vision_cache_media_hits", "audio")] == 1
+    finally:
+        h.close()
