@@ -26,8 +26,11 @@ What differs from the other families (checked against mlx-vlm 0.7.10):
   clip's input is the checkpoint's own feature extractor's log-mel spectrogram (`preprocess`
   of an `AudioClip`; the padding flags ride along as one more column), each clip alone
   through the Conformer tower and `embed_audio`, merged unscaled like image features. Audio
-  runs are causal (mlx-vlm overlays no bidirectional mask on them), so an audio prompt is
-  prefilled in blocks as a text prompt is;
+  runs are causal, and mlx-vlm chunks any prompt holding audio, so its image overlay never
+  applies there: a prompt with audio (images or not) is prefilled causally in blocks, as a
+  text prompt is. Two clips of one prompt equal mlx-vlm's when the longer comes first; after
+  a shorter one, mlx-vlm's merge (one masked scatter over the padded batch) gives the later
+  clip the earlier one's padding rows, which each clip alone here does not copy;
 - KV: sliding layers (`WindowKVCache`: all positions kept, the window read in mlx-vlm's ring
   order) and full layers (`RowKVCache`); the last `num_kv_shared_layers` layers reuse the KV
   of the last earlier layer of their type, so there are fewer caches than layers (6 for 10
@@ -293,9 +296,15 @@ class Gemma4(VlmFamily):
             start=start,
             layer_ids=mx.array(layer_ids.astype(np.int32))[None],
             runs=runs,
-            whole=self.bidirectional and bool(runs),
+            # mlx-vlm chunks a prompt holding audio (its `chunked_prefill_policy`), and the
+            # image overlay then never applies: such a prompt is causal throughout.
+            whole=self.bidirectional and bool(runs) and not self._has_audio(ids),
             final=end == len(prompt_ids),
         )
+
+    def _has_audio(self, ids: np.ndarray) -> bool:
+        audio = self.prompt.settings.audio
+        return audio is not None and bool(np.any(ids == audio.audio_token_id))
 
     def prefill(
         self, plan: PrefillPlan, cache: list[RowKVCache], lo: int, hi: int, rows: int = 0

@@ -4,7 +4,8 @@ extractor settings; one soft token per 40 ms).
 
 Pinned at tolerance zero (token ids and logprobs): the engine's greedy answer to an audio +
 text question equals mlx-vlm's own `stream_generate` on the same samples (tests/reference.py)
-for clips of two lengths, in float32 and bf16; cached == uncached over a multi-turn
+for clips of two lengths, an image with a clip, two clips, in float32 and bf16; batched ==
+alone; cached == uncached over a multi-turn
 conversation about one clip (prefix blocks over the audio run, audio-feature cache hits);
 the same samples delivered as WAV and as FLAC are one content hash, so one cache entry; a
 model without an audio tower refuses an audio part naming it.
@@ -13,6 +14,8 @@ model without an audio tower refuses an audio part naming it.
 from __future__ import annotations
 
 import base64
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,6 +32,7 @@ from tests.gateway.engine.families.common import (
     engine_request,
 )
 
+FIXTURES = Path(__file__).resolve().parents[4] / "fixtures"
 QUESTION = "What is said in this clip?"
 RATE = 16000
 
@@ -56,30 +60,77 @@ def audio_body(question: str, max_tokens: int = 10) -> dict:
     }
 
 
+def _body(question: str, kinds: Sequence[str], max_tokens: int = 10) -> dict:
+    """A greedy chat body: an image part for each "image" in `kinds` first, the question,
+    then an `input_audio` part for each "audio" (mlx-vlm's template helper puts audio after
+    the text and images before it)."""
+    body = audio_body(question, max_tokens)
+    image = {"type": "image_url", "image_url": {"url": "x"}}
+    audio = body["messages"][0]["content"][1]
+    content = [image] * kinds.count("image") + [body["messages"][0]["content"][0]]
+    body["messages"][0]["content"] = content + [audio] * kinds.count("audio")
+    return body
+
+
 @pytest.mark.parametrize("weights", ["float32", "bfloat16"])
 def test_greedy_answer_equals_mlx_vlm_generate(weights: str, clips: list[DecodedAudio]) -> None:
     """Invariant: engine == mlx-vlm's generate (prompt ids, answer ids, logprobs) on the
-    same samples, for a 33-token and a 52-token clip (audio runs crossing 32-token blocks,
-    the 48-token window wrapped)."""
+    same samples: a 33-token and a 52-token clip (audio runs crossing 32-token blocks, the
+    48-token window wrapped), an image and a clip in one prompt (mlx-vlm then prefills in
+    chunks, causally: no image overlay), two clips longest first."""
+    from PIL import Image
+    from reference import reference_generate
+
     path = tiny_model("gemma4", weights)
+    image = Image.open(FIXTURES / "shapes.png").convert("RGB")
+    cases = [
+        ([clips[0]], ["audio"]),
+        ([clips[1]], ["audio"]),
+        ([image, clips[0]], ["image", "audio"]),
+        ([clips[1], clips[0]], ["audio", "audio"]),
+    ]
     h = EngineHarness(path=path, max_batch=2)
     try:
         assert isinstance(h.engine.model, Gemma4)
         assert "audio" in h.engine.model.media
-        for clip in clips:
-            body = audio_body(QUESTION)
-            messages = [{"role": "user", "content": QUESTION}]
-            request = engine_request(h, body, [clip])
-            tokens = request.images[0].layout.num_tokens - 2  # less `<|audio>`, `<audio|>`
-            assert request.images[0].grid_thw == AudioGrid.of(tokens)
-            assert tokens == int(np.ceil(len(clip.samples) / RATE * 1000 / 40))
-            from reference import reference_generate
-
-            ref = reference_generate(path, messages, max_tokens=10, audio=[clip.samples])
+        for media, kinds in cases:
+            body = _body(QUESTION, kinds)
+            content = [{"type": "image"}] * kinds.count("image")
+            messages = [{"role": "user", "content": [*content, {"type": "text", "text": QUESTION}]}]
+            request = engine_request(h, body, media)
+            for item, layout in zip(media, request.images, strict=True):
+                if isinstance(item, DecodedAudio):
+                    tokens = layout.layout.num_tokens - 2  # less `<|audio>`, `<audio|>`
+                    assert layout.grid_thw == AudioGrid.of(tokens)
+                    assert tokens == int(np.ceil(len(item.samples) / RATE * 1000 / 40))
+            images = [m for m in media if not isinstance(m, DecodedAudio)]
+            audio = [m.samples for m in media if isinstance(m, DecodedAudio)]
+            ref = reference_generate(path, messages, images, max_tokens=10, audio=audio)
             assert list(request.prompt_ids) == list(ref.prompt_ids)
-            run = h.run(body, [clip])
-            assert run.token_ids == list(ref.token_ids)
-            assert run.logprobs == list(ref.logprobs)  # tolerance zero
+            run = h.run(body, media)
+            assert run.token_ids == list(ref.token_ids), kinds
+            assert run.logprobs == list(ref.logprobs), kinds  # tolerance zero
+    finally:
+        h.close()
+
+
+def test_batched_equals_alone(clips: list[DecodedAudio]) -> None:
+    """Invariant: audio rows decoded together with text and image rows (other prompt
+    lengths, ring phases, left padding) answer as each does alone."""
+    from PIL import Image
+
+    from tests.gateway.engine.families.common import assert_batched_equals_alone
+
+    image = Image.open(FIXTURES / "shapes.png").convert("RGB")
+    h = EngineHarness(path=tiny_model("gemma4"), max_batch=8)
+    try:
+        requests = [
+            (_body(QUESTION, ["audio"], 12), [clips[0]]),
+            (_body("Hi", [], 12), []),
+            (_body("And this?", ["image", "audio"], 12), [image, clips[1]]),
+            (_body("Short?", ["audio"], 12), [clips[1]]),
+        ]
+        assert_batched_equals_alone(h, requests, clear_caches=True)
     finally:
         h.close()
 
