@@ -297,3 +297,41 @@ def test_cache_stats_count_lookups_by_media(clips: list[DecodedAudio]) -> None:
         assert samples[("vision_gateway_vision_cache_media_hits", "audio")] == 1
     finally:
         h.close()
+
+
+def test_a_restarted_engine_reads_audio_features_and_blocks_from_disk(
+    clips: list[DecodedAudio], tmp_path: Path
+) -> None:
+    """Invariant: the disk tier holds audio like images: a new engine on the same
+    `--cache-dir` takes a clip's features (a question placed before the clip) and the
+    prompt's blocks over it (the same question) from disk, with the uncached answers."""
+    from support import assert_same_answers
+
+    from gateway.config import CacheConfig
+    from gateway.engine.request import AdmittedEvent
+    from tests.gateway.engine.families.common import NO_CACHES
+
+    def ask(h: EngineHarness, question: str) -> tuple[Run, AdmittedEvent]:
+        run = h.run(_body(question, ["audio"], 6), [clips[1]])
+        return run, next(e for e in run.events if isinstance(e, AdmittedEvent))
+
+    other = "Before anything else, which language is it?"
+    cold = EngineHarness("gemma4", cache=NO_CACHES, warmup=False)
+    try:
+        want = [ask(cold, QUESTION)[0], ask(cold, other)[0]]
+    finally:
+        cold.close()
+    writer = EngineHarness("gemma4", cache=CacheConfig(cache_dir=tmp_path), warmup=False)
+    try:
+        ask(writer, QUESTION)
+    finally:
+        writer.close()  # drains the writer thread
+    reader = EngineHarness("gemma4", cache=CacheConfig(cache_dir=tmp_path), warmup=False)
+    try:
+        features, admitted = ask(reader, other)
+        assert admitted.vision_disk_hits == 1
+        blocks, admitted = ask(reader, QUESTION)
+        assert admitted.disk_cached_tokens > 0
+        assert_same_answers([blocks, features], want)
+    finally:
+        reader.close()
