@@ -9,8 +9,9 @@ images. Decoding is FFmpeg's: every channel averaged into one, resampled with it
 packet sizes).
 
 Limits (every refusal a 400 `APIError`): the encoded size is checked by the caller; the
-length (`max_seconds`, from the container's header when it says, else while decoding) and
-emptiness (no audio stream, no samples) here; a corrupt stream is a 400 naming the failure.
+length (`max_seconds`, from the container's header when it says, else while decoding), the
+source's sample rate (at most `MAX_SOURCE_RATE`) and emptiness (no audio stream, no
+samples) here; a corrupt stream is a 400 naming the failure.
 Blocking: run in a worker thread.
 """
 
@@ -27,6 +28,7 @@ from gateway.errors import invalid
 
 # The `format` values OpenAI's `input_audio` documents (wav, mp3) and the ones FFmpeg reads
 # as well that clients send; the container is probed from the bytes, this only gates names.
+MAX_SOURCE_RATE = 192_000  # Hz: studio rates; more is a decoding cost, not a better clip
 AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "m4a", "aac", "webm")
 
 
@@ -74,6 +76,13 @@ def decode_audio(data: bytes, rate: int, max_seconds: float, source: str) -> Dec
         if not container.streams.audio:
             raise invalid("the file holds no audio stream", code="invalid_audio")
         stream = container.streams.audio[0]
+        source_rate = int(stream.sample_rate or stream.codec_context.sample_rate or 0)
+        if not 0 < source_rate <= MAX_SOURCE_RATE:
+            raise invalid(
+                f"the audio's sample rate is {source_rate} Hz; this server reads 1 to "
+                f"{MAX_SOURCE_RATE} Hz",
+                code="invalid_audio",
+            )
         if stream.duration is not None and stream.time_base is not None:
             header_seconds = float(stream.duration * stream.time_base)
             _check_length(header_seconds, max_seconds)

@@ -121,6 +121,22 @@ def test_responses_input_audio(server: ServerProcess) -> None:
     assert answer["usage"]["input_tokens"] > 1.5 * 1000 / 40  # the clip's soft tokens count
 
 
+def _wav_header_rate(rate: int) -> bytes:
+    """A 16-bit mono WAV of one second of silence whose header claims `rate` Hz."""
+    import struct
+
+    data = b"\x00\x00" * 1000
+    fmt = struct.pack("<IHHIIHH", 16, 1, 1, rate, rate * 2, 2, 16)
+    return (
+        b"RIFF"
+        + struct.pack("<I", 36 + len(data))
+        + b"WAVEfmt "
+        + fmt
+        + b"data"
+        + (struct.pack("<I", len(data)) + data)
+    )
+
+
 LONG = encode(np.zeros(31 * 8000, dtype=np.float32), 8000, "wav")  # 31 s: the model reads 30
 HOSTILE = [
     ("garbage", _body(_audio(b"not audio at all" * 40)), "content[1].input_audio.data"),
@@ -128,6 +144,7 @@ HOSTILE = [
     ("empty", _body(_audio(encode(np.zeros(0, np.float32), 16000))), "content[1].input_audio.data"),
     ("too-long", _body(_audio(LONG)), "content[1].input_audio.data"),
     ("bad-format", _body(_audio(WAV, "midi")), "content[1].input_audio.format"),
+    ("rate", _body(_audio(_wav_header_rate(1_000_000))), "content[1].input_audio.data"),
     ("no-data", _body({"type": "input_audio", "input_audio": {"format": "wav"}}), "data"),
     ("path-outside", _body({"type": "audio_url", "audio_url": {"url": "/etc/passwd"}}), "url"),
     ("ssrf", _body({"type": "audio_url", "audio_url": {"url": "http://127.0.0.1:1/a"}}), "url"),
