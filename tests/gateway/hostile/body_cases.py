@@ -88,8 +88,9 @@ BODY_CASES: list[Any] = [
         Case(user(["hi"]), param="messages[0].content[0].type"), id="content-part-a-string"
     ),
     pytest.param(
-        Case(
-            user([{"type": "input_audio", "input_audio": {}}]), param="messages[0].content[0].type"
+        Case(  # an input_audio part without its base64 `data`
+            user([{"type": "input_audio", "input_audio": {}}]),
+            param="messages[0].content[0].input_audio.data",
         ),
         id="content-part-audio",
     ),
