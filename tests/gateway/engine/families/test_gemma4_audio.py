@@ -335,3 +335,25 @@ def test_a_restarted_engine_reads_audio_features_and_blocks_from_disk(
         assert_same_answers([blocks, features], want)
     finally:
         reader.close()
+
+
+def test_two_cache_scopes_never_share_a_clip(clips: list[DecodedAudio]) -> None:
+    """Invariant: a clip's cache entries are scoped like an image's: the same samples under
+    another scope (another tenant, or a `cache_salt`) read no feature and no block of the
+    first scope's, and answer the same."""
+    from dataclasses import replace
+
+    from caches.scope import scope_tag
+    from gateway.api.openai.parse import parse_chat_request
+
+    h = EngineHarness(path=tiny_model("gemma4"), max_batch=2)
+    try:
+        chat = parse_chat_request(audio_body(QUESTION, max_tokens=4))
+        first = h.submit_chat(replace(chat, cache_scope=scope_tag("alice", "")), [clips[0]]).wait()
+        other = h.submit_chat(replace(chat, cache_scope=scope_tag("bob", "")), [clips[0]]).wait()
+        assert other.finish.usage.vision_hits == 0 and other.finish.usage.cached_tokens == 0
+        assert other.token_ids == first.token_ids and other.logprobs == first.logprobs
+        again = h.submit_chat(replace(chat, cache_scope=scope_tag("alice", "")), [clips[0]]).wait()
+        assert again.finish.usage.cached_tokens > 0
+    finally:
+        h.close()
