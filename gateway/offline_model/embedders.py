@@ -1,0 +1,87 @@
+"""The embedding families' tiny checkpoints: `--arch qwen3_embedding` (Qwen3-Embedding: a
+Qwen3 text model in the sentence-transformers layout) and `--arch qwen3_vl_embedding`
+(Qwen3-VL-Embedding: a Qwen3-VL model whose last hidden state is pooled).
+
+Both reuse their chat family's files and change only what makes the checkpoint an embedder,
+as the upstream checkpoints do:
+
+- qwen3_embedding: config.json stays `model_type: qwen3` (mlx-vlm's embedding loader maps it
+  to its `qwen3_embedding` model); `modules.json` and `1_Pooling/config.json` (last-token
+  pooling, as Qwen3-Embedding ships) say it is a sentence-transformers embedder, and
+  `config_sentence_transformers.json` holds the similarity function. The weights are the
+  Qwen3 text model's (tied embeddings: no `lm_head`).
+- qwen3_vl_embedding: `model_type: qwen3_vl_embedding` with `normalize: true` (mlx-vlm's
+  `qwen3_vl_embedding.ModelConfig`); the weights are Qwen3-VL's without `lm_head` (the
+  embedding model drops it). transformers has no config class for that type, so the config
+  is validated as `qwen3_vl` with tied embeddings (the same parameters minus `lm_head`)
+  and written to disk under its embedding type.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from . import qwen3, qwen_vl
+from .family import Family
+from .tokenizer_files import dump_json
+
+VL_EMBEDDING_TYPE = "qwen3_vl_embedding"
+POOLING = {
+    "word_embedding_dimension": None,  # filled with the hidden size
+    "pooling_mode_cls_token": False,
+    "pooling_mode_mean_tokens": False,
+    "pooling_mode_max_tokens": False,
+    "pooling_mode_mean_sqrt_len_tokens": False,
+    "pooling_mode_weightedmean_tokens": False,
+    "pooling_mode_lasttoken": True,
+    "include_prompt": True,
+}
+MODULES = [
+    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+]
+
+
+def write_text_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
+    """Qwen3's files plus the sentence-transformers ones; returns config.json's dict."""
+    config = qwen3.write_files(out, size, dtype)
+    dump_json(out / "modules.json", MODULES)
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    pooling = {**POOLING, "word_embedding_dimension": config["hidden_size"]}
+    dump_json(out / "1_Pooling" / "config.json", pooling)
+    (out / "2_Normalize").mkdir(exist_ok=True)
+    dump_json(
+        out / "config_sentence_transformers.json",
+        {"prompts": {"query": "", "document": ""}, "similarity_fn_name": "cosine"},
+    )
+    return config
+
+
+def write_vl_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
+    """Qwen3-VL's files with config.json under the embedding type (see the module doc);
+    returns the dict the builder validates (the `qwen3_vl` one, tied, without `lm_head`)."""
+    config = qwen_vl.write_files("qwen3_vl", out, size, dtype)
+    config["tie_word_embeddings"] = True
+    config["text_config"]["tie_word_embeddings"] = True
+    on_disk = {
+        **config,
+        "model_type": VL_EMBEDDING_TYPE,
+        "architectures": ["Qwen3VLForEmbedding"],
+        "normalize": True,
+    }
+    dump_json(out / "config.json", on_disk)
+    return config
+
+
+TEXT_FAMILY = Family(
+    "qwen3_embedding", "mlx-lm", ("tiny",), "Qwen3-Embedding (text embedder)", write_text_files
+)
+VL_FAMILY = Family(
+    VL_EMBEDDING_TYPE,
+    "mlx-vlm",
+    ("tiny",),
+    "Qwen3-VL-Embedding (text and image embedder)",
+    write_vl_files,
+)
