@@ -1,0 +1,18 @@
+"""Which embedding family serves a checkpoint, and loading it (engine thread)."""
+
+from __future__ import annotations
+
+from gateway.engine.embed.embedder import Embedder
+from gateway.processors.checkpoint import read_config
+
+
+def load_embedder(path: str) -> Embedder:
+    """The checkpoint at `path` loaded with its embedding family: Qwen3-VL-Embedding by its
+    model type, else a text embedder (the HTTP process checked it is one first:
+    `processors.families.family_facts`)."""
+    from gateway.engine.embed.qwen3_vl import MODEL_TYPES, QwenVLEmbedder
+    from gateway.engine.embed.text import TextEmbedder
+
+    if str(read_config(path).get("model_type")) in MODEL_TYPES:
+        return QwenVLEmbedder(path)
+    return TextEmbedder(path)
