@@ -38,9 +38,10 @@ POOLING = {
     "include_prompt": True,
 }
 MODULES = [
-    {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-    {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+    for i, (path, kind) in enumerate(
+        (("", "Transformer"), ("1_Pooling", "Pooling"), ("2_Normalize", "Normalize"))
+    )
 ]
 
 

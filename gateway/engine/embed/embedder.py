@@ -62,6 +62,10 @@ class Embedder(ABC):
         """`image` through the vision tower alone (engine thread)."""
         raise EmbedRefused("this model embeds text only; it takes no images")
 
+    def image_tokens(self, grid: tuple[int, int, int]) -> int:
+        """The placeholder tokens (feature rows) of an image with this patch grid."""
+        raise EmbedRefused("this model embeds text only; it takes no images")
+
     @abstractmethod
     def pooled(self, rows: Sequence[Prepared], features: Sequence[ImageFeatures]) -> mx.array:
         """The rows' pooled vectors (rows, dimensions), before normalization, lazily:

@@ -136,6 +136,10 @@ class QwenVLEmbedder(Embedder):
         assert fast is not None  # checked at load (`_settings`)
         return fast(image.image)[0]
 
+    def image_tokens(self, grid: tuple[int, int, int]) -> int:
+        merge = self.prompt.merge_size
+        return grid[0] * grid[1] * grid[2] // (merge * merge)
+
     # ----- engine thread ------------------------------------------------------------------------
 
     def encode_image(self, image: EmbedImage, grid: tuple[int, int, int]) -> ImageFeatures:
@@ -175,7 +179,9 @@ class QwenVLEmbedder(Embedder):
         width = ids.shape[1]
         keys = attention.astype(mx.bool_)
         model_mask = create_causal_mask(width)[None, None, :, :] & mx.expand_dims(keys, (1, 2))
-        positions, _ = lm.get_rope_index(input_ids, image_grid_thw=grid_thw, attention_mask=attention)
+        positions, _ = lm.get_rope_index(
+            input_ids, image_grid_thw=grid_thw, attention_mask=attention
+        )
         hidden = lm.model(
             input_ids,
             inputs_embeds=embeds,

@@ -68,7 +68,9 @@ class TextEmbedder(Embedder):
             ids = list(item.ids)
             vocab = int(self.model.config.vocab_size)
             if any(not 0 <= i < vocab for i in ids):
-                raise EmbedRefused(f"a token id is outside this model's vocabulary (0..{vocab - 1})")
+                raise EmbedRefused(
+                    f"a token id is outside this model's vocabulary (0..{vocab - 1})"
+                )
         else:
             text = item.text if item.text is not None else "".join(item.parts or ())
             ids = list(self.tokenizer(text)["input_ids"])

@@ -32,6 +32,7 @@ from typing import Any
 
 from gateway.config import EngineConfig
 from gateway.engine.client import EngineBusy, EngineUnavailable
+from gateway.engine.embed.request import Embed, EmbedResult
 from gateway.engine.image_store import ImageStore
 from gateway.engine.remote.main import engine_process_main
 from gateway.engine.request import (
@@ -62,6 +63,9 @@ from gateway.engine.wire import (
 )
 
 log = logging.getLogger(__name__)
+# An embedding call waits in the engine's queue behind the batches before it (each up to
+# --max-batch inputs per forward), so it may take far longer than a cache stats call.
+EMBED_TIMEOUT_S = 600.0
 
 
 class RemoteEngine:
@@ -198,6 +202,15 @@ class RemoteEngine:
 
     def metrics_text(self) -> bytes:
         return self._call(MetricsText())
+
+    def embed(self, call: Embed) -> EmbedResult:
+        """An embedding model's `EmbedEngine.embed`, run in the engine process (blocks: call
+        it off the event loop). Raises `EmbedRefused` for an input the model cannot take,
+        EngineUnavailable when the engine is gone or silent past `EMBED_TIMEOUT_S`."""
+        outcome = self._call(call, EMBED_TIMEOUT_S)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
 
     # ----- plumbing -----------------------------------------------------------------------------
 

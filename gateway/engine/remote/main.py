@@ -13,9 +13,11 @@ import signal
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
 
 from gateway.config import EngineConfig
 from gateway.engine.client import EngineBusy, EngineClient
+from gateway.engine.embed.request import Embed
 from gateway.engine.image_store import ImageStore
 from gateway.engine.request import (
     EngineRequest,
@@ -40,6 +42,10 @@ from gateway.engine.wire import (
     answer,
 )
 
+if TYPE_CHECKING:  # MLX: imported in the engine process only
+    from gateway.engine.core import Engine
+    from gateway.engine.embed.engine import EmbedEngine
+
 log = logging.getLogger(__name__)
 
 
@@ -48,6 +54,7 @@ def engine_process_main(
 ) -> None:
     """Entry point of the engine process: run an Engine, serve the command pipe."""
     from gateway.engine.core import Engine
+    from gateway.engine.embed.engine import EmbedEngine
     from gateway.metrics import Metrics
 
     # Ctrl-C and a service manager's SIGTERM reach the whole process group: the HTTP process
@@ -58,15 +65,22 @@ def engine_process_main(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     outbox = _Outbox(events)
-    engine = Engine(config, Metrics())
-    engine.on_events = outbox.flush
+    engine: Engine | EmbedEngine
+    if _embeds(config.model):
+        engine = EmbedEngine(config)
+    else:
+        engine = Engine(config, Metrics())
+        engine.on_events = outbox.flush
     try:
         engine.start()
     except Exception as exc:  # noqa: BLE001 - reported to the parent
         outbox.send(LoadFailed(str(exc)))
         return
     model = engine.model
-    prompt = None if model is None else model.shipped_prompt()
+    if isinstance(engine, EmbedEngine):
+        prompt: Any = model
+    else:
+        prompt = None if model is None else model.shipped_prompt()
     outbox.send(Ready(engine.on_gpu, prompt, engine.device_memory))
     images = ImageStore(keep_images=True)
     while True:
@@ -80,6 +94,8 @@ def engine_process_main(
                 _submit(engine, request, outbox.sink(request.request_id), outbox.flush)
             case Cancel(request_id):
                 engine.cancel(request_id)
+            case Invoke(call_id, Embed() as call) if isinstance(engine, EmbedEngine):
+                _embed(engine, call_id, call, outbox)
             case Invoke(call_id, call):
                 outbox.send(_reply(engine, call_id, call))
             case Stop():
@@ -87,6 +103,29 @@ def engine_process_main(
                 outbox.flush()
                 outbox.send(Stopped())
                 return
+
+
+def _embeds(model: str) -> bool:
+    """The checkpoint is an embedding model (its family's task), read without MLX."""
+    from gateway.processors.checkpoint import checkpoint_facts
+
+    try:
+        return checkpoint_facts(model).task == "embed"
+    except Exception:  # noqa: BLE001 - the chat engine's load reports what is wrong
+        return False
+
+
+def _embed(engine: EmbedEngine, call_id: int, call: Embed, outbox: _Outbox) -> None:
+    """Queue an embedding call; its Reply (the result, or the exception to raise there) is
+    sent from the engine thread when its batch is done, so calls batch together."""
+
+    def done(outcome: object) -> None:
+        outbox.send(Reply(call_id, True, outcome))
+
+    try:
+        engine.embed_async(call, done)
+    except Exception as exc:  # noqa: BLE001 - reported to the caller
+        outbox.send(Reply(call_id, True, exc))
 
 
 def _submit(
