@@ -31,15 +31,18 @@ from gateway.api.anthropic.render import render_error as render_anthropic_error
 from gateway.api.http import internal_error, log_refusal
 from gateway.api.intake import Intake
 from gateway.api.keys import Caller, Keyring
+from gateway.api.openai import embeddings as embeddings_api
 from gateway.api.openai import routes as openai_api
 from gateway.api.openai.render import render_error
 from gateway.api.response_count import ResponseCounter
 from gateway.api.responses import routes as responses_api
 from gateway.config import EngineConfig, MediaConfig, ServerConfig
 from gateway.engine.client import EngineClient, EngineUnavailable
+from gateway.engine.embed.request import EmbedCard
 from gateway.engine.remote.client import RemoteEngine
 from gateway.errors import APIError
 from gateway.frontend.context import context_window
+from gateway.frontend.embed import EmbedPipeline
 from gateway.frontend.errors import engine_unavailable, model_not_found
 from gateway.frontend.pipeline import ChatPipeline
 from gateway.frontend.prompt import PromptBuilder
@@ -48,7 +51,7 @@ from gateway.heap import freeze_startup_objects
 from gateway.media import MediaLoader
 from gateway.metrics import EdgeMetrics, Metrics
 from gateway.metrics_merge import merge_metrics
-from gateway.pool.build import capabilities, model_slots
+from gateway.pool.build import capabilities, model_slots, model_task
 from gateway.pool.pool import ModelPool
 from gateway.pool.slot import EngineFactory, ModelSlot, SlotState
 from gateway.pool_config import PoolConfig
@@ -85,6 +88,7 @@ class Gateway:
         )
         self.media = MediaLoader(media)
         self.pipeline = ChatPipeline(self.pool, self.media, self.metrics)
+        self.embeddings = EmbedPipeline(self.pipeline)
         self.keys = Keyring(server)
         self.intake = Intake(server, self.pipeline, self.metrics, self.keys)
         self.notice = notice
@@ -109,6 +113,10 @@ class Gateway:
         def in_process(config: EngineConfig) -> EngineClient:
             from gateway.engine.core import Engine
 
+            if loader is None and model_task(config.model) == "embed":
+                from gateway.engine.embed.engine import EmbedEngine
+
+                return EmbedEngine(config)  # type: ignore[return-value]
             return Engine(config, Metrics(), loader)
 
         return in_process
@@ -119,6 +127,10 @@ class Gateway:
         engine, config = slot.engine, slot.config
         assert engine is not None and engine.model is not None
         model = engine.model
+        if isinstance(model, EmbedCard):  # an embedding model: no prompt builder, no warm-up
+            slot.card = model.describe()
+            slot.context_length = model.max_tokens
+            return
         window = context_window(model, config, engine.device_memory).tokens
         prompts = PromptBuilder(model, window, config.default_max_tokens, config.tool_call_parser)
         if config.warmup:  # (a text model takes no images: its warm-up is text only)
@@ -185,6 +197,8 @@ class Gateway:
         """One streamed and one plain chat request through the app itself (in-process, before
         the port opens): the first request through Starlette, the SSE writer and the JSON
         paths cost tens of ms once, which would otherwise land on a user's first request."""
+        if self.pool.default.task != "chat":  # an embedding model: no chat route to warm
+            return
         key = self.keys.warmup_key
         headers = {"authorization": f"Bearer {key}"} if key else {}
         body = {
@@ -392,6 +406,7 @@ def create_app(
     gateway = Gateway(server, engine, media, loader, notice, engine_client, pool)
     routes = [
         *openai_api.routes(gateway.intake),
+        *embeddings_api.routes(gateway.intake, gateway.embeddings),
         *anthropic_api.routes(gateway.intake),
         *responses_api.routes(gateway.intake, server, engine.cache),  # /v1/responses, state
         Route("/v1/models", gateway.models, methods=["GET"]),

@@ -8,7 +8,7 @@ No MLX: the HTTP process builds and reads these; they are pickled over the engin
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -124,3 +124,14 @@ class EmbedCard:
             "matryoshka": self.matryoshka,
             "max_input_tokens": self.max_tokens,
         }
+
+
+@runtime_checkable
+class EmbeddingClient(Protocol):
+    """An engine client that embeds: `EmbedEngine` in this process, `RemoteEngine` over an
+    embedding model's engine process."""
+
+    def embed(self, call: Embed) -> EmbedResult:
+        """`call` answered (blocks). Raises EmbedRefused for an input the model cannot take,
+        EngineUnavailable when the engine is gone."""
+        ...

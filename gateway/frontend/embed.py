@@ -1,0 +1,104 @@
+"""The embeddings path below the wire format: the model (an embedding model, loaded on
+demand by the pool and held while its request runs), the inputs' images (loaded, decoded
+and hashed by the same media loader as chat, so the same pixels in any delivery have one
+hash and one vision-cache entry), the call to the engine, and its refusals as 400s naming
+the field. Event loop only; the engine call runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from caches.scope import scoped_hash
+from gateway.engine.client import EngineUnavailable
+from gateway.engine.embed.request import (
+    Embed,
+    EmbedCard,
+    EmbeddingClient,
+    EmbedImage,
+    EmbedItem,
+    EmbedRefused,
+    EmbedResult,
+)
+from gateway.errors import APIError, invalid
+from gateway.frontend.chat import ImagePart
+from gateway.frontend.embed_request import EmbedInput, EmbedRequest
+from gateway.frontend.errors import engine_unavailable, model_not_found, wrong_task
+from gateway.frontend.pipeline import ChatPipeline
+from gateway.media import DecodedImage
+
+
+class EmbedPipeline:
+    """Embeddings over the served models; shares the chat pipeline's pool, media loader
+    and readiness (`accept`)."""
+
+    def __init__(self, chat: ChatPipeline) -> None:
+        self.chat = chat
+        self.pool = chat.pool
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        """The request's vectors. APIError: 404 for a model not served, 400 for one that does
+        not embed (naming `model`), an input it cannot take (naming `input[i]`, or the image
+        part) or bad `dimensions`; 503 when its engine is gone or it cannot be loaded."""
+        slot = self.pool.find(request.model)
+        if slot is None:
+            raise model_not_found(request.model, self.pool.served_names)
+        if slot.task != "embed":
+            raise wrong_task(slot.name, slot.task, "/v1/embeddings")
+        slot = await self.pool.acquire(slot)
+        try:
+            engine, card = slot.engine, slot.engine.model if slot.engine else None
+            if not isinstance(engine, EmbeddingClient) or not isinstance(card, EmbedCard):
+                raise engine_unavailable()
+            _check_media(request.inputs, card)
+            parts = [p for i in request.inputs for p in i.images]
+            loaded = await self.chat.load_images(parts) if parts else []
+            call = Embed(_items(request, loaded), request.dimensions, request.cache_scope)
+            return await asyncio.to_thread(engine.embed, call)
+        except EmbedRefused as refused:
+            raise _refusal(refused, request) from None
+        except EngineUnavailable:
+            raise engine_unavailable() from None
+        finally:
+            slot.release(request.keep_alive_s)
+
+
+def _check_media(inputs: tuple[EmbedInput, ...], card: EmbedCard) -> None:
+    """400 naming the first image part sent to a model that takes none (before any fetch)."""
+    if "image" in card.media:
+        return
+    for item in inputs:
+        for part in item.images:
+            raise invalid(
+                f"this model embeds text only; it takes no images (`{part.param}`)",
+                part.param,
+                "unsupported_image",
+            )
+
+
+def _items(request: EmbedRequest, images: list[DecodedImage]) -> tuple[EmbedItem, ...]:
+    """The engine's inputs, each image by its pixels and scoped pixel hash."""
+    loaded = iter(images)
+    items = []
+    for item in request.inputs:
+        if item.parts is None:
+            items.append(EmbedItem(text=item.text, ids=item.ids))
+            continue
+        parts: list[str | EmbedImage] = []
+        for part in item.parts:
+            if isinstance(part, ImagePart):
+                d = next(loaded)
+                pixel = scoped_hash(d.content_hash, request.cache_scope)
+                parts.append(EmbedImage(d.image, pixel, d.width, d.height))
+            else:
+                parts.append(part)
+        items.append(EmbedItem(parts=tuple(parts)))
+    return tuple(items)
+
+
+def _refusal(refused: EmbedRefused, request: EmbedRequest) -> APIError:
+    """The engine's refusal as a 400 naming the input (or the field) at fault."""
+    if refused.field == "input" and refused.index is not None:
+        param = request.inputs[refused.index].param
+        return invalid(f"`{param}`: {refused}", param, "invalid_input")
+    return invalid(str(refused), refused.field)
