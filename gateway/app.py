@@ -197,7 +197,7 @@ class Gateway:
         """One streamed and one plain chat request through the app itself (in-process, before
         the port opens): the first request through Starlette, the SSE writer and the JSON
         paths cost tens of ms once, which would otherwise land on a user's first request."""
-        if self.pool.default.task != "chat":  # an embedding model: no chat route to warm
+        if self.pool.default.kind != "chat":  # an embedding model: no chat route to warm
             return
         key = self.keys.warmup_key
         headers = {"authorization": f"Bearer {key}"} if key else {}

@@ -43,8 +43,8 @@ class EmbedPipeline:
         slot = self.pool.find(request.model)
         if slot is None:
             raise model_not_found(request.model, self.pool.served_names)
-        if slot.task != "embed":
-            raise wrong_task(slot.name, slot.task, "/v1/embeddings")
+        if slot.kind != "embed":
+            raise wrong_task(slot.name, slot.kind, "/v1/embeddings")
         slot = await self.pool.acquire(slot)
         try:
             engine, card = slot.engine, slot.engine.model if slot.engine else None

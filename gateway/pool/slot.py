@@ -39,7 +39,7 @@ class ModelSlot:
     """A model the server offers (`spec`), served with `config`. See the module doc.
 
     `footprint` (bytes) is what it takes loaded as the memory rule counts it: its weights
-    plus its cache budgets. `task`: what the model does, read from its checkpoint without
+    plus its cache budgets. `kind`: what the model does, read from its checkpoint without
     loading it ("chat", or "embed": /v1/embeddings only), so a request to the wrong route is
     answered before anything loads."""
 
@@ -50,10 +50,10 @@ class ModelSlot:
         keep_alive_s: float,
         footprint: int,
         make_engine: EngineFactory,
-        task: str = "chat",
+        kind: str = "chat",
     ) -> None:
         self.spec = spec
-        self.task = task  # "chat" or "embed" (an embedding model), known before it loads
+        self.kind = kind  # "chat" or "embed" (an embedding model), known before it loads
         self.name = spec.name
         self.config = config
         self.footprint = footprint
