@@ -113,8 +113,7 @@ class BatchRunner:
             rows[key] = _Row(key, prepared, dims, [(job, index)])
 
     def _compute(self, rows: Sequence[_Row]) -> None:
-        for lo in range(0, len(rows), self.max_rows):
-            chunk = rows[lo : lo + self.max_rows]
+        for chunk in _chunks(rows, self.max_rows):
             features = [f for r in chunk for f in self._features(r.prepared)]
             pooled = self.embedder.pooled([r.prepared for r in chunk], features)
             self.metrics.forwards.inc()
@@ -165,3 +164,26 @@ class BatchRunner:
         self.metrics.tokens.inc(sum(job.tokens))
         result = EmbedResult(np.stack(vectors), tuple(job.tokens), job.cached)  # type: ignore[arg-type]
         job.done(result)
+
+
+# Padded tokens one forward may hold (rows x the longest row): the attention masks and
+# activations grow with it; a single longer input still runs alone.
+MAX_FORWARD_TOKENS = 32768
+
+
+def _chunks(rows: Sequence[_Row], max_rows: int) -> list[Sequence[_Row]]:
+    """`rows` (shortest first) cut into forwards of at most `max_rows` rows and
+    `MAX_FORWARD_TOKENS` padded tokens."""
+    chunks: list[Sequence[_Row]] = []
+    lo = 0
+    while lo < len(rows):
+        hi = lo + 1
+        while (
+            hi < len(rows)
+            and hi - lo < max_rows
+            and (hi - lo + 1) * len(rows[hi].prepared.ids) <= MAX_FORWARD_TOKENS
+        ):
+            hi += 1
+        chunks.append(rows[lo:hi])
+        lo = hi
+    return chunks

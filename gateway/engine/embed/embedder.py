@@ -108,9 +108,14 @@ def as_numpy(vectors: mx.array) -> np.ndarray:
     return np.array(vectors.astype(mx.float32))
 
 
+# The longest input served, as mlx-vlm's server caps its embedding inputs: one forward over
+# an input of n tokens holds an n x n attention mask per row (8192: 256 MiB in float32).
+MAX_INPUT_TOKENS = 8192
+
+
 def tokenizer_limit(tokenizer: Any, config_limit: int | None) -> int:
-    """The longest input: the tokenizer's `model_max_length` and the config's position limit,
-    whichever is smaller (either may be absent or a huge sentinel)."""
+    """The longest input: the tokenizer's `model_max_length`, the config's position limit
+    and `MAX_INPUT_TOKENS`, whichever is smallest (the first two may be absent or a huge
+    sentinel)."""
     limits = [int(getattr(tokenizer, "model_max_length", 0) or 0), int(config_limit or 0)]
-    usable = [x for x in limits if 0 < x < 10**9]
-    return min(usable) if usable else 8192
+    return min([x for x in limits if 0 < x < 10**9] + [MAX_INPUT_TOKENS])

@@ -27,7 +27,7 @@ from gateway.engine.families.family import model_fingerprint
 
 # Families trained with Matryoshka representation learning: a prefix of the vector is itself
 # an embedding (Qwen3-Embedding's model card: any size from 32 up).
-MATRYOSHKA_TYPES = ("qwen3",)
+MATRYOSHKA_TYPES = ("qwen3", "qwen3_embedding")  # (mlx-vlm renames qwen3 on load)
 
 
 class TextEmbedder(Embedder):

@@ -79,3 +79,8 @@ def test_refusals() -> None:
             e.prepare(EmbedItem(text=TEXTS[1]))
     finally:
         embedder.cache_clear()
+
+
+def test_card_says_matryoshka_and_the_full_size() -> None:
+    card = embedder().card
+    assert card.matryoshka and card.dimensions == 64 and card.media == frozenset()
