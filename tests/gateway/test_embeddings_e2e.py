@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import openai
 import pytest
 from support import data_uri, noise_image, noise_png, tiny_model
 

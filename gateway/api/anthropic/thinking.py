@@ -50,7 +50,8 @@ def thinking_text(block: dict[str, Any], at: str) -> str:
         kept = base64.b64decode(signature[len(PREFIX) :], validate=True).decode()
     except (ValueError, binascii.Error):
         raise invalid(
-            f"`{at}.signature` is not a signature this server made; send the block back as it came",
+            f"`{at}.signature` is not a signature this server made; send the block back as "
+            "it came",
             f"{at}.signature",
         ) from None
     return fields.text(kept, f"{at}.signature")

@@ -177,7 +177,9 @@ def response_body(
         done = "completed" if calls else item_status  # a call after it closed it
         output.append(message_item(meta, done, text, logprobs))
     names = r.tool_names
-    output += [call_item(c.call, "completed" if c.complete else "incomplete", names) for c in calls]
+    output += [
+        call_item(c.call, "completed" if c.complete else "incomplete", names) for c in calls
+    ]
     return {
         "id": meta.response_id,
         "object": "response",

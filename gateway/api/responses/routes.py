@@ -312,7 +312,9 @@ def _conflict(message: str) -> APIError:
     return APIError(409, message, "invalid_request_error", None, "response_state_conflict")
 
 
-def routes(intake: Intake, server: ServerConfig, cache: CacheConfig | None = None) -> list[Route]:
+def routes(
+    intake: Intake, server: ServerConfig, cache: CacheConfig | None = None
+) -> list[Route]:
     """The Responses API's routes over `intake`; stored state bounded by `server.responses`;
     the reasoning key kept in `cache.cache_dir` (None, or no folder: a key of this process)."""
     return ResponsesAPI(intake, server, cache).routes()

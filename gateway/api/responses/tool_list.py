@@ -174,7 +174,7 @@ def _check_custom_format(raw: Any, where: str) -> None:
             "a function tool",
             where,
         )
-    raise invalid(f'`{where}` must be {{"type": "text"}} (or omitted)', where)
+    raise invalid(f"`{where}` must be {{\"type\": \"text\"}} (or omitted)", where)
 
 
 def parse_tool_list(body: dict[str, Any]) -> ToolList:
