@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.api import rerank as rerank_api
 from gateway.api.anthropic import routes as anthropic_api
 from gateway.api.anthropic.render import render_error as render_anthropic_error
 from gateway.api.http import internal_error, log_refusal
@@ -51,10 +52,11 @@ from gateway.heap import freeze_startup_objects
 from gateway.media import MediaLoader
 from gateway.metrics import EdgeMetrics, Metrics
 from gateway.metrics_merge import merge_metrics
-from gateway.pool.build import capabilities, model_slots, model_task
+from gateway.pool.build import capabilities, model_slots
 from gateway.pool.pool import ModelPool
 from gateway.pool.slot import EngineFactory, ModelSlot, SlotState
 from gateway.pool_config import PoolConfig
+from gateway.processors.checkpoint import serving_task
 from gateway.warmup import Warmup
 from gateway.web import web_routes
 
@@ -113,7 +115,7 @@ class Gateway:
         def in_process(config: EngineConfig) -> EngineClient:
             from gateway.engine.core import Engine
 
-            if loader is None and model_task(config.model) == "embed":
+            if loader is None and serving_task(config.model, config.task) != "chat":
                 from gateway.engine.embed.engine import EmbedEngine
 
                 return EmbedEngine(config)  # type: ignore[return-value]
@@ -407,6 +409,7 @@ def create_app(
     routes = [
         *openai_api.routes(gateway.intake),
         *embeddings_api.routes(gateway.intake, gateway.embeddings),
+        *rerank_api.routes(gateway.intake, gateway.embeddings),
         *anthropic_api.routes(gateway.intake),
         *responses_api.routes(gateway.intake, server, engine.cache),  # /v1/responses, state
         Route("/v1/models", gateway.models, methods=["GET"]),

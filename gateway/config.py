@@ -17,6 +17,7 @@ from gateway.config_fields import require as _require
 from gateway.media_config import MediaConfig as MediaConfig
 from gateway.tools.formats import PARSERS
 
+TASKS = ("auto", "chat", "embed", "rerank")
 GPU_KV_BLOCK_TOKENS = 256
 CPU_KV_BLOCK_TOKENS = 32
 
@@ -212,6 +213,17 @@ class EngineConfig:
         "tool-call syntax: auto (from the chat template), hermes, llama3_json, none (off)",
         "auto",
         choices=PARSERS,
+    )
+    # What the model serves (processors/checkpoint.serving_task): auto reads the checkpoint
+    # (an embedding model embeds, anything else chats); a reranker is a chat checkpoint
+    # (Qwen3-Reranker) that nothing in its files tells apart, so it is asked for.
+    task: str = flag(
+        "--task",
+        "what the model serves: auto (from its checkpoint: an embedding model embeds, any "
+        "other chats), chat, embed, or rerank (a Qwen3 checkpoint scoring yes/no, as "
+        "Qwen3-Reranker: /v1/rerank)",
+        "auto",
+        choices=TASKS,
     )
     seed: int = 0
     mlx_cache_limit_mb: float | None = flag(  # MLX's pool of freed buffers; None: MLX default

@@ -1,4 +1,4 @@
-"""The embeddings path below the wire format: the model (an embedding model, loaded on
+"""The embeddings and rerank paths below the wire format: the model (an embedding model, loaded on
 demand by the pool and held while its request runs), the inputs' images (loaded, decoded
 and hashed by the same media loader as chat, so the same pixels in any delivery have one
 hash and one vision-cache entry), the call to the engine, and its refusals as 400s naming
@@ -8,6 +8,8 @@ the field. Event loop only; the engine call runs in a worker thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 from caches.scope import scoped_hash
 from gateway.engine.client import EngineUnavailable
@@ -22,10 +24,12 @@ from gateway.engine.embed.request import (
 )
 from gateway.errors import APIError, invalid
 from gateway.frontend.chat import ImagePart
-from gateway.frontend.embed_request import EmbedInput, EmbedRequest
+from gateway.frontend.embed_request import EmbedInput, EmbedRequest, RerankRequest
 from gateway.frontend.errors import engine_unavailable, model_not_found, wrong_task
 from gateway.frontend.pipeline import ChatPipeline
 from gateway.media import DecodedImage
+
+ROUTES = {"embed": "/v1/embeddings", "rerank": "/v1/rerank"}
 
 
 class EmbedPipeline:
@@ -40,27 +44,50 @@ class EmbedPipeline:
         """The request's vectors. APIError: 404 for a model not served, 400 for one that does
         not embed (naming `model`), an input it cannot take (naming `input[i]`, or the image
         part) or bad `dimensions`; 503 when its engine is gone or it cannot be loaded."""
-        slot = self.pool.find(request.model)
+        async with self._held(request.model, "embed", request.keep_alive_s) as (engine, card):
+            _check_media(request.inputs, card)
+            parts = [p for i in request.inputs for p in i.images]
+            loaded = await self.chat.load_images(parts) if parts else []
+            call = Embed(_items(request, loaded), request.dimensions, request.cache_scope)
+            try:
+                return await asyncio.to_thread(engine.embed, call)
+            except EmbedRefused as refused:
+                raise _refusal(refused, [i.param for i in request.inputs]) from None
+
+    async def rerank(self, request: RerankRequest) -> EmbedResult:
+        """Each document's relevance score to the query (`vectors[:, 0]`, in document order).
+        APIError as `embed`, naming `documents[i]` for a document the model cannot take."""
+        async with self._held(request.model, "rerank", request.keep_alive_s) as (engine, _):
+            pairs = tuple(
+                EmbedItem(pair=(request.instruction, request.query, d)) for d in request.documents
+            )
+            try:
+                return await asyncio.to_thread(engine.embed, Embed(pairs, None, request.scope))
+            except EmbedRefused as refused:
+                params = [f"documents[{i}]" for i in range(len(request.documents))]
+                raise _refusal(refused, params) from None
+
+    @contextlib.asynccontextmanager
+    async def _held(
+        self, name: str, kind: str, keep_alive_s: float | None
+    ) -> AsyncIterator[tuple[EmbeddingClient, EmbedCard]]:
+        """The model `name` (which must do `kind`) loaded and held, with its card; released
+        after. 404 / 400 naming `model` / 503 as `embed` says."""
+        slot = self.pool.find(name)
         if slot is None:
-            raise model_not_found(request.model, self.pool.served_names)
-        if slot.kind != "embed":
-            raise wrong_task(slot.name, slot.kind, "/v1/embeddings")
+            raise model_not_found(name, self.pool.served_names)
+        if slot.kind != kind:
+            raise wrong_task(slot.name, slot.kind, ROUTES[kind])
         slot = await self.pool.acquire(slot)
         try:
             engine, card = slot.engine, slot.engine.model if slot.engine else None
             if not isinstance(engine, EmbeddingClient) or not isinstance(card, EmbedCard):
                 raise engine_unavailable()
-            _check_media(request.inputs, card)
-            parts = [p for i in request.inputs for p in i.images]
-            loaded = await self.chat.load_images(parts) if parts else []
-            call = Embed(_items(request, loaded), request.dimensions, request.cache_scope)
-            return await asyncio.to_thread(engine.embed, call)
-        except EmbedRefused as refused:
-            raise _refusal(refused, request) from None
+            yield engine, card
         except EngineUnavailable:
             raise engine_unavailable() from None
         finally:
-            slot.release(request.keep_alive_s)
+            slot.release(keep_alive_s)
 
 
 def _check_media(inputs: tuple[EmbedInput, ...], card: EmbedCard) -> None:
@@ -96,9 +123,10 @@ def _items(request: EmbedRequest, images: list[DecodedImage]) -> tuple[EmbedItem
     return tuple(items)
 
 
-def _refusal(refused: EmbedRefused, request: EmbedRequest) -> APIError:
-    """The engine's refusal as a 400 naming the input (or the field) at fault."""
+def _refusal(refused: EmbedRefused, params: list[str]) -> APIError:
+    """The engine's refusal as a 400 naming the input (`params[index]`: its field) or the
+    field at fault."""
     if refused.field == "input" and refused.index is not None:
-        param = request.inputs[refused.index].param
+        param = params[refused.index]
         return invalid(f"`{param}`: {refused}", param, "invalid_input")
     return invalid(str(refused), refused.field)

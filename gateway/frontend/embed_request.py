@@ -1,6 +1,7 @@
-"""An embeddings request as the front end takes it, below any wire format: the model, the
-inputs (text, token ids, or content parts with images) and the options that change the
-vectors. Parsed by `gateway.api.openai.embeddings`; run by `frontend.embed.EmbedPipeline`.
+"""Embeddings and rerank requests as the front end takes them, below any wire format: the
+model, the inputs (text, token ids, or content parts with images; a query and documents)
+and the options that change the answer. Parsed by `gateway.api.openai.embeddings` and
+`gateway.api.rerank`; run by `frontend.embed.EmbedPipeline`.
 """
 
 from __future__ import annotations
@@ -37,4 +38,20 @@ class EmbedRequest:
     encoding_format: str = "float"
     user: str | None = None
     cache_scope: str = ""
+    keep_alive_s: float | None = None
+
+
+@dataclass(frozen=True)
+class RerankRequest:
+    """`documents` scored against `query` by the reranker `model` (`instruction`: the
+    task's wording, "" for the model's default); `top_n` and `return_documents` shape the
+    answer (the render's business); `scope`: the caller's cache scope tag."""
+
+    model: str
+    query: str
+    documents: tuple[str, ...]
+    instruction: str = ""
+    top_n: int | None = None
+    return_documents: bool = False
+    scope: str = ""
     keep_alive_s: float | None = None

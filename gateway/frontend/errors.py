@@ -74,9 +74,9 @@ def model_not_found(name: str, served: list[str]) -> APIError:
 
 
 def wrong_task(name: str, task: str, route: str) -> APIError:
-    """400 for a request to a model that does not do what its route asks: a chat request to
-    an embedding model, or an embeddings request to a chat model; names `model` and says
-    what the model does."""
+    """400 for a request to a model that does not do what its route asks (a chat request to
+    an embedding model, an embeddings request to a chat model or a reranker, ...); names
+    `model` and says what the model does."""
     does = (
         "an embedding model: it serves /v1/embeddings"
         if task == "embed"

@@ -1,6 +1,8 @@
 """The embedding families' tiny checkpoints: `--arch qwen3_embedding` (Qwen3-Embedding: a
-Qwen3 text model in the sentence-transformers layout) and `--arch qwen3_vl_embedding`
-(Qwen3-VL-Embedding: a Qwen3-VL model whose last hidden state is pooled).
+Qwen3 text model in the sentence-transformers layout), `--arch qwen3_vl_embedding`
+(Qwen3-VL-Embedding: a Qwen3-VL model whose last hidden state is pooled) and `--arch
+qwen3_reranker` (Qwen3-Reranker: a Qwen3 chat model whose tokenizer holds "yes" and "no"
+whole, "yes" added, served with `--task rerank`).
 
 Both reuse their chat family's files and change only what makes the checkpoint an embedder,
 as the upstream checkpoints do:
@@ -27,6 +29,7 @@ from .family import Family
 from .tokenizer_files import dump_json
 
 VL_EMBEDDING_TYPE = "qwen3_vl_embedding"
+RERANKER_WORDS = ("yes",)  # the trained vocabulary holds "no" whole already
 POOLING = {
     "word_embedding_dimension": None,  # filled with the hidden size
     "pooling_mode_cls_token": False,
@@ -60,6 +63,12 @@ def write_text_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
     return config
 
 
+def write_reranker_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
+    """Qwen3's files with "yes" a token of its own (the reranker scores the logits of "yes"
+    and "no", each one token in a real vocabulary; the tiny trained one holds only "no")."""
+    return qwen3.write_files(out, size, dtype, RERANKER_WORDS)
+
+
 def write_vl_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
     """Qwen3-VL's files with config.json under the embedding type (see the module doc);
     returns the dict the builder validates (the `qwen3_vl` one, tied, without `lm_head`)."""
@@ -78,6 +87,13 @@ def write_vl_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
 
 TEXT_FAMILY = Family(
     "qwen3_embedding", "mlx-lm", ("tiny",), "Qwen3-Embedding (text embedder)", write_text_files
+)
+RERANKER_FAMILY = Family(
+    "qwen3_reranker",
+    "mlx-lm",
+    ("tiny",),
+    "Qwen3-Reranker (a Qwen3 text model; serve it with --task rerank)",
+    write_reranker_files,
 )
 VL_FAMILY = Family(
     VL_EMBEDDING_TYPE,

@@ -23,6 +23,7 @@ FAMILIES: dict[str, Family] = {
         llama.FAMILY,
         embedders.TEXT_FAMILY,
         embedders.VL_FAMILY,
+        embedders.RERANKER_FAMILY,
     )
 }
 ARCHS: tuple[str, ...] = tuple(FAMILIES)

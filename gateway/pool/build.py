@@ -11,7 +11,7 @@ from gateway.frontend.context import weights_bytes
 from gateway.frontend.prompt import PromptBuilder
 from gateway.pool.slot import EngineFactory, ModelSlot
 from gateway.pool_config import ModelSpec, PoolConfig, engine_config_for
-from gateway.processors.checkpoint import checkpoint_facts
+from gateway.processors.checkpoint import serving_task
 
 
 def model_slots(
@@ -32,17 +32,12 @@ def model_slots(
                 f"more than --models-memory-gb {pool.memory_gb:g} allows"
             )
         keep = pool.keep_alive_of(spec)
-        slots.append(ModelSlot(spec, config, keep, size, make_engine, model_task(config.model)))
+        try:
+            kind = serving_task(config.model, config.task)
+        except ValueError as exc:
+            raise ConfigError(f"model {spec.name!r}: {exc}") from None
+        slots.append(ModelSlot(spec, config, keep, size, make_engine, kind))
     return slots
-
-
-def model_task(path: str) -> str:
-    """What the checkpoint at `path` does ("chat" or "embed"), from its files (no MLX); a
-    checkpoint that cannot be read counts as chat (its load then says what is wrong)."""
-    try:
-        return checkpoint_facts(path).task
-    except Exception:  # noqa: BLE001 - the load reports it
-        return "chat"
 
 
 def footprint(config: EngineConfig) -> int:

@@ -11,6 +11,8 @@ from typing import Any
 
 from gateway.processors.families import FamilyFacts, family_facts, kv_quant_refusal
 
+# Model types a reranker may be (scored by its yes/no logits, as mlx-vlm's reranker does).
+RERANK_TYPES = ("qwen3",)
 # Files that make a checkpoint a sentence-transformers model (an embedder).
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "1_Pooling/config.json")
 
@@ -48,6 +50,32 @@ def checkpoint_facts(path: str) -> FamilyFacts:
     sentence-transformers files looked for). Raises what `read_config` and `family_facts`
     raise."""
     return family_facts(read_config(path), is_sentence_transformers(path))
+
+
+def serving_task(path: str, requested: str = "auto") -> str:
+    """What the checkpoint at `path` serves: "chat", "embed" or "rerank". `requested` (the
+    model's --task) "auto" reads it off the checkpoint (its family's task); "rerank" needs a
+    Qwen3 text checkpoint (scored as Qwen3-Reranker is); "chat" and "embed" must agree with
+    the checkpoint. ValueError naming the mismatch; what cannot be read counts as chat (its
+    load then says what is wrong)."""
+    try:
+        facts = checkpoint_facts(path)
+        model_type = str(read_config(path).get("model_type", ""))
+    except Exception:  # noqa: BLE001 - the load reports it
+        return "chat" if requested == "auto" else requested
+    if requested == "auto":
+        return facts.task
+    if requested == "rerank":
+        if facts.family != "text" or model_type not in RERANK_TYPES:
+            raise ValueError(
+                f"--task rerank: the checkpoint is a {model_type!r} {facts.family} model; a "
+                f"reranker is a {', '.join(RERANK_TYPES)} text checkpoint (as Qwen3-Reranker)"
+            )
+        return "rerank"
+    if requested != facts.task:
+        does = "an embedding model" if facts.task == "embed" else "a chat model"
+        raise ValueError(f"--task {requested}: the checkpoint is {does} ({model_type!r})")
+    return requested
 
 
 def check_checkpoint(model: str, kv_bits: int = 0) -> None:

@@ -192,7 +192,8 @@ class EmbedEngine:
 
             from gateway.engine.embed.loader import load_embedder
 
-            self.embedder = self._load() if self._load else load_embedder(self.config.model)
+            config = self.config
+            self.embedder = self._load() if self._load else load_embedder(config.model, config.task)
             self.on_gpu = mx.default_device().type == mx.DeviceType.gpu
         except Exception as exc:  # noqa: BLE001 - reported by start
             log.exception("the embedding model did not load")

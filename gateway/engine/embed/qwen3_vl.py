@@ -101,6 +101,8 @@ class QwenVLEmbedder(Embedder):
     # ----- any thread ---------------------------------------------------------------------------
 
     def prepare(self, item: EmbedItem) -> Prepared:
+        if item.pair is not None:
+            raise EmbedRefused("this model embeds; it does not rerank (a pair)")
         if item.ids is not None:
             ids = list(item.ids)
             vocab = int(self.model.config.text_config.vocab_size)

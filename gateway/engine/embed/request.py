@@ -35,16 +35,18 @@ class EmbedItem:
       sentence-transformers do;
     - `ids`: token ids, embedded as given;
     - `parts`: content parts (strings and `EmbedImage`s, in order) rendered with the model's
-      chat template as one user turn, generation prompt opened (mlx-vlm's image embedding).
+      chat template as one user turn, generation prompt opened (mlx-vlm's image embedding);
+    - `pair`: (instruction, query, document) for a reranker, whose "vector" is the one score.
     """
 
     text: str | None = None
     ids: tuple[int, ...] | None = None
     parts: tuple[str | EmbedImage, ...] | None = None
+    pair: tuple[str, str, str] | None = None
 
     def __post_init__(self) -> None:
-        if sum(x is not None for x in (self.text, self.ids, self.parts)) != 1:
-            raise ValueError("an EmbedItem is exactly one of text, ids or parts")
+        if sum(x is not None for x in (self.text, self.ids, self.parts, self.pair)) != 1:
+            raise ValueError("an EmbedItem is exactly one of text, ids, parts or pair")
 
     @property
     def images(self) -> tuple[EmbedImage, ...]:
@@ -57,6 +59,8 @@ class EmbedItem:
             return fingerprint("text", self.text)
         if self.ids is not None:
             return fingerprint("ids", self.ids)
+        if self.pair is not None:
+            return fingerprint("pair", self.pair)
         assert self.parts is not None
         return fingerprint(
             "parts", tuple(p if isinstance(p, str) else ("image", p.pixel_hash) for p in self.parts)

@@ -62,6 +62,8 @@ class TextEmbedder(Embedder):
         )
 
     def prepare(self, item: EmbedItem) -> Prepared:
+        if item.pair is not None:
+            raise EmbedRefused("this model embeds; it does not rerank (a pair)")
         if item.parts is not None and item.images:
             raise EmbedRefused("this model embeds text only; it takes no images")
         if item.ids is not None:

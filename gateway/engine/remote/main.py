@@ -66,7 +66,7 @@ def engine_process_main(
     )
     outbox = _Outbox(events)
     engine: Engine | EmbedEngine
-    if _embeds(config.model):
+    if _embeds(config):
         engine = EmbedEngine(config)
     else:
         engine = Engine(config, Metrics())
@@ -105,13 +105,13 @@ def engine_process_main(
                 return
 
 
-def _embeds(model: str) -> bool:
-    """The checkpoint is an embedding model (its family's task), read without MLX."""
-    from gateway.processors.checkpoint import checkpoint_facts
+def _embeds(config: EngineConfig) -> bool:
+    """The model embeds or reranks (`EmbedEngine`), read without MLX."""
+    from gateway.processors.checkpoint import serving_task
 
     try:
-        return checkpoint_facts(model).task == "embed"
-    except Exception:  # noqa: BLE001 - the chat engine's load reports what is wrong
+        return serving_task(config.model, config.task) != "chat"
+    except ValueError:  # (the HTTP process refused it before starting this one)
         return False
 
 
