@@ -1,6 +1,7 @@
-"""Embeddings end to end: a real `vision-gateway serve` on 127.0.0.1 offering the tiny
-Qwen3-VL-Embedding, the tiny Qwen3-Embedding and a tiny Qwen3 chat model through one
-pool; the real OpenAI SDK's `client.embeddings.create` as the client.
+"""Embeddings and rerank end to end: a real `vision-gateway serve` on 127.0.0.1 offering the
+tiny Qwen3-VL-Embedding, Qwen3-Embedding, a Qwen3 reranker (`task = "rerank"` in the models
+file) and a Qwen3 chat model through one pool; the real OpenAI SDK's
+`client.embeddings.create` and Cohere- / Jina-shaped rerank requests as the clients.
 
 Pinned: the SDK's vectors (its default base64 and plain floats alike) equal the embedder's
 own in this process, bit for bit; an image sent as a data URI and as a file path is one
@@ -9,7 +10,9 @@ vision-cache entry (the second costs no tower pass: the stats and the metric say
 tokens; bad input is a 400 naming the field (an empty list, an empty string, an image to
 the text embedder, dimensions too large), a chat request to an embedding model and an
 embeddings request to a chat model are 400s naming `model`; chat keeps working beside them;
-the HTTP process never mapped MLX.
+rerank returns the reference's scores sorted (indices kept, `top_n`, `return_documents`,
+on /v1/rerank and Cohere v2's /v2/rerank), its bad input a 400 naming the field; the HTTP
+process never mapped MLX.
 """
 
 from __future__ import annotations
@@ -35,10 +38,16 @@ PNG = noise_png(11, 64, 48)
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     folder = tmp_path_factory.mktemp("media")
     (folder / "photo.png").write_bytes(PNG)
+    models = folder / "models.toml"
+    models.write_text(
+        f'[models.vl]\npath = "{tiny_model("qwen3_vl_embedding")}"\n'
+        f'[models.text]\npath = "{tiny_model("qwen3_embedding")}"\n'
+        f'[models.rerank]\npath = "{tiny_model("qwen3_reranker")}"\ntask = "rerank"\n'
+        f'[models.chat]\npath = "{tiny_model("qwen3")}"\n'
+    )
     args = [
-        f"--model=vl={tiny_model('qwen3_vl_embedding')}",
-        f"--model=text={tiny_model('qwen3_embedding')}",
-        f"--model=chat={tiny_model('qwen3')}",
+        "--models",
+        str(models),
         "--no-warmup",
         "--allowed-media-dir",
         str(folder),
@@ -153,6 +162,51 @@ def test_models_list_says_what_each_model_does(server: LocalServer) -> None:
 def test_the_http_process_never_mapped_mlx(server: LocalServer) -> None:
     maps = Path(f"/proc/{server.proc.pid}/maps").read_text()
     assert "libmlx" not in maps
+
+
+QUERY = "what is a cat"
+DOCS = ["a cat is a small animal", "stocks fell", "x", "cats purr and sleep all day in the sun"]
+
+
+def test_rerank_returns_reference_scores_sorted(server: LocalServer) -> None:
+    from tests.gateway.engine.embed.test_reranker import _reference_score
+
+    expected = [_reference_score(d, "") for d in DOCS]
+    order = sorted(range(len(DOCS)), key=lambda i: (-expected[i], i))
+    # Cohere v1's shape (what its SDK's `rerank` posts), documents as objects.
+    cohere = {"model": "rerank", "query": QUERY, "documents": [{"text": d} for d in DOCS]}
+    cohere |= {"top_n": 3, "return_documents": True}
+    reply = httpx.post(server.base_url + "/v1/rerank", json=cohere, timeout=60).json()
+    assert [r["index"] for r in reply["results"]] == order[:3]
+    assert [r["relevance_score"] for r in reply["results"]] == [expected[i] for i in order[:3]]
+    assert reply["results"][0]["document"] == {"text": DOCS[order[0]]}
+    assert reply["usage"]["total_tokens"] > 0
+    # Cohere v2 / Jina: strings, every result, no documents.
+    plain = {"model": "rerank", "query": QUERY, "documents": DOCS}
+    reply = httpx.post(server.base_url + "/v2/rerank", json=plain, timeout=60).json()
+    assert [r["index"] for r in reply["results"]] == order
+    assert "document" not in reply["results"][0]
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": "rerank", "query": QUERY, "documents": []}, "documents"),
+        ({"model": "rerank", "query": "", "documents": ["a"]}, "query"),
+        ({"model": "rerank", "query": QUERY, "documents": ["a", " "]}, "documents[1]"),
+        ({"model": "rerank", "query": QUERY, "documents": ["a"], "top_n": 0}, "top_n"),
+        ({"model": "vl", "query": QUERY, "documents": ["a"]}, "model"),
+    ],
+)
+def test_bad_rerank_input_is_a_400_naming_the_field(
+    server: LocalServer, body: dict[str, Any], param: str
+) -> None:
+    assert _error(server, "/v1/rerank", body)["param"] == param
+
+
+def test_embeddings_to_a_reranker_is_a_400_naming_model(server: LocalServer) -> None:
+    error = _error(server, "/v1/embeddings", {"model": "rerank", "input": "hi"})
+    assert error["param"] == "model" and "reranker" in error["message"]
 
 
 def _image(url: str) -> dict[str, Any]:
