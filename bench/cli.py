@@ -134,6 +134,16 @@ def _client_parsers(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--markdown", type=Path, help="write the markdown table")
     p.set_defaults(run=_model_load)
 
+    p = kinds.add_parser(
+        "embeddings", help="embeddings/s at batch 1/16/64 (text, images), repeated-image speed-up"
+    )
+    _common(p)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64], help="inputs per request")
+    p.add_argument("--markdown", type=Path, help="write the markdown tables")
+    p.set_defaults(run=_embeddings)
+
     p = kinds.add_parser("load", help="N clients mixing text and image requests for M seconds")
     _common(p)
     add_target_options(p)
@@ -241,6 +251,23 @@ def _model_load(args: argparse.Namespace) -> None:
         args.markdown.write_text(text + "\n")
     if args.out:
         payload = {"machine": machine(), "models": [first, other], **model_load.quick(result)}
+        args.out.write_text(json.dumps(payload, indent=2))
+
+
+def _embeddings(args: argparse.Namespace) -> None:
+    from bench import embeddings
+    from bench.report import machine
+    from bench.target import quiet_clients
+
+    quiet_clients()
+    model = args.model or str(_tiny("qwen3_vl_embedding"))
+    result = embeddings.run(model, args.rounds, args.image_size, tuple(args.batch), args.server_arg)
+    text = embeddings.table(result, args.image_size)
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    if args.out:
+        payload = {"machine": machine(), "model": model, **embeddings.quick(result)}
         args.out.write_text(json.dumps(payload, indent=2))
 
 

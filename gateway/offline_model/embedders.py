@@ -98,7 +98,7 @@ RERANKER_FAMILY = Family(
 VL_FAMILY = Family(
     VL_EMBEDDING_TYPE,
     "mlx-vlm",
-    ("tiny",),
+    ("tiny", "7b"),  # 7b: Qwen3-VL-Embedding-8B's shapes (Qwen3-VL-8B's), for GPU benches
     "Qwen3-VL-Embedding (text and image embedder)",
     write_vl_files,
 )
