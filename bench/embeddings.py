@@ -64,7 +64,10 @@ def run(
 ) -> Result:
     """Measure `model` served alone (see the module doc)."""
     result = Result()
-    args = [f"--model=emb={model}", "--no-warmup", *(server_args or [])]
+    # (a request's images are bounded by --max-images-per-request, 16 by default)
+    most = str(max(batches))
+    args = [f"--model=emb={model}", "--no-warmup", "--max-images-per-request", most]
+    args += server_args or []
     with LocalServer(args) as server:
         seed = 0
         _seconds(server, ["warm the forward up"])  # first-call costs are not the figures
