@@ -201,6 +201,13 @@ class EmbedEngine:
             self._ready.set()
             return
         self._ready.set()
+        # All of the engine's MLX work on a stream of its own, as the chat engine's (mlx-lm's
+        # generator stream): with the thread's default stream, MLX's exit after real work
+        # aborted the process ("terminate called without an active exception").
+        with mx.stream(mx.new_stream(mx.default_device())):
+            self._serve()
+
+    def _serve(self) -> None:
         runner = self._runner()
         while True:
             jobs, stop = self._take()
