@@ -1,7 +1,8 @@
 """Embeddings and rerank end to end: a real `vision-gateway serve` on 127.0.0.1 offering the
 tiny Qwen3-VL-Embedding, Qwen3-Embedding, a Qwen3 reranker (`task = "rerank"` in the models
 file) and a Qwen3 chat model through one pool; the real OpenAI SDK's
-`client.embeddings.create` and Cohere- / Jina-shaped rerank requests as the clients.
+`client.embeddings.create`, Cohere's own SDK (v1 and v2 clients) and Cohere- / Jina-shaped
+rerank requests as the clients.
 
 Pinned: the SDK's vectors (its default base64 and plain floats alike) equal the embedder's
 own in this process, bit for bit; an image sent as a data URI and as a file path is one
@@ -202,6 +203,25 @@ def test_bad_rerank_input_is_a_400_naming_the_field(
     server: LocalServer, body: dict[str, Any], param: str
 ) -> None:
     assert _error(server, "/v1/rerank", body)["param"] == param
+
+
+def test_cohere_sdk_reranks_unmodified(server: LocalServer) -> None:
+    """Cohere's own SDK (the `clients` extra), v2 client (/v2/rerank) and v1 client
+    (/v1/rerank, documents returned), pointed at the server and nothing else changed."""
+    cohere = pytest.importorskip("cohere")
+    from tests.gateway.engine.embed.test_reranker import _reference_score
+
+    expected = [_reference_score(d, "") for d in DOCS]
+    order = sorted(range(len(DOCS)), key=lambda i: (-expected[i], i))
+    v2 = cohere.ClientV2(api_key="unused", base_url=server.base_url)
+    reply = v2.rerank(model="rerank", query=QUERY, documents=DOCS, top_n=2)
+    assert [(r.index, r.relevance_score) for r in reply.results] == [
+        (i, expected[i]) for i in order[:2]
+    ]
+    v1 = cohere.Client(api_key="unused", base_url=server.base_url)
+    reply = v1.rerank(model="rerank", query=QUERY, documents=DOCS, return_documents=True)
+    assert [r.index for r in reply.results] == order
+    assert reply.results[0].document.text == DOCS[order[0]]
 
 
 def test_embeddings_to_a_reranker_is_a_400_naming_model(server: LocalServer) -> None:
