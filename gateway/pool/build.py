@@ -24,7 +24,11 @@ def model_slots(
     slots = []
     for spec in specs:
         config = engine_config_for(spec, engine) if pool.specs else engine
-        size = footprint(config)
+        try:
+            kind = serving_task(config.model, config.task)
+        except ValueError as exc:
+            raise ConfigError(f"model {spec.name!r}: {exc}") from None
+        size = footprint(config, kind)
         budget = pool.memory_bytes
         if budget and size > budget:
             raise ConfigError(
@@ -32,19 +36,18 @@ def model_slots(
                 f"more than --models-memory-gb {pool.memory_gb:g} allows"
             )
         keep = pool.keep_alive_of(spec)
-        try:
-            kind = serving_task(config.model, config.task)
-        except ValueError as exc:
-            raise ConfigError(f"model {spec.name!r}: {exc}") from None
         slots.append(ModelSlot(spec, config, keep, size, make_engine, kind))
     return slots
 
 
-def footprint(config: EngineConfig) -> int:
+def footprint(config: EngineConfig, kind: str = "chat") -> int:
     """Bytes a model takes loaded as the memory rule counts it: its checkpoint's weight
-    files plus its memory cache budgets (vision features and KV prefix)."""
+    files plus its memory cache budgets (vision features and KV prefix; an embedding model
+    or reranker (`kind`) keeps no KV prefix cache, its vectors instead)."""
     cache = config.cache
-    return weights_bytes(config.model) + cache.vision_capacity_bytes + cache.kv_capacity_bytes
+    caches = cache.vision_capacity_bytes
+    caches += cache.kv_capacity_bytes if kind == "chat" else cache.embedding_capacity_bytes
+    return weights_bytes(config.model) + caches
 
 
 def capabilities(model: Any, prompts: PromptBuilder) -> dict[str, Any]:

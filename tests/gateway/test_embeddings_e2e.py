@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from support import data_uri, noise_image, noise_png, tiny_model
+from support import ServerProcess, data_uri, noise_image, noise_png, tiny_model
 
 from bench.server import LocalServer
 from gateway.engine.embed.qwen3_vl import QwenVLEmbedder
@@ -235,3 +235,13 @@ def _image(url: str) -> dict[str, Any]:
 
 def _stats(server: LocalServer, model: str = "vl") -> dict[str, Any]:
     return httpx.get(f"{server.base_url}/v1/cache/stats?model={model}", timeout=10).json()
+
+
+def test_a_standalone_embedder_serves_alone() -> None:
+    """`serve --model EMBEDDER` (one model, warm-up on): it starts (there is no chat
+    warm-up to run), embeds, and its card gives the model's own limits."""
+    with ServerProcess(arch="qwen3_embedding") as alone:
+        reply = alone.client().embeddings.create(model="test", input="alone")
+        assert len(reply.data[0].embedding) == 64
+        (card,) = httpx.get(alone.base_url + "/v1/models").json()["data"]
+        assert card["task"] == "embed" and card["max_input_tokens"] == 8192
