@@ -2,7 +2,8 @@
 demand by the pool and held while its request runs), the inputs' images (loaded, decoded
 and hashed by the same media loader as chat, so the same pixels in any delivery have one
 hash and one vision-cache entry), the call to the engine, and its refusals as 400s naming
-the field. Event loop only; the engine call runs in a worker thread.
+the field. Event loop only; the engine call is awaited as a future (no worker thread is
+held while the engine works, so embedding traffic never starves the chat path's threads).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class EmbedPipeline:
             loaded = await self.chat.load_images(parts) if parts else []
             call = Embed(_items(request, loaded), request.dimensions, request.cache_scope)
             try:
-                return await asyncio.to_thread(engine.embed, call)
+                return await asyncio.wrap_future(engine.embed_future(call))
             except EmbedRefused as refused:
                 raise _refusal(refused, [i.param for i in request.inputs]) from None
 
@@ -62,7 +63,8 @@ class EmbedPipeline:
                 EmbedItem(pair=(request.instruction, request.query, d)) for d in request.documents
             )
             try:
-                return await asyncio.to_thread(engine.embed, Embed(pairs, None, request.scope))
+                call = Embed(pairs, None, request.scope)
+                return await asyncio.wrap_future(engine.embed_future(call))
             except EmbedRefused as refused:
                 params = [f"documents[{i}]" for i in range(len(request.documents))]
                 raise _refusal(refused, params) from None

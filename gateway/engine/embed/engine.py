@@ -18,6 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from caches.embeddings import EmbeddingCache
@@ -30,7 +31,7 @@ from gateway.engine.embed.batch import BatchRunner, Done, Job
 from gateway.engine.embed.embedder import Embedder
 from gateway.engine.embed.metrics import EmbedMetrics
 from gateway.engine.embed.request import Embed, EmbedCard, EmbedResult
-from gateway.engine.request import EngineRequest, ErrorEvent, ErrorKind, Sink
+from gateway.engine.request import EngineRequest, Sink
 
 log = logging.getLogger(__name__)
 _STOP = object()
@@ -108,27 +109,32 @@ class EmbedEngine:
 
         self._inbox.put(Job(call, finish))
 
-    def embed(self, call: Embed, timeout: float | None = None) -> EmbedResult:
-        """`call` answered (blocks); raises what `embed_async` hands `done`."""
-        box: list[EmbedResult | BaseException] = []
-        finished = threading.Event()
+    def embed_future(self, call: Embed) -> Future[EmbedResult]:
+        """`call` queued; the future resolves to its result or fails as `embed_async` says."""
+        future: Future[EmbedResult] = Future()
 
         def done(outcome: EmbedResult | BaseException) -> None:
-            box.append(outcome)
-            finished.set()
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
 
         self.embed_async(call, done)
-        if not finished.wait(timeout):
-            raise EngineUnavailable("the embedding engine did not answer in time")
-        (outcome,) = box
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
+        return future
+
+    def embed(self, call: Embed, timeout: float | None = None) -> EmbedResult:
+        """`call` answered (blocks); raises what `embed_async` hands `done`."""
+        try:
+            return self.embed_future(call).result(timeout)
+        except TimeoutError:
+            raise EngineUnavailable("the embedding engine did not answer in time") from None
 
     # ----- the EngineClient surface ---------------------------------------------------------
 
     def submit(self, request: EngineRequest, sink: Sink) -> None:
-        sink(ErrorEvent(ErrorKind.INTERNAL, "this model is an embedding model: it does not chat"))
+        """Refused: an embedding model does not chat (the front end answers 400 first; the
+        engine process turns this into the request's error event)."""
+        raise ValueError("this model is an embedding model or reranker: it does not chat")
 
     def cancel(self, request_id: str) -> None:
         """Nothing to cancel: an embedding call is answered whole."""

@@ -7,6 +7,7 @@ No MLX: the HTTP process builds and reads these; they are pickled over the engin
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -138,4 +139,9 @@ class EmbeddingClient(Protocol):
     def embed(self, call: Embed) -> EmbedResult:
         """`call` answered (blocks). Raises EmbedRefused for an input the model cannot take,
         EngineUnavailable when the engine is gone."""
+        ...
+
+    def embed_future(self, call: Embed) -> Future[EmbedResult]:
+        """`call` queued; its future resolves to the result or fails as `embed` raises (no
+        thread waits meanwhile). Raises EngineUnavailable at once when the engine is gone."""
         ...

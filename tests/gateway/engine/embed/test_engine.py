@@ -134,3 +134,18 @@ def test_no_embedding_cache_when_its_budget_is_zero() -> None:
         assert engine.embed(Embed((EmbedItem(text="again"),))).cached == 0
     finally:
         engine.stop()
+
+
+def test_a_chat_request_is_refused_by_submit(engine: EmbedEngine) -> None:
+    """The front end answers 400 first; an engine that is handed one anyway refuses it as
+    the engine process turns into the request's error event."""
+    with pytest.raises(ValueError, match="does not chat"):
+        engine.submit(None, lambda _event: None)  # type: ignore[arg-type]
+
+
+def test_futures_resolve_without_a_waiting_thread(engine: EmbedEngine) -> None:
+    futures = [engine.embed_future(Embed((EmbedItem(text=f"f{i}"),))) for i in range(5)]
+    results = [f.result(60) for f in futures]
+    assert all(r.vectors.shape == (1, 64) for r in results)
+    refused = engine.embed_future(Embed((EmbedItem(text=""),)))
+    assert isinstance(refused.exception(60), EmbedRefused)
