@@ -141,6 +141,7 @@ def _client_parsers(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64], help="inputs per request")
+    p.add_argument("--clients", type=int, default=16, help="concurrent clients (one text each)")
     p.add_argument("--markdown", type=Path, help="write the markdown tables")
     p.set_defaults(run=_embeddings)
 
@@ -261,7 +262,10 @@ def _embeddings(args: argparse.Namespace) -> None:
 
     quiet_clients()
     model = args.model or str(_tiny("qwen3_vl_embedding"))
-    result = embeddings.run(model, args.rounds, args.image_size, tuple(args.batch), args.server_arg)
+    batches = tuple(args.batch)
+    result = embeddings.run(
+        model, args.rounds, args.image_size, batches, args.server_arg, args.clients
+    )
     text = embeddings.table(result, args.image_size)
     print(text)
     if args.markdown:

@@ -9,6 +9,9 @@ forwards of up to --max-batch rows), the answer.
 - throughput: for text and for images, at batch sizes (inputs per request) 1, 16, 64:
   inputs per second = batch / the request's seconds, median over rounds. Every input is new
   (a fresh salt per text, fresh pixels per image), so no cache answers any of it;
+- concurrent: `clients` clients at once, each sending one-text requests back to back:
+  inputs per second over all, and how many inputs the engine computed per forward (its
+  metrics: rows / forwards), which is the batching across requests;
 - repeated image: one image's request cold (a tower pass and a forward), the same image
   in a new input (a caption: the vision cache gives the features, the forward runs), and the
   identical input again (the embedding cache answers; no forward): milliseconds, medians
@@ -40,6 +43,9 @@ class Result:
     image_per_s: dict[int, float] = field(default_factory=dict)
     repeat_ms: dict[str, float] = field(default_factory=dict)
     tower_passes: float = 0.0
+    concurrent_per_s: float = 0.0
+    rows_per_forward: float = 0.0
+    clients: int = 0
 
 
 def _image(uri: str, caption: str | None = None) -> Any:
@@ -47,8 +53,8 @@ def _image(uri: str, caption: str | None = None) -> Any:
     return [{"type": "text", "text": caption}, part] if caption else part
 
 
-def _seconds(server: LocalServer, inputs: list[Any]) -> float:
-    client = server.client()
+def _seconds(server: LocalServer, inputs: list[Any], client: Any = None) -> float:
+    client = client or server.client()
     began = time.perf_counter()
     reply = client.embeddings.create(model="emb", input=inputs)
     assert len(reply.data) == len(inputs)
@@ -61,6 +67,7 @@ def run(
     image_size: int,
     batches: tuple[int, ...] = BATCHES,
     server_args: list[str] | None = None,
+    clients: int = 16,
 ) -> Result:
     """Measure `model` served alone (see the module doc)."""
     result = Result()
@@ -84,6 +91,7 @@ def run(
                 seed += batch
                 times.append(_seconds(server, images))
             result.image_per_s[batch] = batch / statistics.median(times)
+        _concurrent(server, result, clients, rounds)
         steps: dict[str, list[float]] = {key: [] for _, key in REPEAT_STEPS}
         for r in range(rounds):
             uri = image_uri(image_size, 10**7 + r)
@@ -93,6 +101,32 @@ def run(
         result.repeat_ms = {k: 1000 * statistics.median(v) for k, v in steps.items()}
         result.tower_passes = server.metrics().get("vision_gateway_embedding_tower_passes_total", 0)
     return result
+
+
+def _concurrent(server: LocalServer, result: Result, clients: int, rounds: int) -> None:
+    """`clients` threads, each sending `4 * rounds` one-text requests back to back."""
+    import concurrent.futures
+
+    def counters() -> tuple[float, float]:
+        m = server.metrics()
+        return m["vision_gateway_embedding_rows_total"], m[
+            "vision_gateway_embedding_forwards_total"
+        ]
+
+    def client(c: int) -> None:
+        own = server.client()  # one connection per client, as a real one keeps
+        for r in range(4 * rounds):
+            _seconds(server, [words(24, salt=f"c{c}-{r}")], own)
+
+    rows, forwards = counters()
+    began = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    seconds = time.perf_counter() - began
+    rows2, forwards2 = counters()
+    result.clients = clients
+    result.concurrent_per_s = clients * 4 * rounds / seconds
+    result.rows_per_forward = (rows2 - rows) / max(1.0, forwards2 - forwards)
 
 
 def table(result: Result, image_size: int) -> str:
@@ -105,6 +139,12 @@ def table(result: Result, image_size: int) -> str:
         lines.append(
             f"| {batch} | {fmt(result.text_per_s[batch])} | {fmt(result.image_per_s[batch])} |"
         )
+    lines += [
+        "",
+        f"{result.clients} clients at once, one text per request: "
+        f"{fmt(result.concurrent_per_s)} inputs/s, {fmt(result.rows_per_forward)} inputs per "
+        "forward (batched across requests)",
+    ]
     cold = result.repeat_ms["cold"]
     lines += ["", "| one image's request | ms (median) | speed-up over cold |", "|---|---:|---:|"]
     for label, key in REPEAT_STEPS:
@@ -120,4 +160,9 @@ def quick(result: Result) -> dict[str, Any]:
         "images_per_s": result.image_per_s,
         "repeat_image_ms": result.repeat_ms,
         "tower_passes": result.tower_passes,
+        "concurrent": {
+            "clients": result.clients,
+            "inputs_per_s": result.concurrent_per_s,
+            "inputs_per_forward": result.rows_per_forward,
+        },
     }
