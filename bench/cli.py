@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import agent_loop_cli
+from bench import agent_loop_cli, embeddings_cli
 from bench.cli_tables import add_table_parsers, add_target_options
 from bench.target import local_model, open_target
 
@@ -68,6 +68,7 @@ def add_commands(kinds: argparse._SubParsersAction) -> None:
     _engine_parsers(kinds)
     add_table_parsers(kinds, _common)
     agent_loop_cli.add_parser(kinds, _common)
+    embeddings_cli.add_parser(kinds, _common)
 
 
 def _client_parsers(kinds: argparse._SubParsersAction) -> None:
@@ -133,17 +134,6 @@ def _client_parsers(kinds: argparse._SubParsersAction) -> None:
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--markdown", type=Path, help="write the markdown table")
     p.set_defaults(run=_model_load)
-
-    p = kinds.add_parser(
-        "embeddings", help="embeddings/s at batch 1/16/64 (text, images), repeated-image speed-up"
-    )
-    _common(p)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--image-size", type=int, default=224)
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64], help="inputs per request")
-    p.add_argument("--clients", type=int, default=16, help="concurrent clients (one text each)")
-    p.add_argument("--markdown", type=Path, help="write the markdown tables")
-    p.set_defaults(run=_embeddings)
 
     p = kinds.add_parser("load", help="N clients mixing text and image requests for M seconds")
     _common(p)
@@ -252,26 +242,6 @@ def _model_load(args: argparse.Namespace) -> None:
         args.markdown.write_text(text + "\n")
     if args.out:
         payload = {"machine": machine(), "models": [first, other], **model_load.quick(result)}
-        args.out.write_text(json.dumps(payload, indent=2))
-
-
-def _embeddings(args: argparse.Namespace) -> None:
-    from bench import embeddings
-    from bench.report import machine
-    from bench.target import quiet_clients
-
-    quiet_clients()
-    model = args.model or str(_tiny("qwen3_vl_embedding"))
-    batches = tuple(args.batch)
-    result = embeddings.run(
-        model, args.rounds, args.image_size, batches, args.server_arg, args.clients
-    )
-    text = embeddings.table(result, args.image_size)
-    print(text)
-    if args.markdown:
-        args.markdown.write_text(text + "\n")
-    if args.out:
-        payload = {"machine": machine(), "model": model, **embeddings.quick(result)}
         args.out.write_text(json.dumps(payload, indent=2))
 
 
