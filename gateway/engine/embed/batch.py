@@ -66,7 +66,10 @@ class BatchRunner:
         """Answer every job (its `done` called exactly once)."""
         rows: dict[EmbeddingKey, _Row] = {}
         for job in jobs:
-            self._collect(job, rows)
+            try:
+                self._collect(job, rows)
+            except Exception as exc:  # noqa: BLE001 - a fault preparing it fails this call alone
+                job.failed = exc
         pending = [r for r in rows.values() if any(not job.failed for job, _ in r.slots)]
         try:
             self._compute(sorted(pending, key=lambda r: len(r.prepared.ids)))
@@ -74,7 +77,11 @@ class BatchRunner:
             for job in jobs:
                 job.failed = job.failed or exc
         for job in jobs:
-            self._finish(job)
+            try:
+                outcome: EmbedResult | BaseException = self._outcome(job)
+            except Exception as exc:  # noqa: BLE001 - never leave a call unanswered
+                outcome = exc
+            job.done(outcome)
 
     def _collect(self, job: Job, rows: dict[EmbeddingKey, _Row]) -> None:
         """Look each input of `job` up; queue the misses as rows (one per distinct key)."""
@@ -152,18 +159,16 @@ class BatchRunner:
             out.append(features)
         return out
 
-    def _finish(self, job: Job) -> None:
+    def _outcome(self, job: Job) -> EmbedResult | BaseException:
+        """The job's answer: its result, or why it failed."""
         if job.failed is not None:
-            job.done(job.failed)
-            return
+            return job.failed
         vectors = job.vectors
         if any(v is None for v in vectors):  # a shared row whose computing call failed
-            job.done(RuntimeError("the batch this request was in failed"))
-            return
+            return RuntimeError("the batch this request was in failed")
         self.metrics.inputs.inc(len(vectors))
         self.metrics.tokens.inc(sum(job.tokens))
-        result = EmbedResult(np.stack(vectors), tuple(job.tokens), job.cached)  # type: ignore[arg-type]
-        job.done(result)
+        return EmbedResult(np.stack(vectors), tuple(job.tokens), job.cached)  # type: ignore[arg-type]
 
 
 # Padded tokens one forward may hold (rows x the longest row): the attention masks and

@@ -149,3 +149,24 @@ def test_futures_resolve_without_a_waiting_thread(engine: EmbedEngine) -> None:
     assert all(r.vectors.shape == (1, 64) for r in results)
     refused = engine.embed_future(Embed((EmbedItem(text=""),)))
     assert isinstance(refused.exception(60), EmbedRefused)
+
+
+def test_a_fault_preparing_one_call_fails_it_alone(engine: EmbedEngine) -> None:
+    """A non-refusal fault while preparing an input (here the embedder's `prepare` raising)
+    fails that call; the engine thread lives on and answers the next."""
+    embedder = engine.embedder
+    assert embedder is not None
+    real = embedder.prepare
+
+    def broken(item: EmbedItem) -> object:
+        if item.text == "boom":
+            raise RuntimeError("boom")
+        return real(item)
+
+    embedder.prepare = broken  # type: ignore[method-assign]
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            engine.embed(Embed((EmbedItem(text="boom"),)))
+        assert engine.embed(Embed((EmbedItem(text="after"),))).vectors.shape == (1, 64)
+    finally:
+        embedder.prepare = real  # type: ignore[method-assign]
