@@ -45,3 +45,14 @@ def test_unknown_sentence_transformers_type_is_refused(tmp_path: Path) -> None:
     (tmp_path / "modules.json").write_text(json.dumps([]))
     with pytest.raises(UnsupportedModel, match="embeds with qwen3"):
         check_checkpoint(str(tmp_path))
+
+
+def test_the_chat_registry_names_an_embedding_model() -> None:
+    """The chat engine (and so the cluster's replicas) refuses an embedding checkpoint
+    saying what it is and where it is served, not with a KeyError."""
+    from gateway.engine.families.registry import family_for
+    from gateway.processors.checkpoint import read_config
+
+    config = read_config(str(tiny_model("qwen3_vl_embedding")))
+    with pytest.raises(UnsupportedModel, match="is an embedding model"):
+        family_for(config)
