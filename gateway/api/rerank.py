@@ -2,7 +2,9 @@
 the Cohere / Jina shape that vLLM and mlx-vlm serve. `query` and `documents` (strings, or
 objects with `text`), `top_n`, `return_documents`, and mlx-vlm's `instruction`; the answer
 is `results` sorted by `relevance_score` (highest first, ties by index), each keeping its
-document's `index`, with `usage`. Errors are OpenAI-shaped error objects naming the field.
+document's `index`, with `usage`. Errors are OpenAI-shaped error objects naming the field;
+Cohere's truncation and structured-document fields are refused, unknown fields ignored and
+named in `x-ignored-fields` (gateway/api/accepted.py).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.api import fields
+from gateway.api import accepted, fields
 from gateway.api.http import with_errors
 from gateway.api.intake import Intake
 from gateway.api.openai.render import render_error
@@ -36,7 +38,9 @@ def routes(intake: Intake, pipeline: EmbedPipeline) -> list[Route]:
         body, scope = await intake.read_plain(request)
         parsed = parse_rerank_request(body, scope(fields.cache_salt(body)))
         result = await pipeline.rerank(parsed)
-        return Response(render(result, parsed), media_type="application/json")
+        ignored = accepted.unknown_fields(body, accepted.RERANK)
+        headers = {"x-ignored-fields": ", ".join(ignored)} if ignored else None
+        return Response(render(result, parsed), media_type="application/json", headers=headers)
 
     return [Route(path, rerank, methods=["POST"]) for path in ("/v1/rerank", "/v2/rerank")]
 
@@ -45,6 +49,7 @@ def parse_rerank_request(body: Any, scope: str = "") -> RerankRequest:
     """The body as a `RerankRequest`; APIError 400 naming the field for anything else."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
+    accepted.refuse_unapplied(body, accepted.RERANK)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("`model` is required and must be a string", "model")

@@ -245,3 +245,12 @@ def test_a_standalone_embedder_serves_alone() -> None:
         assert len(reply.data[0].embedding) == 64
         (card,) = httpx.get(alone.base_url + "/v1/models").json()["data"]
         assert card["task"] == "embed" and card["max_input_tokens"] == 8192
+
+
+def test_unknown_fields_are_named_in_a_header(server: LocalServer) -> None:
+    body = {"model": "text", "input": "hi", "truncate_prompt_tokens": 3}
+    response = httpx.post(server.base_url + "/v1/embeddings", json=body, timeout=60)
+    assert response.status_code == 200
+    assert response.headers["x-ignored-fields"] == "truncate_prompt_tokens"
+    refused = {"model": "rerank", "query": "q", "documents": ["a"], "max_tokens_per_doc": 9}
+    assert _error(server, "/v1/rerank", refused)["param"] == "max_tokens_per_doc"

@@ -8,7 +8,8 @@ naming the field.
 of such lists) and, for multimodal embedders, images as content parts the way chat
 messages carry them: an element that is an `image_url` / `text` part object is an input of
 that one part, an element that is a list of part objects is one input of those parts in
-order (rendered with the model's chat template).
+order (rendered with the model's chat template). Fields it does not know are ignored and
+named back in `x-ignored-fields` (gateway/api/accepted.py's table lists the known ones).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.api import fields
+from gateway.api import accepted, fields
 from gateway.api.http import with_errors
 from gateway.api.intake import Intake
 from gateway.api.openai.render import render_error
@@ -45,7 +46,9 @@ def routes(intake: Intake, pipeline: EmbedPipeline) -> list[Route]:
         embed = parse_embeddings_request(body)
         embed = replace(embed, cache_scope=scope(fields.cache_salt(body)))
         result = await pipeline.embed(embed)
-        return Response(render(result, embed), media_type="application/json")
+        ignored = accepted.unknown_fields(body, accepted.OPENAI_EMBEDDINGS)
+        headers = {"x-ignored-fields": ", ".join(ignored)} if ignored else None
+        return Response(render(result, embed), media_type="application/json", headers=headers)
 
     return [Route("/v1/embeddings", embeddings, methods=["POST"])]
 
@@ -54,6 +57,7 @@ def parse_embeddings_request(body: Any) -> EmbedRequest:
     """The body as an `EmbedRequest`; APIError 400 naming the field for anything else."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
+    accepted.refuse_unapplied(body, accepted.OPENAI_EMBEDDINGS)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("`model` is required and must be a string", "model")
