@@ -48,6 +48,7 @@ MAKE_MODEL_ARCHS = (
     "qwen3_embedding",
     "qwen3_vl_embedding",
     "qwen3_reranker",
+    "qwen3_vl_reranker",
 )
 TEXT_ARCHS = ("qwen3", "llama", "qwen3_embedding", "qwen3_reranker")
 # `--size` choices: every family's sizes (which sizes an arch has is checked by the builder,

@@ -1,6 +1,7 @@
 """The rerank route, `POST /v1/rerank` (and `/v2/rerank`, where Cohere's v2 client posts):
 the Cohere / Jina shape that vLLM and mlx-vlm serve. `query` and `documents` (strings, or
-objects with `text`), `top_n`, `return_documents`, and mlx-vlm's `instruction`; the answer
+objects with `text` and, for a Qwen3-VL reranker, an image: `image_url` or mlx-vlm's
+`image`), `top_n`, `return_documents`, and mlx-vlm's `instruction`; the answer
 is `results` sorted by `relevance_score` (highest first, ties by index), each keeping its
 document's `index`, with `usage`. Errors are OpenAI-shaped error objects naming the field;
 Cohere's truncation and structured-document fields are refused, unknown fields ignored and
@@ -24,8 +25,9 @@ from gateway.api.intake import Intake
 from gateway.api.openai.render import render_error
 from gateway.engine.embed.request import EmbedResult
 from gateway.errors import invalid
+from gateway.frontend.chat import ImagePart
 from gateway.frontend.embed import EmbedPipeline
-from gateway.frontend.embed_request import RerankRequest
+from gateway.frontend.embed_request import RerankInput, RerankRequest
 
 MAX_DOCUMENTS = 1000  # Cohere's limit on one request's documents
 
@@ -53,7 +55,7 @@ def parse_rerank_request(body: Any, scope: str = "") -> RerankRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("`model` is required and must be a string", "model")
-    query = _text(body.get("query"), "query")
+    query = _item(body.get("query"), "query")
     raw = body.get("documents")
     if not isinstance(raw, list) or not raw:
         raise invalid("`documents` must be a non-empty list of strings", "documents")
@@ -61,7 +63,7 @@ def parse_rerank_request(body: Any, scope: str = "") -> RerankRequest:
         raise invalid(
             f"`documents` holds {len(raw)}, over the limit of {MAX_DOCUMENTS}", "documents"
         )
-    documents = tuple(_document(d, f"documents[{i}]") for i, d in enumerate(raw))
+    documents = tuple(_item(d, f"documents[{i}]") for i, d in enumerate(raw))
     instruction = body.get("instruction")
     if instruction is not None:
         instruction = _text(instruction, "instruction")
@@ -77,10 +79,23 @@ def parse_rerank_request(body: Any, scope: str = "") -> RerankRequest:
     )
 
 
-def _document(raw: Any, at: str) -> str:
-    if isinstance(raw, dict):  # Cohere v1 / Jina: {"text": ...}
-        return _text(raw.get("text"), f"{at}.text")
-    return _text(raw, at)
+def _item(raw: Any, at: str) -> RerankInput:
+    """A query or document: a string, or an object with `text` (Cohere v1, Jina) and/or an
+    image (`image_url` as in chat parts, or mlx-vlm's `image`: a URL string or {url})."""
+    if not isinstance(raw, dict):
+        return RerankInput(at, text=_text(raw, at))
+    key = "image_url" if "image_url" in raw else "image"
+    value = raw.get(key)
+    url = value.get("url") if isinstance(value, dict) else value
+    image = None
+    if value is not None:
+        if not isinstance(url, str) or not url.strip():
+            raise invalid(f"`{at}.{key}` must be an image URL, data URI or path", f"{at}.{key}")
+        image = ImagePart(url.strip(), f"{at}.{key}")
+    text = raw.get("text")
+    if text is None and image is None:
+        raise invalid(f"`{at}` must hold a non-empty `text` or an image", at)
+    return RerankInput(at, text=_text(text, f"{at}.text") if text is not None else "", image=image)
 
 
 def _text(raw: Any, at: str) -> str:
@@ -99,7 +114,10 @@ def render(result: EmbedResult, request: RerankRequest) -> bytes:
     for index in order:
         row: dict[str, Any] = {"index": index, "relevance_score": scores[index]}
         if request.return_documents:
-            row["document"] = {"text": request.documents[index]}
+            document = request.documents[index]
+            row["document"] = {"text": document.text}
+            if document.image is not None:
+                row["document"]["image_url"] = {"url": document.image.url}
         results.append(row)
     tokens = sum(result.tokens)
     body = {

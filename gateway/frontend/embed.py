@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 from caches.scope import scoped_hash
 from gateway.engine.client import EngineUnavailable
@@ -22,10 +22,11 @@ from gateway.engine.embed.request import (
     EmbedItem,
     EmbedRefused,
     EmbedResult,
+    RerankSide,
 )
 from gateway.errors import APIError, invalid
 from gateway.frontend.chat import ImagePart
-from gateway.frontend.embed_request import EmbedInput, EmbedRequest, RerankRequest
+from gateway.frontend.embed_request import EmbedInput, EmbedRequest, RerankInput, RerankRequest
 from gateway.frontend.errors import engine_unavailable, model_not_found, wrong_task
 from gateway.frontend.pipeline import ChatPipeline
 from gateway.media import DecodedImage
@@ -58,10 +59,18 @@ class EmbedPipeline:
     async def rerank(self, request: RerankRequest) -> EmbedResult:
         """Each document's relevance score to the query (`vectors[:, 0]`, in document order).
         APIError as `embed`, naming `documents[i]` for a document the model cannot take."""
-        async with self._held(request.model, "rerank", request.keep_alive_s) as (engine, _):
-            pairs = tuple(
-                EmbedItem(pair=(request.instruction, request.query, d)) for d in request.documents
-            )
+        async with self._held(request.model, "rerank", request.keep_alive_s) as (engine, card):
+            sides = (request.query, *request.documents)
+            parts = [s.image for s in sides if s.image is not None]
+            if parts and "image" not in card.media:
+                raise invalid(
+                    "this reranker reads text only; it takes no images",
+                    parts[0].param,
+                    "unsupported_image",
+                )
+            images = iter(await self.chat.load_images(parts) if parts else [])
+            query, *documents = (_side(s, images, request.scope) for s in sides)
+            pairs = tuple(EmbedItem(pair=(request.instruction, query, d)) for d in documents)
             try:
                 call = Embed(pairs, None, request.scope)
                 return await asyncio.wrap_future(engine.embed_future(call))
@@ -123,6 +132,16 @@ def _items(request: EmbedRequest, images: list[DecodedImage]) -> tuple[EmbedItem
                 parts.append(part)
         items.append(EmbedItem(parts=tuple(parts)))
     return tuple(items)
+
+
+def _side(side: RerankInput, images: Iterator[DecodedImage], scope: str) -> RerankSide:
+    """A rerank query or document for the engine, its image (if any) the next of `images`."""
+    if side.image is None:
+        return RerankSide(side.text)
+    d = next(images)
+    return RerankSide(
+        side.text, EmbedImage(d.image, scoped_hash(d.content_hash, scope), d.width, d.height)
+    )
 
 
 def _refusal(refused: EmbedRefused, params: list[str]) -> APIError:

@@ -42,14 +42,24 @@ class EmbedRequest:
 
 
 @dataclass(frozen=True)
+class RerankInput:
+    """A rerank query or document: its text ("" for none) and image (None for none), and
+    its field (`documents[2]`) for error messages."""
+
+    param: str
+    text: str = ""
+    image: ImagePart | None = None
+
+
+@dataclass(frozen=True)
 class RerankRequest:
     """`documents` scored against `query` by the reranker `model` (`instruction`: the
     task's wording, "" for the model's default); `top_n` and `return_documents` shape the
     answer (the render's business); `scope`: the caller's cache scope tag."""
 
     model: str
-    query: str
-    documents: tuple[str, ...]
+    query: RerankInput
+    documents: tuple[RerankInput, ...]
     instruction: str = ""
     top_n: int | None = None
     return_documents: bool = False

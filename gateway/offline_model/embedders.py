@@ -2,7 +2,8 @@
 Qwen3 text model in the sentence-transformers layout), `--arch qwen3_vl_embedding`
 (Qwen3-VL-Embedding: a Qwen3-VL model whose last hidden state is pooled) and `--arch
 qwen3_reranker` (Qwen3-Reranker: a Qwen3 chat model whose tokenizer holds "yes" and "no"
-whole, "yes" added, served with `--task rerank`).
+whole, "yes" added, served with `--task rerank`) and `--arch qwen3_vl_reranker` (its
+Qwen3-VL counterpart: text and images, the same way).
 
 Both reuse their chat family's files and change only what makes the checkpoint an embedder,
 as the upstream checkpoints do:
@@ -21,15 +22,20 @@ as the upstream checkpoints do:
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from . import qwen3, qwen_vl
+from . import tokenizer as qwen_vl_tokenizer
+from .bpe import Special, TokenizerSpec, build_tokenizer
 from .family import Family
+from .shapes import generation_config, model_config, preprocessor_config, text_vocab_size
 from .tokenizer_files import dump_json
 
 VL_EMBEDDING_TYPE = "qwen3_vl_embedding"
 RERANKER_WORDS = ("yes",)  # the trained vocabulary holds "no" whole already
+VL_RERANKER_ROWS = 2112  # Qwen3-VL tiny's 2048 ids, "yes", fillers: a multiple of 64
 POOLING = {
     "word_embedding_dimension": None,  # filled with the hidden size
     "pooling_mode_cls_token": False,
@@ -69,6 +75,29 @@ def write_reranker_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
     return qwen3.write_files(out, size, dtype, RERANKER_WORDS)
 
 
+def write_vl_reranker_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
+    """Qwen3-VL's files with "yes" a token of its own (as `write_reranker_files`): the text
+    embedding grows to `VL_RERANKER_ROWS` rows so the added token (and fillers after it) have
+    rows; every other id is Qwen3-VL's (the specials follow the trained tokens, so they do
+    not move). config.json stays `model_type: qwen3_vl` (mlx-vlm's `qwen3_vl` reranker)."""
+    base = qwen_vl_tokenizer.spec(VL_RERANKER_ROWS)
+    words = tuple(Special(w, special=False) for w in RERANKER_WORDS)
+    spec = TokenizerSpec(
+        style=base.style,
+        specials=base.specials + words,
+        vocab_size=VL_RERANKER_ROWS,
+        trained=base.trained,
+    )
+    ids = qwen_vl_tokenizer.write_tokenizer_files(out, build_tokenizer(spec))
+    shaped = dataclasses.replace(ids, vocab_size=text_vocab_size("qwen3_vl", size))
+    config = model_config("qwen3_vl", size, shaped, dtype)
+    config["text_config"]["vocab_size"] = VL_RERANKER_ROWS
+    dump_json(out / "config.json", config)
+    dump_json(out / "generation_config.json", generation_config(ids))
+    dump_json(out / "preprocessor_config.json", preprocessor_config("qwen3_vl", size))
+    return config
+
+
 def write_vl_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
     """Qwen3-VL's files with config.json under the embedding type (see the module doc);
     returns the dict the builder validates (the `qwen3_vl` one, tied, without `lm_head`)."""
@@ -94,6 +123,13 @@ RERANKER_FAMILY = Family(
     ("tiny",),
     "Qwen3-Reranker (a Qwen3 text model; serve it with --task rerank)",
     write_reranker_files,
+)
+VL_RERANKER_FAMILY = Family(
+    "qwen3_vl_reranker",
+    "mlx-vlm",
+    ("tiny",),
+    "Qwen3-VL-Reranker (a Qwen3-VL model; serve it with --task rerank)",
+    write_vl_reranker_files,
 )
 VL_FAMILY = Family(
     VL_EMBEDDING_TYPE,

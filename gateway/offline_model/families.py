@@ -24,6 +24,7 @@ FAMILIES: dict[str, Family] = {
         embedders.TEXT_FAMILY,
         embedders.VL_FAMILY,
         embedders.RERANKER_FAMILY,
+        embedders.VL_RERANKER_FAMILY,
     )
 }
 ARCHS: tuple[str, ...] = tuple(FAMILIES)

@@ -12,7 +12,7 @@ from typing import Any
 from gateway.processors.families import FamilyFacts, family_facts, kv_quant_refusal
 
 # Model types a reranker may be (scored by its yes/no logits, as mlx-vlm's reranker does).
-RERANK_TYPES = ("qwen3",)
+RERANK_TYPES = ("qwen3", "qwen3_vl")
 # Files that make a checkpoint a sentence-transformers model (an embedder).
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "1_Pooling/config.json")
 
@@ -55,9 +55,9 @@ def checkpoint_facts(path: str) -> FamilyFacts:
 def serving_task(path: str, requested: str = "auto") -> str:
     """What the checkpoint at `path` serves: "chat", "embed" or "rerank". `requested` (the
     model's --task) "auto" reads it off the checkpoint (its family's task); "rerank" needs a
-    Qwen3 text checkpoint (scored as Qwen3-Reranker is); "chat" and "embed" must agree with
-    the checkpoint. ValueError naming the mismatch; what cannot be read counts as chat (its
-    load then says what is wrong)."""
+    Qwen3 or Qwen3-VL chat checkpoint (scored as Qwen3-Reranker / Qwen3-VL-Reranker are);
+    "chat" and "embed" must agree with the checkpoint. ValueError naming the mismatch; what
+    cannot be read counts as chat (its load then says what is wrong)."""
     try:
         facts = checkpoint_facts(path)
         model_type = str(read_config(path).get("model_type", ""))
@@ -66,10 +66,11 @@ def serving_task(path: str, requested: str = "auto") -> str:
     if requested == "auto":
         return facts.task
     if requested == "rerank":
-        if facts.family != "text" or model_type not in RERANK_TYPES:
+        if model_type not in RERANK_TYPES or facts.task != "chat":
             raise ValueError(
                 f"--task rerank: the checkpoint is a {model_type!r} {facts.family} model; a "
-                f"reranker is a {', '.join(RERANK_TYPES)} text checkpoint (as Qwen3-Reranker)"
+                f"reranker is a {' or '.join(RERANK_TYPES)} checkpoint (as Qwen3-Reranker, "
+                "Qwen3-VL-Reranker)"
             )
         return "rerank"
     if requested != facts.task:

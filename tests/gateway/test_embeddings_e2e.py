@@ -44,6 +44,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
         f'[models.vl]\npath = "{tiny_model("qwen3_vl_embedding")}"\n'
         f'[models.text]\npath = "{tiny_model("qwen3_embedding")}"\n'
         f'[models.rerank]\npath = "{tiny_model("qwen3_reranker")}"\ntask = "rerank"\n'
+        f'[models.vlrerank]\npath = "{tiny_model("qwen3_vl_reranker")}"\ntask = "rerank"\n'
         f'[models.chat]\npath = "{tiny_model("qwen3")}"\n'
     )
     args = [
@@ -222,6 +223,31 @@ def test_cohere_sdk_reranks_unmodified(server: LocalServer) -> None:
     reply = v1.rerank(model="rerank", query=QUERY, documents=DOCS, return_documents=True)
     assert [r.index for r in reply.results] == order
     assert reply.results[0].document.text == DOCS[order[0]]
+
+
+def test_images_rerank_with_a_qwen3_vl_reranker(server: LocalServer) -> None:
+    """Documents with images (chat's `image_url`, mlx-vlm's `image`; a data URI and a path
+    to the same pixels), scored as mlx-vlm's reranker scores each; the text reranker
+    refuses an image naming it."""
+    from tests.gateway.engine.embed.test_qwen3_vl_reranker import _reference
+
+    media: Path = server.media  # type: ignore[attr-defined]
+    image = noise_image(11, 64, 48)
+    documents = [
+        {"text": "a red square"},
+        {"image_url": {"url": data_uri(PNG)}},
+        {"text": "its caption", "image": str(media / "photo.png")},
+    ]
+    body = {"model": "vlrerank", "query": QUERY, "documents": documents}
+    reply = httpx.post(server.base_url + "/v1/rerank", json=body, timeout=60).json()
+    scores = {r["index"]: r["relevance_score"] for r in reply["results"]}
+    cases = [(QUERY, None, "a red square", None), (QUERY, None, "", image)]
+    cases.append((QUERY, None, "its caption", image))
+    assert scores == {i: _reference(c) for i, c in enumerate(cases)}
+    stats = _stats(server, "vlrerank")["vision"]
+    assert (stats["misses"], stats["hits"]) == (1, 1)  # one image, by URI then by path
+    text_only = {"model": "rerank", "query": QUERY, "documents": ["a", documents[1]]}
+    assert _error(server, "/v1/rerank", text_only)["param"] == "documents[1].image_url"
 
 
 def test_embeddings_to_a_reranker_is_a_400_naming_model(server: LocalServer) -> None:

@@ -15,6 +15,10 @@ def load_embedder(path: str, task: str = "auto") -> Embedder:
     from gateway.engine.embed.text import TextEmbedder
 
     if task == "rerank":
+        from gateway.engine.embed.qwen3_vl_reranker import QwenVLReranker
+
+        if str(read_config(path).get("model_type")) in QwenVLReranker.MODEL_TYPES:
+            return QwenVLReranker(path)
         return TextReranker(path)
     if str(read_config(path).get("model_type")) in MODEL_TYPES:
         return QwenVLEmbedder(path)

@@ -40,17 +40,14 @@ MODEL_TYPES = ("qwen3_vl_embedding",)
 class QwenVLEmbedder(Embedder):
     """A loaded Qwen3-VL-Embedding checkpoint (engine thread; `prepare` any thread)."""
 
-    def __init__(self, path: str) -> None:
-        from mlx_vlm.embedding_loader import load_embedding_model
-        from mlx_vlm.utils import load_processor
+    MODEL_TYPES: tuple[str, ...] = MODEL_TYPES  # a subclass serves its own
 
-        folder = Path(path)
-        self.model = load_embedding_model(folder)
-        self.processor = load_processor(folder, add_detokenizer=False)
+    def __init__(self, path: str) -> None:
+        self.model, self.processor = self._load(path)
         config = self.model.config
         model_type = str(config.model_type)
-        if model_type not in MODEL_TYPES:
-            raise ValueError(f"not a Qwen3-VL embedding checkpoint: model type {model_type!r}")
+        if model_type not in self.MODEL_TYPES:
+            raise ValueError(f"not a {self.MODEL_TYPES[0]} checkpoint: model type {model_type!r}")
         self.tokenizer = getattr(self.processor, "tokenizer", self.processor)
         self.image_processor = self.processor.image_processor
         self.image_token_id = int(config.image_token_id)
@@ -72,6 +69,15 @@ class QwenVLEmbedder(Embedder):
         ip = self.image_processor
         keys = ("min_pixels", "max_pixels", "patch_size", "merge_size", "image_mean", "image_std")
         self.processor_fingerprint = fingerprint(*((k, repr(getattr(ip, k, None))) for k in keys))
+
+    @staticmethod
+    def _load(path: str) -> tuple[Any, Any]:
+        """(model, processor) as mlx-vlm's server loads an embedding model."""
+        from mlx_vlm.embedding_loader import load_embedding_model
+        from mlx_vlm.utils import load_processor
+
+        folder = Path(path)
+        return load_embedding_model(folder), load_processor(folder, add_detokenizer=False)
 
     def _settings(self) -> QwenVLSettings:
         config, ip = self.model.config, self.image_processor
@@ -155,9 +161,19 @@ class QwenVLEmbedder(Embedder):
         return ImageFeatures(features, layers, grid, nbytes)
 
     def pooled(self, rows: Sequence[Prepared], features: Sequence[ImageFeatures]) -> mx.array:
+        from mlx_vlm.models.qwen3_vl_embedding.qwen3_vl_embedding import last_non_padding_token
+
+        hidden, attention = self.hidden(rows, features)
+        return last_non_padding_token(hidden, attention)
+
+    def hidden(
+        self, rows: Sequence[Prepared], features: Sequence[ImageFeatures], causal: bool = False
+    ) -> tuple[mx.array, mx.array]:
+        """The rows' final hidden states, right-padded, and their attention mask (rows,
+        longest). `causal`: with no padding, mask by "causal" as mlx-vlm's reranker does
+        (else, and by default, the causal-and-key mask its embedding model builds)."""
         from mlx_vlm.models.cache import create_causal_mask
         from mlx_vlm.models.qwen3_vl.qwen3_vl import masked_scatter
-        from mlx_vlm.models.qwen3_vl_embedding.qwen3_vl_embedding import last_non_padding_token
 
         ids, mask = padded(rows)
         input_ids, attention = mx.array(ids), mx.array(mask)
@@ -180,7 +196,9 @@ class QwenVLEmbedder(Embedder):
             grid_thw = mx.array([g for row in rows for g in row.grids])
         width = ids.shape[1]
         keys = attention.astype(mx.bool_)
-        model_mask = create_causal_mask(width)[None, None, :, :] & mx.expand_dims(keys, (1, 2))
+        model_mask: Any = create_causal_mask(width)[None, None, :, :] & mx.expand_dims(keys, (1, 2))
+        if causal and bool(mask.all()):
+            model_mask = "causal"
         positions, _ = lm.get_rope_index(
             input_ids, image_grid_thw=grid_thw, attention_mask=attention
         )
@@ -193,4 +211,4 @@ class QwenVLEmbedder(Embedder):
             visual_pos_masks=visual_masks,
             deepstack_visual_embeds=deepstack,
         )
-        return last_non_padding_token(hidden, attention)
+        return hidden, attention

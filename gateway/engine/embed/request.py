@@ -29,6 +29,18 @@ class EmbedImage:
 
 
 @dataclass(frozen=True)
+class RerankSide:
+    """A rerank pair's query or document: its text ("" for none) and image (None for none),
+    as mlx-vlm's reranker items are."""
+
+    text: str = ""
+    image: EmbedImage | None = None
+
+    def key(self) -> tuple[str, str]:
+        return (self.text, self.image.pixel_hash if self.image is not None else "")
+
+
+@dataclass(frozen=True)
 class EmbedItem:
     """One input to embed, one of three kinds:
 
@@ -43,7 +55,7 @@ class EmbedItem:
     text: str | None = None
     ids: tuple[int, ...] | None = None
     parts: tuple[str | EmbedImage, ...] | None = None
-    pair: tuple[str, str, str] | None = None
+    pair: tuple[str, RerankSide, RerankSide] | None = None
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.text, self.ids, self.parts, self.pair)) != 1:
@@ -51,6 +63,9 @@ class EmbedItem:
 
     @property
     def images(self) -> tuple[EmbedImage, ...]:
+        """The item's images in prompt order (a pair's: the query's, then the document's)."""
+        if self.pair is not None:
+            return tuple(side.image for side in self.pair[1:] if side.image is not None)
         return tuple(p for p in self.parts or () if isinstance(p, EmbedImage))
 
     def content_key(self) -> str:
@@ -61,7 +76,8 @@ class EmbedItem:
         if self.ids is not None:
             return fingerprint("ids", self.ids)
         if self.pair is not None:
-            return fingerprint("pair", self.pair)
+            instruction, query, document = self.pair
+            return fingerprint("pair", instruction, query.key(), document.key())
         assert self.parts is not None
         return fingerprint(
             "parts", tuple(p if isinstance(p, str) else ("image", p.pixel_hash) for p in self.parts)

@@ -68,9 +68,11 @@ class TextReranker(Embedder):
         if item.pair is None:
             raise EmbedRefused("this model reranks: it takes a query and documents")
         instruction, query, document = item.pair
+        if item.images:
+            raise EmbedRefused("this reranker reads text only; it takes no images")
         messages = reranking._text_messages(
-            reranking.RerankItem(text=query),
-            reranking.RerankItem(text=document),
+            reranking.RerankItem(text=query.text),
+            reranking.RerankItem(text=document.text),
             instruction or self.default_instruction,
         )
         tokens = reranking._input_ids(

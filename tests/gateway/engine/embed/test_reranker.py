@@ -14,13 +14,14 @@ import functools
 
 import numpy as np
 import pytest
-from support import tiny_model
+from support import noise_image, tiny_model
 
 from gateway.config import EngineConfig
 from gateway.engine.embed.embedder import as_numpy
 from gateway.engine.embed.engine import EmbedEngine
-from gateway.engine.embed.request import Embed, EmbedItem, EmbedRefused
+from gateway.engine.embed.request import Embed, EmbedItem, EmbedRefused, RerankSide
 from gateway.engine.embed.reranker import TextReranker
+from tests.gateway.engine.embed.common import embed_image
 
 QUERY = "what is a cat"
 DOCS = ["a cat is a small animal", "stocks fell", "x", "cats purr and sleep all day in the sun"]
@@ -60,20 +61,23 @@ def _scores(pairs: list[EmbedItem]) -> np.ndarray:
 @pytest.mark.parametrize("instruction", ["", "Find the passage about animals."])
 def test_scores_equal_mlx_vlm_reference_exactly(instruction: str) -> None:
     for document in DOCS:
-        (ours,) = _scores([EmbedItem(pair=(instruction, QUERY, document))])
+        (ours,) = _scores([EmbedItem(pair=(instruction, RerankSide(QUERY), RerankSide(document)))])
         assert float(ours) == _reference_score(document, instruction)
 
 
 def test_batched_scores_equal_alone_bit_for_bit() -> None:
-    pairs = [EmbedItem(pair=("", QUERY, d)) for d in DOCS]
+    pairs = [EmbedItem(pair=("", RerankSide(QUERY), RerankSide(d))) for d in DOCS]
     batched = _scores(pairs)
     for i, pair in enumerate(pairs):
         np.testing.assert_array_equal(batched[i], _scores([pair])[0])
 
 
-def test_a_reranker_takes_only_pairs() -> None:
+def test_a_reranker_takes_only_text_pairs() -> None:
     with pytest.raises(EmbedRefused, match="reranks"):
         reranker().prepare(EmbedItem(text="hello"))
+    image = embed_image(noise_image(1))
+    with pytest.raises(EmbedRefused, match="text only"):
+        reranker().prepare(EmbedItem(pair=("", RerankSide(QUERY), RerankSide("", image))))
 
 
 def test_engine_scores_in_document_order_and_caches_pairs() -> None:
@@ -83,7 +87,7 @@ def test_engine_scores_in_document_order_and_caches_pairs() -> None:
     engine = EmbedEngine(config)
     engine.start(120)
     try:
-        pairs = tuple(EmbedItem(pair=("", QUERY, d)) for d in DOCS)
+        pairs = tuple(EmbedItem(pair=("", RerankSide(QUERY), RerankSide(d))) for d in DOCS)
         first = engine.embed(Embed(pairs))
         assert [float(s) for s in first.vectors[:, 0]] == [_reference_score(d, "") for d in DOCS]
         again = engine.embed(Embed(pairs[:2]))
