@@ -164,14 +164,20 @@ class ModelFamily(ABC):
     ) -> None:
         """Set up the shared prompt side over a Hugging Face tokenizer (call in `__init__`
         once `path`, `model_type` and `vocab_size` are set): `prompt`, the family's processor
-        over `tokenizer` (a plain `PromptProcessor` when not given), renders and tokenizes."""
+        over `tokenizer` (`own_prompt`), renders and tokenizes."""
         self.tokenizer = tokenizer
-        self.prompt = prompt or PromptProcessor(self.path, self.model_type, tokenizer)
+        self.prompt = self.own_prompt(tokenizer, prompt)
         self._tokenizer_lock = self.prompt.tokenizer_lock  # one lock per tokenizer
         self.eos_token_ids = tuple(sorted(set(eos_token_ids)))
         self._byte_table = byte_table(tokenizer, self.vocab_size)
         if self._byte_table is None:
             log.info("tokenizer is not plain byte-level BPE: generic streaming detokenizer")
+
+    def own_prompt(self, tokenizer: Any, given: PromptProcessor | None) -> PromptProcessor:
+        """The family's prompt side over `tokenizer`: `given` (what a base class built), else
+        a plain `PromptProcessor`. A family whose prompt side has settings of its own builds
+        it here from what it loaded (called once, from `_init_tokens`)."""
+        return given or PromptProcessor(self.path, self.model_type, tokenizer)
 
     def describe(self) -> dict[str, Any]:
         """The family as /v1/models and /v1/cache/stats show it (JSON-able; any thread)."""

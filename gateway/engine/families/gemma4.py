@@ -106,14 +106,9 @@ class Gemma4(VlmFamily):
             self.language_model, self.new_cache, self.language_model.logits_from_hidden
         )
 
-    def _init_tokens(
-        self,
-        tokenizer: Any,
-        eos_token_ids: Sequence[int],
-        prompt: PromptProcessor | None = None,
-    ) -> None:
-        """Called by `VlmFamily.__init__` once mlx-vlm's config and processor are loaded: the
-        prompt side is a `Gemma4Processor` over the settings resolved from them."""
+    def own_prompt(self, tokenizer: Any, given: PromptProcessor | None) -> PromptProcessor:
+        """A `Gemma4Processor` over the settings resolved from mlx-vlm's config and processor
+        (loaded by then: `_init_tokens` calls this)."""
         config, ip = self.model.config, self.image_processor
         settings = Gemma4Settings(
             image_token_id=int(config.image_token_id),
@@ -125,7 +120,7 @@ class Gemma4(VlmFamily):
             do_resize=bool(ip.do_resize),
         )
         own = Gemma4Processor(self.path, self.model_type, tokenizer, settings)
-        super()._init_tokens(tokenizer, eos_token_ids, prompt or own)
+        return given or own
 
     # ----- per family (VlmFamily) -------------------------------------------------------------
 
