@@ -254,45 +254,41 @@ class ModelFamily(ABC):
             piece = self.tokenizer.convert_ids_to_tokens(token_id)
         return token_bytes(None, piece, text)
 
-    # ----- prompt side, per family (any thread) -----------------------------------------------
+    # ----- prompt side, per family (any thread; the processor's, but pixels) -----------------
 
-    @abstractmethod
     def image_grid(self, width: int, height: int) -> Grid:
         """The patch grid `preprocess` would give an image of this size (pixels), without
-        touching pixels. Raises ValueError for an image the processor refuses."""
+        touching pixels (the prompt side's: `PromptProcessor.image_grid`). Raises ValueError
+        for an image the processor refuses."""
+        return self.prompt.image_grid(width, height)
 
     @abstractmethod
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         """A PIL RGB image (or a `VideoFrames` clip) -> (pixel values as the tower takes
         them, grid); equal to the checkpoint's reference processor's output."""
 
-    def _no_video(self) -> ValueError:
-        """The error of the video methods below for a family without video (its own words
-        where it has no media at all)."""
-        return ValueError(f"{self.model_type} takes no video")
-
     def video_grid(self, frames: int, width: int, height: int) -> Grid:
         """The patch grid of a clip of `frames` sampled frames (ValueError: unsupported)."""
-        raise self._no_video()
+        return self.prompt.video_grid(frames, width, height)
 
     def video_layout(self, grid: Grid, times: Sequence[float]) -> VideoLayout:
         """How a clip with this grid and these frame times (seconds) sits in the prompt."""
-        raise self._no_video()
+        return self.prompt.video_layout(grid, times)
 
     def video_clip(
         self, frames: np.ndarray, times: Sequence[float], grid: Grid, block: int | None = None
     ) -> VideoFrames:
         """The frames `preprocess` takes for a clip (or for one of its placeholder blocks)."""
-        raise self._no_video()
+        return self.prompt.video_clip(frames, times, grid, block)
 
-    @abstractmethod
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
     ) -> tuple[list[int], list[ImageLayout]]:
         """Expand each media placeholder of the tokenized prompt (one `grids` entry per image
         or video, in prompt order) into the family's run of tokens; returns the final ids and
         one `ImageLayout` per placeholder run, in order. ValueError when the placeholders and
-        `grids` disagree. With no media: `(list(ids), [])`."""
+        `grids` disagree. With no media: `(list(ids), [])` (`PromptProcessor.layout_prompt`)."""
+        return self.prompt.layout_prompt(ids, grids)
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

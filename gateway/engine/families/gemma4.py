@@ -166,7 +166,7 @@ class Gemma4(VlmFamily):
         """PIL RGB image -> ((1, 3, H, W) float32 pixels, grid): the checkpoint's own image
         processor (aspect-preserving resize within the budget, rescale)."""
         if isinstance(image, VideoFrames):
-            raise self._no_video()
+            raise self.prompt.no_video()
         data, _ = self.image_processor.preprocess([image])
         pixels = np.asarray(data["pixel_values"])
         grid = (1, pixels.shape[2] // self.patch, pixels.shape[3] // self.patch)
