@@ -332,14 +332,18 @@ class Gateway:
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        """The edge's metrics, then the loaded models' engines': each series summed over
-        the models, and again per model with a `model` label."""
+        """The edge's metrics, then the engines': with several models each series summed
+        over the loaded ones, and again per model with a `model` label."""
         self.keys.authorize(request, "admin")
-        parts = []
-        for slot in self.pool.loaded():
-            if slot.engine is not None:
-                parts.append((slot.name, await self._engine_call(slot.engine.metrics_text)))
-        text = self.metrics.render() + merge_metrics(parts, label="model")
+        if len(self.pool.slots) == 1:  # one model: its engine's series as they are
+            engines = await self._engine_call(self.engine.metrics_text)
+        else:
+            parts = []
+            for slot in self.pool.loaded():
+                if slot.engine is not None:
+                    parts.append((slot.name, await self._engine_call(slot.engine.metrics_text)))
+            engines = merge_metrics(parts, label="model")
+        text = self.metrics.render() + engines
         return Response(text, media_type="text/plain; version=0.0.4")
 
     async def cache_stats(self, request: Request) -> Response:
