@@ -131,7 +131,8 @@ def _client_parsers(kinds: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("--other-model", help="the second model (default: a tiny Qwen3 text model)")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--image-size", type=int, default=448)
+    p.add_argument("--pause-s", type=float, default=2.0, help="between two models' requests")
     p.add_argument("--markdown", type=Path, help="write the markdown table")
     p.set_defaults(run=_model_load)
 
@@ -235,7 +236,9 @@ def _model_load(args: argparse.Namespace) -> None:
 
     first = local_model(args)
     other = args.other_model or str(_tiny("qwen3"))
-    result = model_load.run(first, other, args.rounds, args.image_size, args.server_arg)
+    result = model_load.run(
+        first, other, args.rounds, args.image_size, args.server_arg, args.pause_s
+    )
     text = model_load.table(result)
     print(text)
     if args.markdown:

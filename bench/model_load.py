@@ -9,13 +9,16 @@ fresh `--cache-dir`, so every switch unloads one model and loads the other. Each
    comes from the disk tier (cached tokens > 0);
 4. `a`, a new image: the load again, then a cold prefill (what step 3 saved).
 Every figure is a first-token time through the `openai` client (streamed); the server's own
-load seconds (its metric) are reported beside them. Medians over the rounds.
+load seconds (its metric) are reported beside them. Medians over the rounds. Between two
+models' requests the bench pauses (`--pause-s`, 2 s: a user switching models), so the
+server's spare engine process (`--no-spare-engine` turns it off) has done its imports.
 """
 
 from __future__ import annotations
 
 import statistics
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,9 +62,17 @@ def _ask(server: LocalServer, model: str, image: str | None, max_tokens: int) ->
 
 
 def run(
-    model_a: str, model_b: str, rounds: int, image_size: int, extra: list[str], log: Any = print
+    model_a: str,
+    model_b: str,
+    rounds: int,
+    image_size: int,
+    extra: list[str],
+    pause_s: float = 2.0,
+    log: Any = print,
 ) -> Rounds:
-    """The rounds (module doc) against one fresh server; `extra`: more serve flags."""
+    """The rounds (module doc) against one fresh server; `extra`: more serve flags;
+    `pause_s`: seconds between a model's last request and the next model's first (a user
+    switching models; it lets the server's spare engine process finish its imports)."""
     out = Rounds()
     with tempfile.TemporaryDirectory(prefix="bench-model-load-") as cache:
         args = [
@@ -80,9 +91,13 @@ def run(
                 ms, cached = _ask(server, "a", image, 4)
                 out.add("cold", ms, cached)
                 out.add("warm", *_ask(server, "a", image, 4))
+                time.sleep(pause_s)
                 out.add("load_b", *_ask(server, "b", None, 4))
+                time.sleep(pause_s)
                 out.add("reload_disk", *_ask(server, "a", image, 4))
+                time.sleep(pause_s)
                 out.add("load_b", *_ask(server, "b", None, 4))
+                time.sleep(pause_s)
                 out.add("reload_cold", *_ask(server, "a", fresh, 4))
                 log(f"round {r + 1}/{rounds}: " + ", ".join(
                     f"{k} {v[-1]:.0f} ms" for k, v in out.ttft_ms.items()

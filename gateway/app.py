@@ -41,6 +41,7 @@ from gateway.config import EngineConfig, MediaConfig, ServerConfig
 from gateway.engine.client import EngineClient, EngineUnavailable
 from gateway.engine.embed.request import EmbedCard
 from gateway.engine.remote.client import RemoteEngine
+from gateway.engine.remote.spare import SpareEngines
 from gateway.errors import APIError
 from gateway.frontend.context import context_window
 from gateway.frontend.embed import EmbedPipeline
@@ -79,12 +80,22 @@ class Gateway:
         notice: str | None = None,
         engine: EngineClient | None = None,
         pool: PoolConfig | None = None,
+        make_engine: EngineFactory | None = None,
     ) -> None:
         self.server = server
         self.engine_config = engine_config
         self.metrics = EdgeMetrics()
         pool = pool or PoolConfig()
-        make_engine = self._engine_factory(server, loader, engine)
+        # Several models in engine processes: loads on demand take a spare process whose
+        # imports are done (gateway.engine.remote.spare).
+        default_engines = make_engine is None and engine is None and loader is None
+        several = len(pool.specs) > 1 and pool.spare_engine
+        self.spares = (
+            SpareEngines(server.log_level)
+            if default_engines and several and server.engine_process
+            else None
+        )
+        make_engine = make_engine or self._engine_factory(server, loader, engine, self.spares)
         self.pool = ModelPool(
             pool, model_slots(pool, engine_config, make_engine), self._prepare, self.metrics.pool
         )
@@ -103,6 +114,7 @@ class Gateway:
         server: ServerConfig,
         loader: Callable[[], ModelFamily] | None,
         engine: EngineClient | None,
+        spares: SpareEngines | None,
     ) -> EngineFactory:
         """How each model's engine client is made: `engine` as given (the cluster's
         `RoutedEngine`), an engine process (the default), or the engine in this process
@@ -110,7 +122,7 @@ class Gateway:
         if engine is not None:
             return lambda _config: engine
         if loader is None and server.engine_process:
-            return lambda config: RemoteEngine(config, server.log_level)
+            return lambda config: RemoteEngine(config, server.log_level, spares)
 
         def in_process(config: EngineConfig) -> EngineClient:
             from gateway.engine.core import Engine
@@ -183,6 +195,8 @@ class Gateway:
         delivery = LoopDelivery(self._loop)
         try:
             await self.pool.start()
+            if self.spares is not None:  # the next load's process, imports done meanwhile
+                self.spares.prepare()
             self.pipeline.open(delivery)  # from here on /health says ready
             if self.engine_config.warmup:
                 await self._warm_http(app)
@@ -193,6 +207,8 @@ class Gateway:
         finally:  # also when start-up fails after an engine started: never leave one running
             self.pipeline.close()
             await self.pool.stop()
+            if self.spares is not None:
+                await asyncio.to_thread(self.spares.close)
             await self.media.aclose()
 
     async def _warm_http(self, app: Starlette) -> None:
@@ -332,14 +348,18 @@ class Gateway:
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        """The edge's metrics, then the loaded models' engines': each series summed over
-        the models, and again per model with a `model` label."""
+        """The edge's metrics, then the engines': with several models each series summed
+        over the loaded ones, and again per model with a `model` label."""
         self.keys.authorize(request, "admin")
-        parts = []
-        for slot in self.pool.loaded():
-            if slot.engine is not None:
-                parts.append((slot.name, await self._engine_call(slot.engine.metrics_text)))
-        text = self.metrics.render() + merge_metrics(parts, label="model")
+        if len(self.pool.slots) == 1:  # one model: its engine's series as they are
+            engines = await self._engine_call(self.engine.metrics_text)
+        else:
+            parts = []
+            for slot in self.pool.loaded():
+                if slot.engine is not None:
+                    parts.append((slot.name, await self._engine_call(slot.engine.metrics_text)))
+            engines = merge_metrics(parts, label="model")
+        text = self.metrics.render() + engines
         return Response(text, media_type="text/plain; version=0.0.4")
 
     async def cache_stats(self, request: Request) -> Response:
@@ -401,11 +421,13 @@ def create_app(
     notice: str | None = None,
     engine_client: EngineClient | None = None,
     pool: PoolConfig | None = None,
+    make_engine: EngineFactory | None = None,
 ) -> Starlette:
     """The app over the models `pool` names (default: `engine.model` alone), each on an
-    `Engine` (with `loader`, or `--in-process-engine`), a `RemoteEngine` (the default), or
-    `engine_client`, any other `EngineClient` (the cluster's `RoutedEngine`)."""
-    gateway = Gateway(server, engine, media, loader, notice, engine_client, pool)
+    `Engine` (with `loader`, or `--in-process-engine`), a `RemoteEngine` (the default),
+    `engine_client` (any other `EngineClient`, for the one model), or what `make_engine`
+    makes of each model's config (the cluster's `RoutedEngine`s)."""
+    gateway = Gateway(server, engine, media, loader, notice, engine_client, pool, make_engine)
     routes = [
         *openai_api.routes(gateway.intake),
         *embeddings_api.routes(gateway.intake, gateway.embeddings),

@@ -168,7 +168,7 @@ class PoolMetrics:
         self._unloads = Counter(
             p + "unloads",
             "Models unloaded, by reason (evicted: room for another; idle: keep-alive over; "
-            "admin: the unload endpoint)",
+            "admin: the unload endpoint; crashed: its engine died, loaded again)",
             ["model", "reason"],
             registry=r,
         )

@@ -99,7 +99,14 @@ class PoolConfig:
         600.0,
         metavar="S",
     )
-    specs: tuple[ModelSpec, ...] = ()  # from model_args and models_file (`with_specs`)
+    spare_engine: bool = flag(
+        "--no-spare-engine",
+        "with several models, keep no spare engine process (imports done, no model) for the "
+        "next load; each load then starts a process and pays its imports (~1-2 s)",
+        True,
+        kind="off",
+    )
+    specs: tuple[ModelSpec, ...] = ()  # from model_args and models_file (`pool_from_args`)
 
     def __post_init__(self) -> None:
         _require(self.max_loaded >= 0, "--max-loaded-models must be >= 0")

@@ -62,12 +62,18 @@ def serve(
     check_cache_dir(engine)
     with bind_socket(server) as sock:
         engine, notice = resolve_model(engine)
-        for spec in (pool.specs if pool else ())[1:]:  # (the first is `engine.model`)
-            try:
-                resolve_model(dataclasses.replace(engine, model=spec.path))
-            except ConfigError as exc:
-                raise ConfigError(f"model {spec.name!r}: {exc}") from None
+        check_models(engine, pool)
         run_app(create_app(server, engine, media, notice=notice, pool=pool), server, sock)
+
+
+def check_models(engine: EngineConfig, pool: PoolConfig | None) -> None:
+    """`resolve_model`'s checks of every model of `pool` but the first (`engine.model`,
+    checked already); ConfigError naming the model."""
+    for spec in (pool.specs if pool else ())[1:]:
+        try:
+            resolve_model(dataclasses.replace(engine, model=spec.path))
+        except ConfigError as exc:
+            raise ConfigError(f"model {spec.name!r}: {exc}") from None
 
 
 def check_cache_dir(engine: EngineConfig) -> None:

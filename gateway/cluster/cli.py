@@ -17,7 +17,7 @@ from gateway.flags import (
     configs_from_args,
     pool_from_args,
 )
-from gateway.server import bind_socket, resolve_model
+from gateway.server import bind_socket, check_models, resolve_model
 
 # From a source checkout the package is not on an index: the editable install names the extra.
 INSTALL_HINT = (
@@ -61,13 +61,10 @@ def cluster(args: argparse.Namespace) -> None:
         sys.exit(f"vision-gateway: `cluster` needs Ray Serve: {INSTALL_HINT}")
     settings = cluster_config(args)
     server, engine, media = configs_from_args(args)
-    if pool_from_args(args).several:
-        raise ConfigError(
-            "`cluster` serves one model (a bare --model PATH); run one cluster per model, "
-            "or `serve` for several models on one machine"
-        )
+    pool = pool_from_args(args)
     with bind_socket(server) as sock:  # before Ray and the model: a busy port fails at once
         engine, notice = resolve_model(engine)
+        check_models(engine, pool)
         from gateway.cluster.launch import run_cluster
 
-        run_cluster(settings, server, engine, media, notice, sock)
+        run_cluster(settings, server, engine, media, notice, sock, pool)

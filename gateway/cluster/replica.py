@@ -155,6 +155,13 @@ class EngineReplica:
             device_memory=self.engine.device_memory,
         )
 
+    async def prompt_side(self) -> Any:
+        """The model's prompt side for the ingress (a `PromptProcessor`, which pickles
+        without MLX)."""
+        model = self.engine.model
+        shipped = getattr(model, "shipped_prompt", None)  # the in-process engine's family
+        return shipped() if shipped is not None else model
+
     async def call(self, call: Call) -> Any:
         """One engine call (`gateway.engine.wire.answer`), off the actor's event loop (it may
         be a pipe round trip to the engine process)."""

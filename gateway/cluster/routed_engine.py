@@ -73,7 +73,7 @@ class RoutedEngine(ReplicaQueries):
         if len(handles) != router.slots:
             raise ValueError("one handle per router slot")
         self.config = config
-        self.model: Any = None  # prompt side only (tokenizer, processor)
+        self.model: Any = None  # the prompt side (a PromptProcessor from a replica)
         self.on_gpu = False  # some replica computes on a GPU (known once open)
         self.device_memory: int | None = None  # the least any replica's device may use
         self.router = router
@@ -90,12 +90,17 @@ class RoutedEngine(ReplicaQueries):
     # ----- lifecycle ----------------------------------------------------------------------------
 
     def start(self, timeout: float | None = None) -> None:
-        """Load the prompt side here and wait until every replica answers (model loaded and
-        warmed up there)."""
-        from gateway.engine.families import load_model
-
-        self.model = load_model(self.config.model, lazy=True)
+        """Wait until every replica answers (model loaded and warmed up there), then take the
+        model's prompt side from one (`EngineReplica.prompt_side`: no MLX here)."""
         self.open(timeout)
+
+        async def ask() -> Any:  # (Serve calls on this object's loop, as every other)
+            return await await_response(self._handles[0].prompt_side.remote())
+
+        prompt = asyncio.run_coroutine_threadsafe(ask(), self._loop).result(timeout)
+        if prompt is None:
+            raise RuntimeError("replica 0 sent no prompt side for the model")
+        self.model = prompt
 
     def open(self, timeout: float | None = None) -> None:
         """Start routing once every replica answers `info` (`start` without the prompt side;

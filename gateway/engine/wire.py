@@ -6,7 +6,8 @@ Three boundaries use them:
 - the engine thread's inbox (`gateway.engine.core.Engine`), applied on the engine thread in
   arrival order: `Message` = Enqueue | Cancel | Stop | ResetCaches;
 - the engine process's pipes (`gateway.engine.remote`), pickled over `multiprocessing`
-  connections: HTTP -> engine `Command` = Submit | Cancel | Stop | Invoke(call_id, Call);
+  connections: HTTP -> engine `Command` = Submit | Cancel | Stop | Invoke(call_id, Call)
+  (and a spare engine process's first message, `Configure`);
   engine -> HTTP `Notice` = Ready | LoadFailed | Events | Reply | Stopped. Events are shipped
   once per engine step, as one `Events` message;
 - the Ray Serve replicas (`gateway.cluster`): a replica answers a `Call` and its `info`
@@ -21,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from gateway.config import EngineConfig
 from gateway.engine.embed.request import Embed, EmbedCard
 from gateway.engine.request import EngineRequest, Event, Sink
 from gateway.processors.processor import PromptProcessor
@@ -49,6 +51,14 @@ class Cancel:
 @dataclass(frozen=True)
 class Stop:
     """Finish the last step, fail what is in flight, stop (inbox and pipe)."""
+
+
+@dataclass(frozen=True)
+class Configure:
+    """The model a spare engine process (started without one, its imports done) is to load
+    and serve: the first message it gets (`gateway.engine.remote.spare`)."""
+
+    config: EngineConfig
 
 
 # ----- calls: one engine method each (pipe and Ray) ---------------------------------------------

@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.config import ConfigError, EngineConfig
-from gateway.frontend.context import weights_bytes
+from gateway.frontend.context import checkpoint_context, weights_bytes
 from gateway.frontend.prompt import PromptBuilder
 from gateway.pool.slot import EngineFactory, ModelSlot
 from gateway.pool_config import ModelSpec, PoolConfig, engine_config_for
-from gateway.processors.checkpoint import serving_task
+from gateway.processors.checkpoint import read_config, serving_task
+from gateway.processors.families import family_facts
 
 
 def model_slots(
@@ -36,8 +37,36 @@ def model_slots(
                 f"more than --models-memory-gb {pool.memory_gb:g} allows"
             )
         keep = pool.keep_alive_of(spec)
-        slots.append(ModelSlot(spec, config, keep, size, make_engine, kind))
+        slot = ModelSlot(spec, config, keep, size, make_engine, kind)
+        slot.card, slot.context_length = preview(config.model)
+        slots.append(slot)
     return slots
+
+
+def preview(path: str) -> tuple[dict[str, Any], int | None]:
+    """What /v1/models says of a model before it first loads, from its config.json alone:
+    its family, media and capabilities as far as they are known without its template, and
+    the checkpoint's own context (the served one, bounded by memory, replaces it once
+    loaded). Empty when the config cannot be read (a hub id not downloaded yet)."""
+    try:
+        config = read_config(path)
+        facts = family_facts(config) if isinstance(config, dict) else None
+    except Exception:  # noqa: BLE001 - unreadable or unsupported: loading will say why
+        return {}, None
+    if facts is None:
+        return {}, None
+    own = checkpoint_context(config)
+    card = {
+        "family": facts.family,
+        "model_type": str(config.get("model_type", "")),
+        "media": sorted(facts.media),
+        "capabilities": {
+            "vision": "image" in facts.media,
+            "video": "video" in facts.media,
+            "structured": True,
+        },
+    }
+    return card, None if own is None else own[0]
 
 
 def footprint(config: EngineConfig, kind: str = "chat") -> int:

@@ -111,6 +111,10 @@ class ModelPool:
             if self.closed:
                 raise _unavailable(slot, "the server is shutting down")
             if slot.state is SlotState.LOADED and slot.task is None:
+                if self._crashed(slot):  # its engine died: load it again (nothing holds it)
+                    log.warning("model %r: its engine is gone; loading it again", slot.name)
+                    await self._unload(slot, "crashed")
+                    continue
                 slot.hold()  # (no await since the check: an eviction cannot come between)
                 return slot
             if slot.task is None:  # unloaded: load it (one load for every waiting request)
@@ -125,6 +129,13 @@ class ModelPool:
                 raise _unavailable(slot, f"{why} (--model-load-timeout)") from None
             if kind == "load" and slot.last_error is not None:
                 raise _unavailable(slot, slot.last_error)
+
+    @staticmethod
+    def _crashed(slot: ModelSlot) -> bool:
+        """Its engine is gone (a crashed engine process) and no request holds it: requests
+        that did get an error; the next one reloads the model instead of a 503."""
+        engine = slot.engine
+        return engine is not None and not engine.alive and slot.holders == 0
 
     async def load(self, slot: ModelSlot) -> None:
         """Load `slot` now (admin endpoint, start-up); returns once it is loaded or failed

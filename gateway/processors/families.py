@@ -26,16 +26,21 @@ class FamilyFacts:
     """One family as known without loading it: `family` (its `ModelFamily.family` name),
     the `model_types` it serves (empty for text models: mlx-lm decides), `kv_quant_off`
     (why `--kv-bits` cannot serve it, a phrase after the model type; None: it can where its
-    heads allow) and `task`: what its models do ("chat", or "embed": /v1/embeddings only)."""
+    heads allow); `task`: what its models do ("chat", or "embed": /v1/embeddings only);
+    `media`, the kinds of media parts it takes (what /v1/models says of a model not loaded
+    yet)."""
 
     family: str
     model_types: tuple[str, ...]
     kv_quant_off: str | None = None
     task: str = "chat"  # "chat" (generates) or "embed" (an embedding model)
+    media: frozenset[str] = frozenset({"image"})  # the parts it takes (its class's `media`)
 
 
 VISION_FAMILIES: tuple[FamilyFacts, ...] = (
-    FamilyFacts("qwen_vl", ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")),
+    FamilyFacts(
+        "qwen_vl", ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"), media=frozenset({"image", "video"})
+    ),
     FamilyFacts("mistral3", ("mistral3",)),
     FamilyFacts("smolvlm", ("smolvlm",)),
     FamilyFacts(
@@ -48,14 +53,14 @@ VISION_FAMILIES: tuple[FamilyFacts, ...] = (
         "qwen3_5", ("qwen3_5", "qwen3_5_moe"), "keeps recurrent-state layers (a hybrid model)"
     ),
 )
-TEXT = FamilyFacts("text", ())
+TEXT = FamilyFacts("text", (), media=frozenset())
 # Embedding models (engine/embed/): served by /v1/embeddings, never by the chat routes. A
 # multimodal one by its model type; a text one is a text model type in the
 # sentence-transformers layout (`modules.json` / `1_Pooling/`), as Qwen3-Embedding ships.
 EMBEDDING_FAMILIES: tuple[FamilyFacts, ...] = (
     FamilyFacts("qwen3_vl_embedding", ("qwen3_vl_embedding",), task="embed"),
 )
-TEXT_EMBEDDING = FamilyFacts("text_embedding", ("qwen3",), task="embed")
+TEXT_EMBEDDING = FamilyFacts("text_embedding", ("qwen3",), task="embed", media=frozenset())
 BY_MODEL_TYPE: dict[str, FamilyFacts] = {
     t: f for f in (*VISION_FAMILIES, *EMBEDDING_FAMILIES) for t in f.model_types
 }

@@ -147,3 +147,14 @@ class QwenVLProcessor(PromptProcessor):
             layouts.append(layout)
             out.extend([self.image_token_id] * layout.num_tokens)
         return out, layouts
+
+
+class Qwen35Processor(QwenVLProcessor):
+    """A Qwen3.5 / Qwen3.6 checkpoint's prompt side: Qwen-VL's layout and image grids, images
+    only (the Qwen3-VL video path is not checked against this family)."""
+
+    family = "qwen3_5"
+    media = frozenset({"image"})
+
+    def video_grid(self, frames: int, width: int, height: int) -> Grid:
+        raise ValueError(f"{self.model_type} video is not supported yet")

@@ -4,11 +4,14 @@ process with `--max-loaded-models 2`, the real OpenAI SDK as the client.
 
 Pinned, as issue 37 asks: each model's greedy answer (token ids and logprobs) equals a
 single-model server's for the same request; using all three evicts the least recently used,
-with at most two engine processes alive (an unloaded model's process has exited); a burst of
+with two engine processes serving models and one spare (imports done, no model) alive: an
+unloaded model's process has exited, and each load took the spare; a burst of
 8 concurrent requests to an unloaded model loads it once (the metric); a model whose
 checkpoint cannot load gives a 503 naming it while the others answer; a reloaded model
 answers its earlier image from the disk tier (cached tokens > 0); the HTTP process never
-mapped MLX's library; /v1/models shows every model's state; an alias reaches its model.
+mapped MLX's library; /v1/models shows every model's state; the Anthropic and Responses APIs
+route by model too; an unknown name is a 404 listing the served ones; the admin endpoint
+unloads a model.
 """
 
 from __future__ import annotations
@@ -64,6 +67,21 @@ def _engines(server: LocalServer) -> list[int]:
     return found
 
 
+def _other_apis(server: LocalServer) -> dict[str, str]:
+    """The model each of the other two APIs reports answering: Anthropic's Messages to
+    `text`, the Responses API to `gemma` (both real SDKs)."""
+    import anthropic
+
+    messages = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+    said = messages.messages.create(
+        model="text", max_tokens=4, messages=[{"role": "user", "content": "Hello"}]
+    )
+    responses = server.client().responses.create(
+        model="gemma", input="Hello", max_output_tokens=4, temperature=0
+    )
+    return {"anthropic": said.model, "responses": responses.model}
+
+
 def _written(server: LocalServer, model: str) -> None:
     """Wait until `model` has written its KV blocks to the disk tier (in the background: a
     response can arrive before its entry is on disk)."""
@@ -103,6 +121,7 @@ def pool_run(broken: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
     with LocalServer(args) as server:
         client = server.client()
         seen["start"] = _states(server)
+        seen["start_cards"] = httpx.get(server.base_url + "/v1/models", timeout=10).json()["data"]
         seen["qwen"] = _ask(client, "qwen", image=True)
         _written(server, "qwen")
         seen["gemma"] = _ask(client, "gemma", image=True)
@@ -117,6 +136,12 @@ def pool_run(broken: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
         seen["broken"] = refused.value
         seen["text_after_broken"] = _ask(client, "text", False)
         seen["qwen_again"] = _ask(client, "qwen", image=True)
+        seen["other_apis"] = _other_apis(server)
+        with pytest.raises(openai.NotFoundError) as unknown:
+            _ask(client, "nope", image=False)
+        seen["unknown"] = unknown.value
+        unload = httpx.post(server.base_url + "/v1/models/text/unload", timeout=60)
+        seen["unload"] = (unload.status_code, unload.json(), _states(server)["text"])
         seen["metrics"] = server.metrics()
         maps = Path(f"/proc/{server.proc.pid}/maps").read_text()
         seen["http_maps_mlx"] = "libmlx" in maps or "/mlx/" in maps
@@ -140,10 +165,10 @@ def test_the_least_recently_used_model_is_evicted_and_its_process_exits(pool_run
         "text": "unloaded",
         "broken": "unloaded",
     }
-    assert pool_run["two"] == 2
+    assert pool_run["two"] == 3  # qwen, gemma and the spare for the next load
     after = pool_run["after_burst"]
     assert (after["qwen"], after["gemma"], after["text"]) == ("unloaded", "loaded", "loaded")
-    assert pool_run["engines_after_burst"] == 2
+    assert pool_run["engines_after_burst"] == 3  # gemma, text (was the spare), a new spare
 
 
 def test_a_burst_loads_an_unloaded_model_once(pool_run: dict) -> None:
@@ -169,3 +194,31 @@ def test_a_reloaded_model_answers_its_image_from_the_disk_tier(pool_run: dict) -
 
 def test_the_http_process_never_maps_mlx(pool_run: dict) -> None:
     assert pool_run["http_maps_mlx"] is False
+
+
+def test_every_api_routes_by_model(pool_run: dict) -> None:
+    assert pool_run["other_apis"] == {"anthropic": "text", "responses": "gemma"}
+
+
+def test_an_unknown_model_is_a_404_listing_the_served_names(pool_run: dict) -> None:
+    body = pool_run["unknown"].body
+    assert body["code"] == "model_not_found" and body["param"] == "model"
+    assert all(f"`{name}`" in body["message"] for name in ("qwen", "gemma", "text", "broken"))
+
+
+def test_the_admin_unloads_a_model(pool_run: dict) -> None:
+    status, body, state = pool_run["unload"]
+    assert status == 200 and body["unloaded"] is True and state == "unloaded"
+
+
+def test_models_not_loaded_yet_are_described_from_their_config(pool_run: dict) -> None:
+    """Invariant: /v1/models tells a client what a model takes before it first loads (its
+    family, vision or not, its checkpoint's context), and the loaded one its capabilities."""
+    cards = {card["id"]: card for card in pool_run["start_cards"]}
+    gemma, text, qwen = cards["gemma"], cards["text"], cards["qwen"]
+    assert gemma["state"] == "unloaded" and gemma["family"] == "gemma3"
+    assert gemma["capabilities"]["vision"] and not gemma["capabilities"]["video"]
+    assert not text["capabilities"]["vision"] and text["family"] == "text"
+    assert all(isinstance(c["context_length"], int) for c in (gemma, text, qwen))
+    assert qwen["state"] == "loaded" and qwen["capabilities"]["video"]
+    assert set(qwen["capabilities"]) == {"vision", "video", "tools", "thinking", "structured"}

@@ -12,9 +12,9 @@ tokenizer is guarded by a lock; everything else they read is immutable after `__
 Engine-side methods run only on the engine thread, which owns MLX. A family object is built
 on the thread that will own MLX (`load_model`); a `lazy` one (weights unread) serves only the
 prompt side. The prompt half is `prompt`, a `gateway.processors.PromptProcessor` (no MLX):
-a split family (`prompt_split`) delegates its prompt methods to it and the engine process
-ships it to the HTTP process (`shipped_prompt`); a family not split yet implements them
-itself, and the HTTP process loads it lazily.
+every family delegates its prompt methods to it (`prompt_split`, pinned for each family by
+tests/gateway/processors/test_shipped.py) and the engine process ships it to the HTTP
+process (`shipped_prompt`), which never imports MLX.
 
 What the engine assumes of every family (read these before adding one):
 - Prompts are token ids with every image's placeholder run already expanded
@@ -146,9 +146,8 @@ class ModelFamily(ABC):
     kv_quant_off: ClassVar[str | None] = None
     # True: `prompt` is this family's whole prompt side (a `PromptProcessor` subclass whose
     # grids and layout the family's own methods delegate to), so the engine process sends it
-    # to the HTTP process, which then needs no MLX. False: the family still implements its
-    # prompt methods itself (`prompt` holds the template and tokenizer only), and the HTTP
-    # process loads the family's prompt side with its weights unread (`load_model(lazy)`).
+    # to the HTTP process, which needs no MLX. A family must set it: the HTTP process has no
+    # other way to build its prompts (the engine process refuses to serve one without).
     prompt_split: ClassVar[bool] = False
     prompt: PromptProcessor
 
@@ -165,14 +164,20 @@ class ModelFamily(ABC):
     ) -> None:
         """Set up the shared prompt side over a Hugging Face tokenizer (call in `__init__`
         once `path`, `model_type` and `vocab_size` are set): `prompt`, the family's processor
-        over `tokenizer` (a plain `PromptProcessor` when not given), renders and tokenizes."""
+        over `tokenizer` (`own_prompt`), renders and tokenizes."""
         self.tokenizer = tokenizer
-        self.prompt = prompt or PromptProcessor(self.path, self.model_type, tokenizer)
+        self.prompt = self.own_prompt(tokenizer, prompt)
         self._tokenizer_lock = self.prompt.tokenizer_lock  # one lock per tokenizer
         self.eos_token_ids = tuple(sorted(set(eos_token_ids)))
         self._byte_table = byte_table(tokenizer, self.vocab_size)
         if self._byte_table is None:
             log.info("tokenizer is not plain byte-level BPE: generic streaming detokenizer")
+
+    def own_prompt(self, tokenizer: Any, given: PromptProcessor | None) -> PromptProcessor:
+        """The family's prompt side over `tokenizer`: `given` (what a base class built), else
+        a plain `PromptProcessor`. A family whose prompt side has settings of its own builds
+        it here from what it loaded (called once, from `_init_tokens`)."""
+        return given or PromptProcessor(self.path, self.model_type, tokenizer)
 
     def describe(self) -> dict[str, Any]:
         """The family as /v1/models and /v1/cache/stats show it (JSON-able; any thread)."""
@@ -217,8 +222,8 @@ class ModelFamily(ABC):
 
     def shipped_prompt(self) -> PromptProcessor | None:
         """The prompt side the engine process sends the HTTP process (`wire.Ready`), with the
-        family's card and KV value size; None when the family is not split yet
-        (`prompt_split`)."""
+        family's card and KV value size; None for a family that does not set `prompt_split`
+        (the HTTP process then refuses to serve it)."""
         if not self.prompt_split:
             return None
         return self.prompt.described(self.describe(), self.embed_bytes)
@@ -249,45 +254,41 @@ class ModelFamily(ABC):
             piece = self.tokenizer.convert_ids_to_tokens(token_id)
         return token_bytes(None, piece, text)
 
-    # ----- prompt side, per family (any thread) -----------------------------------------------
+    # ----- prompt side, per family (any thread; the processor's, but pixels) -----------------
 
-    @abstractmethod
     def image_grid(self, width: int, height: int) -> Grid:
         """The patch grid `preprocess` would give an image of this size (pixels), without
-        touching pixels. Raises ValueError for an image the processor refuses."""
+        touching pixels (the prompt side's: `PromptProcessor.image_grid`). Raises ValueError
+        for an image the processor refuses."""
+        return self.prompt.image_grid(width, height)
 
     @abstractmethod
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         """A PIL RGB image (or a `VideoFrames` clip) -> (pixel values as the tower takes
         them, grid); equal to the checkpoint's reference processor's output."""
 
-    def _no_video(self) -> ValueError:
-        """The error of the video methods below for a family without video (its own words
-        where it has no media at all)."""
-        return ValueError(f"{self.model_type} takes no video")
-
     def video_grid(self, frames: int, width: int, height: int) -> Grid:
         """The patch grid of a clip of `frames` sampled frames (ValueError: unsupported)."""
-        raise self._no_video()
+        return self.prompt.video_grid(frames, width, height)
 
     def video_layout(self, grid: Grid, times: Sequence[float]) -> VideoLayout:
         """How a clip with this grid and these frame times (seconds) sits in the prompt."""
-        raise self._no_video()
+        return self.prompt.video_layout(grid, times)
 
     def video_clip(
         self, frames: np.ndarray, times: Sequence[float], grid: Grid, block: int | None = None
     ) -> VideoFrames:
         """The frames `preprocess` takes for a clip (or for one of its placeholder blocks)."""
-        raise self._no_video()
+        return self.prompt.video_clip(frames, times, grid, block)
 
-    @abstractmethod
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
     ) -> tuple[list[int], list[ImageLayout]]:
         """Expand each media placeholder of the tokenized prompt (one `grids` entry per image
         or video, in prompt order) into the family's run of tokens; returns the final ids and
         one `ImageLayout` per placeholder run, in order. ValueError when the placeholders and
-        `grids` disagree. With no media: `(list(ids), [])`."""
+        `grids` disagree. With no media: `(list(ids), [])` (`PromptProcessor.layout_prompt`)."""
+        return self.prompt.layout_prompt(ids, grids)
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

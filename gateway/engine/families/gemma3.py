@@ -1,5 +1,7 @@
-"""Gemma 3 (`model_type` "gemma3") over mlx-vlm: the only module that knows its prompt layout,
-image processing and vision merge. The language model's forward is in `gemma3_forward.py`.
+"""Gemma 3 (`model_type` "gemma3") over mlx-vlm: the only module that knows its image
+processing and vision merge. The language model's forward is in `gemma3_forward.py`; the
+prompt side (markers, soft tokens) is `gateway.processors.gemma3.Gemma3Processor`, which this
+family builds from what mlx-vlm loaded and delegates to.
 
 What differs from the other families (checked against mlx-vlm 0.7.10):
 - prompt: the checkpoint's template writes `<start_of_image>` where an image part is; the
@@ -45,8 +47,8 @@ from gateway.engine.model.kv import RowKVCache
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.engine.model.window_kv import layer_caches
+from gateway.processors.gemma3 import Gemma3Processor, Gemma3Settings
 from gateway.processors.positions import ImageLayout
-from gateway.processors.video_layout import VideoLayout
 from gateway.processors.video_processor import VideoFrames
 
 MODEL_TYPES = ("gemma3",)
@@ -73,6 +75,7 @@ class Gemma3(ModelFamily):
 
     family = "gemma3"
     media = frozenset({"image"})
+    prompt_split = True  # the prompt side is `Gemma3Processor`
     last_token_apart = True
     kv_quant_off = "keeps sliding-window layers read in ring order by its own attention"
 
@@ -98,12 +101,13 @@ class Gemma3(ModelFamily):
         side = int(round(self.tokens_per_image**0.5))
         self.grid: Grid = (1, side, self.tokens_per_image // side)
         self.image_token_id = int(config.image_token_index)
-        self.boi, self.eoi = tokenizer.boi_token, tokenizer.eoi_token
-        self.boi_id = int(tokenizer.convert_tokens_to_ids(self.boi))
-        self.eoi_id = int(tokenizer.convert_tokens_to_ids(self.eoi))
         self.vocab_size = int(config.text_config.vocab_size)
         markers = ("<end_of_turn>", "<eos>")
-        self._init_tokens(tokenizer, eos_ids(tokenizer, config.eos_token_id, markers))
+        self._init_tokens(
+            tokenizer,
+            eos_ids(tokenizer, config.eos_token_id, markers),
+            Gemma3Processor(path, self.model_type, tokenizer, self._settings(tokenizer)),
+        )
         text = config.text_config
         self.window = int(text.sliding_window)
         pattern = int(text.sliding_window_pattern)
@@ -120,19 +124,19 @@ class Gemma3(ModelFamily):
             *((k, repr(getattr(self.image_processor, k, None))) for k in _PROCESSOR_KEYS),
         )
 
+    def _settings(self, tokenizer: Any) -> Gemma3Settings:
+        """The prompt settings of this checkpoint (mlx-vlm's tokenizer names the markers)."""
+        boi, eoi = tokenizer.boi_token, tokenizer.eoi_token
+        return Gemma3Settings(
+            image_token_id=self.image_token_id,
+            boi=boi,
+            eoi=eoi,
+            boi_id=int(tokenizer.convert_tokens_to_ids(boi)),
+            eoi_id=int(tokenizer.convert_tokens_to_ids(eoi)),
+            grid=self.grid,
+        )
+
     # ----- prompt side (any thread) -----------------------------------------------------------
-
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids of rendered text, each `<start_of_image>` written out as the processor
-        writes it (newlines and both markers; `layout_prompt` adds the soft tokens)."""
-        marked = text.replace(self.boi, f"\n\n{self.boi}{self.eoi}\n\n")
-        return super().tokenize(marked)
-
-    def image_grid(self, width: int, height: int) -> Grid:
-        """Every image becomes `tokens_per_image` soft tokens (as (1, side, side))."""
-        if width < 1 or height < 1:
-            raise ValueError(f"an image of {width}x{height} pixels")
-        return self.grid
 
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         """PIL RGB image -> ((1, 3, size, size) float32 pixels, grid): the checkpoint's own
@@ -141,39 +145,6 @@ class Gemma3(ModelFamily):
             raise ValueError("Gemma 3 takes no video")
         out = self.image_processor(images=[image], return_tensors="np")
         return np.asarray(out["pixel_values"]), self.grid
-
-    def video_grid(self, frames: int, width: int, height: int) -> Grid:
-        raise ValueError("Gemma 3 takes no video")
-
-    def video_layout(self, grid: Grid, times: Sequence[float]) -> VideoLayout:
-        raise ValueError("Gemma 3 takes no video")
-
-    def video_clip(
-        self, frames: np.ndarray, times: Sequence[float], grid: Grid, block: int | None = None
-    ) -> VideoFrames:
-        raise ValueError("Gemma 3 takes no video")
-
-    def layout_prompt(
-        self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
-    ) -> tuple[list[int], list[ImageLayout]]:
-        """Put each image's soft tokens between its `<start_of_image><end_of_image>` pair;
-        one flat span per image (the soft tokens)."""
-        starts = [i for i, t in enumerate(ids) if t == self.boi_id]
-        if len(starts) != len(grids) or any(isinstance(g, VideoLayout) for g in grids):
-            raise ValueError(f"prompt has {len(starts)} image markers for {len(grids)} images")
-        out: list[int] = []
-        layouts: list[ImageLayout] = []
-        cursor = 0
-        for start, grid in zip(starts, grids):
-            if start + 1 >= len(ids) or ids[start + 1] != self.eoi_id:
-                raise ValueError("an image marker is not followed by its end marker")
-            out.extend(ids[cursor : start + 1])
-            count = grid[0] * grid[1] * grid[2]  # type: ignore[index]
-            layouts.append(ImageLayout.flat(len(out), count))
-            out.extend([self.image_token_id] * count)
-            cursor = start + 1
-        out.extend(ids[cursor:])
-        return out, layouts
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

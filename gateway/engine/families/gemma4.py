@@ -1,5 +1,7 @@
-"""Gemma 4 (`model_type` "gemma4") over mlx-vlm: the only module that knows its image layout,
-token budget and cache layout. The prompt forward is in `gemma4_forward.py`.
+"""Gemma 4 (`model_type` "gemma4") over mlx-vlm: the only module that knows its tower and
+cache layout. The prompt forward is in `gemma4_forward.py`; the prompt side (image layout,
+token budget) is `gateway.processors.gemma4.Gemma4Processor`, which this family builds from
+what mlx-vlm loaded and delegates to.
 
 What differs from the other families (checked against mlx-vlm 0.7.10):
 - prompt: the template writes `<|image|>` where an image part is; the processor replaces it
@@ -45,7 +47,9 @@ from gateway.engine.model.kv import RowKVCache
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.model.vision import EncodedImage
 from gateway.engine.model.window_kv import layer_caches
+from gateway.processors.gemma4 import Gemma4Processor, Gemma4Settings
 from gateway.processors.positions import ImageLayout
+from gateway.processors.processor import PromptProcessor
 from gateway.processors.video_processor import VideoFrames
 
 MODEL_TYPES = ("gemma4",)
@@ -74,24 +78,21 @@ class Gemma4(VlmFamily):
     # A text-only prompt's last token is a one-row step (as mlx-vlm feeds it); an image
     # prompt's is not, but the prefix cache never stores it either way.
     last_token_apart = True
+    prompt_split = True  # the prompt side is `Gemma4Processor`
+    prompt: Gemma4Processor
     kv_quant_off = "keeps sliding-window and KV-sharing layers under its own attention"
 
     def __init__(self, path: str, lazy: bool = False) -> None:
         super().__init__(path, lazy=lazy)
         config = self.model.config
         text = config.text_config
-        ip = self.image_processor
-        self.patch = int(ip.patch_size)
-        self.pool = int(ip.pooling_kernel_size)
-        self.budget = int(ip.max_soft_tokens)
+        settings = self.prompt.settings
+        self.patch, self.pool, self.budget = settings.patch, settings.pool, settings.budget
         if self.patch != int(config.vision_config.patch_size):
             raise ValueError(f"processor patch {self.patch} != tower patch")
         if self.pool != int(config.vision_config.pooling_kernel_size):
             raise ValueError(f"processor pooling {self.pool} != tower pooling")
-        tokenizer = self.tokenizer
-        self._image_id = int(config.image_token_id)
-        self.boi_id = int(tokenizer.convert_tokens_to_ids(self.processor.boi_token))
-        self.eoi_id = int(tokenizer.convert_tokens_to_ids(self.processor.eoi_token))
+        self._image_id = settings.image_token_id
         media = (config.image_token_id, config.audio_token_id, config.video_token_id)
         self._media_ids = np.asarray([int(t) for t in media if t is not None], dtype=np.int64)
         self.window = int(text.sliding_window)
@@ -105,6 +106,22 @@ class Gemma4(VlmFamily):
             self.language_model, self.new_cache, self.language_model.logits_from_hidden
         )
 
+    def own_prompt(self, tokenizer: Any, given: PromptProcessor | None) -> PromptProcessor:
+        """A `Gemma4Processor` over the settings resolved from mlx-vlm's config and processor
+        (loaded by then: `_init_tokens` calls this)."""
+        config, ip = self.model.config, self.image_processor
+        settings = Gemma4Settings(
+            image_token_id=int(config.image_token_id),
+            boi_id=int(tokenizer.convert_tokens_to_ids(self.processor.boi_token)),
+            eoi_id=int(tokenizer.convert_tokens_to_ids(self.processor.eoi_token)),
+            patch=int(ip.patch_size),
+            pool=int(ip.pooling_kernel_size),
+            budget=int(ip.max_soft_tokens),
+            do_resize=bool(ip.do_resize),
+        )
+        own = Gemma4Processor(self.path, self.model_type, tokenizer, settings)
+        return given or own
+
     # ----- per family (VlmFamily) -------------------------------------------------------------
 
     @property
@@ -114,10 +131,6 @@ class Gemma4(VlmFamily):
     @property
     def placeholder_id(self) -> int:
         return self._image_id  # the template writes one `<|image|>` per image
-
-    def span_ids(self, grid: Grid) -> list[int]:
-        _, h, w = grid
-        return [self.boi_id, *[self._image_id] * (h * w // self.pool**2), self.eoi_id]
 
     def processor_settings(self) -> dict[str, Any]:
         return {k: getattr(self.image_processor, k, None) for k in _SETTINGS}
@@ -149,27 +162,11 @@ class Gemma4(VlmFamily):
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 
-    def image_grid(self, width: int, height: int) -> Grid:
-        """(1, rows, cols) patches of the resized image (the processor's own arithmetic)."""
-        from mlx_vlm.models.gemma4.processing_gemma4 import get_aspect_ratio_preserving_size
-
-        if width < 1 or height < 1:
-            raise ValueError(f"an image of {width}x{height} pixels")
-        if self.image_processor.do_resize:
-            max_patches = self.budget * self.pool**2
-            height, width = get_aspect_ratio_preserving_size(
-                height, width, self.patch, max_patches, self.pool
-            )
-        rows, cols = height // self.patch, width // self.patch
-        if rows % self.pool or cols % self.pool or not rows:
-            raise ValueError(f"{width}x{height} px is not whole {self.pool}x{self.pool} pools")
-        return (1, rows, cols)
-
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         """PIL RGB image -> ((1, 3, H, W) float32 pixels, grid): the checkpoint's own image
         processor (aspect-preserving resize within the budget, rescale)."""
         if isinstance(image, VideoFrames):
-            raise self._no_video()
+            raise self.prompt.no_video()
         data, _ = self.image_processor.preprocess([image])
         pixels = np.asarray(data["pixel_values"])
         grid = (1, pixels.shape[2] // self.patch, pixels.shape[3] // self.patch)

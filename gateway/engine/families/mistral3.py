@@ -1,15 +1,13 @@
 """Mistral 3 (`model_type` "mistral3": Mistral Small 3.1 / 3.2, Pixtral vision) over mlx-vlm:
-the only module that knows Pixtral's image layout.
+the only module that knows Pixtral's tower and pixels.
 
-Prompt side (any thread): the checkpoint's own chat template writes one `[IMG]` where each
-image part stands; it expands into Pixtral's variable-resolution span: one row of `[IMG]` per
-row of `spatial_merge_size`-merged patch cells, `[IMG_BREAK]` after each row but the last,
-`[IMG_END]` after that. The cell grid comes from the image's size alone: mlx-vlm's Pixtral
-image processor scales an image down (never up) until it fits `size.longest_edge`, then
-rounds each side up to whole cells (`patch_size * spatial_merge_size` px), so the token count
-follows the image's shape and those settings (`processor_settings`, the cache key, holds them
-with every setting that changes pixels). `preprocess` is that processor itself, called as
-mlx-vlm's Mistral 3 processor calls it: its pixels are the reference's by construction.
+Prompt side (any thread): `gateway.processors.mistral3.Mistral3Processor`, built from what
+mlx-vlm loaded; this family delegates to it. Each `[IMG]` the template writes expands into
+Pixtral's variable-resolution span (`[IMG]` rows, `[IMG_BREAK]` between, `[IMG_END]` last),
+whose cell grid follows the image's shape and the processor's settings
+(`processor_settings`, the cache key, holds them with every setting that changes pixels).
+`preprocess` is mlx-vlm's Pixtral image processor itself, called as mlx-vlm's Mistral 3
+processor calls it: its pixels are the reference's by construction.
 
 Engine side (engine thread): mlx-vlm's Pixtral tower and Mistral 3 projector, each image its
 own forward as mlx-vlm computes a single image (2D RoPE over its own patch grid, its own block
@@ -35,10 +33,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx_vlm.models.pixtral.image_processing_pixtral import (
-    _size_to_pair,
-    get_resize_output_image_size,
-)
+from mlx_vlm.models.pixtral.image_processing_pixtral import _size_to_pair
 from mlx_vlm.models.pixtral.vision import (
     generate_block_attention_mask,
     position_ids_in_meshgrid,
@@ -47,6 +42,8 @@ from PIL import Image
 
 from gateway.engine.families.family import Grid
 from gateway.engine.families.vlm_base import VlmFamily
+from gateway.processors.mistral3 import Mistral3Processor, Mistral3Settings
+from gateway.processors.processor import PromptProcessor
 
 MODEL_TYPES = ("mistral3",)
 TEXT_MODEL_TYPES = ("mistral",)
@@ -72,6 +69,8 @@ class Mistral3(VlmFamily):
     family = "mistral3"
     MODEL_TYPES = MODEL_TYPES
     EOS_MARKERS = ("</s>",)
+    prompt_split = True  # the prompt side is `Mistral3Processor`
+    prompt: Mistral3Processor
 
     def __init__(self, path: str, lazy: bool = False) -> None:
         super().__init__(path, lazy=lazy)
@@ -82,21 +81,37 @@ class Mistral3(VlmFamily):
                 f"{self.model_type} with a {text_type!r} text model is not served "
                 f"(served: {', '.join(TEXT_MODEL_TYPES)})"
             )
-        self.patch = int(config.vision_config.patch_size)
-        self.merge = int(config.spatial_merge_size)
+        settings = self.prompt.settings
+        self.patch, self.merge, self.cell = settings.patch, settings.merge, settings.cell
         if int(self.processor.patch_size) != self.patch:
             raise ValueError(
                 f"processor patch size {self.processor.patch_size} != the tower's {self.patch}"
             )
-        self.cell = self.patch * int(self.processor.spatial_merge_size)  # px per cell side
-        self._image_id = int(config.image_token_index)
-        self.break_id = int(self.processor.image_break_token_id)
-        self.end_id = int(self.processor.image_end_token_id)
+        self._image_id = settings.image_token_id
+        self.break_id, self.end_id = settings.break_id, settings.end_id
         vision = self.model.vision_tower.vision_model
         self._layers = _layers_used(len(vision.transformer.layers), config.vision_feature_layer)
-        # The tower's 2D RoPE table covers this many patches per side (`image_size`); a
-        # processor set to a longer edge (or not resizing) would index past it.
-        self.max_side = int(config.vision_config.image_size) // self.patch
+        self.max_side = settings.max_side
+
+    def own_prompt(self, tokenizer: Any, given: PromptProcessor | None) -> PromptProcessor:
+        """A `Mistral3Processor` over the settings resolved from mlx-vlm's config and processor
+        (loaded by then: `_init_tokens` calls this)."""
+        config, proc, ip = self.model.config, self.processor, self.image_processor
+        patch = int(config.vision_config.patch_size)
+        settings = Mistral3Settings(
+            image_token_id=int(config.image_token_index),
+            break_id=int(proc.image_break_token_id),
+            end_id=int(proc.image_end_token_id),
+            patch=patch,
+            merge=int(config.spatial_merge_size),
+            cell=patch * int(proc.spatial_merge_size),  # px per cell side
+            edge=_size_to_pair(ip.size) if ip.do_resize else None,
+            # The tower's 2D RoPE table covers this many patches per side (`image_size`); a
+            # processor set to a longer edge (or not resizing) would index past it.
+            max_side=int(config.vision_config.image_size) // patch,
+        )
+        own = Mistral3Processor(self.path, self.model_type, tokenizer, settings)
+        return given or own
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 
@@ -116,46 +131,6 @@ class Mistral3(VlmFamily):
         settings["tokens"] = (proc.image_token, proc.image_break_token, proc.image_end_token)
         return settings
 
-    def render(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
-        """The checkpoint's template, with a leading system message's text given as one text
-        part: Mistral Small 3.1's template reads a first system message as
-        `content[0]['text']` whatever its type (a plain string fails to render) and writes
-        exactly that text; other messages render their string content as it is."""
-        if messages and messages[0]["role"] == "system":
-            content = messages[0]["content"]
-            if isinstance(content, str):
-                first = {**messages[0], "content": [{"type": "text", "text": content}]}
-                messages = [first, *messages[1:]]
-        return super().render(messages, tools, template_kwargs)
-
-    def image_grid(self, width: int, height: int) -> Grid:
-        """(1, rows, cols) in tower patches of the processor's output for this size (the
-        processor's own arithmetic). ValueError for an image so elongated that a side
-        would scale to nothing, or one the processor leaves larger than the tower's
-        `image_size` (a processor edge set past it: mlx-vlm would read past the tower's 2D
-        position table)."""
-        ip = self.image_processor
-        h, w = height, width
-        if ip.do_resize:
-            edge = _size_to_pair(ip.size)
-            scale = max(height / edge[0], width / edge[1])
-            if scale > 1 and (int(height / scale) < 1 or int(width / scale) < 1):
-                raise ValueError(f"a side would scale below 1 px to fit {edge[0]} px")
-            h, w = get_resize_output_image_size((height, width), edge, (self.cell, self.cell))
-        if h < self.cell or w < self.cell:
-            raise ValueError(f"a side under {self.cell} px makes no image tokens")
-        if max(h, w) > self.max_side * self.patch:
-            raise ValueError(
-                f"the processor makes it {w}x{h} px, over the vision tower's "
-                f"{self.max_side * self.patch} px (its position table)"
-            )
-        return (1, h // self.patch, w // self.patch)
-
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         """PIL image -> ((3, H, W) float32 pixels, grid): mlx-vlm's Pixtral image processor
         called as its Mistral 3 processor calls it (cells of `patch * merge` px)."""
@@ -165,15 +140,6 @@ class Mistral3(VlmFamily):
         h, w = (int(x) for x in out["image_sizes"][0])
         pixels = np.ascontiguousarray(np.asarray(out["pixel_values"])[0, :, :h, :w])
         return pixels, (1, h // self.patch, w // self.patch)
-
-    def span_ids(self, grid: Grid) -> list[int]:
-        """Rows of `[IMG]` cells, `[IMG_BREAK]` between rows, `[IMG_END]` last."""
-        rows, cols = grid[1] // self.merge, grid[2] // self.merge
-        run: list[int] = []
-        for row in range(rows):
-            run.extend([self._image_id] * cols)
-            run.append(self.break_id if row < rows - 1 else self.end_id)
-        return run
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

@@ -34,6 +34,8 @@ from gateway.engine.families.qwen_vl import QwenVL
 from gateway.engine.model.kv import RowKVCache
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.model.state_cache import RowStateCache
+from gateway.processors.processor import PromptProcessor
+from gateway.processors.qwen_vl import Qwen35Processor, QwenVLProcessor
 
 MODEL_TYPES = ("qwen3_5", "qwen3_5_moe")
 
@@ -43,9 +45,7 @@ class Qwen35(QwenVL):
 
     family = "qwen3_5"
     media = frozenset({"image"})
-    # Not split yet: the HTTP process loads this family lazily (it takes images only, which
-    # `QwenVLProcessor` does not say).
-    prompt_split = False
+    prompt_split = True  # the prompt side is `Qwen35Processor` (`QwenVLProcessor`, images only)
     MODEL_TYPES = MODEL_TYPES
     state_snapshots = True
     last_token_apart = True
@@ -60,10 +60,12 @@ class Qwen35(QwenVL):
         self.text_core = HybridTextCore(language_model)
         self._linear = tuple(bool(layer.is_linear) for layer in language_model.model.layers)
 
-    # ----- prompt side (any thread) -----------------------------------------------------------
-
-    def video_grid(self, frames: int, width: int, height: int) -> tuple[int, int, int]:
-        raise ValueError(f"{self.model_type} video is not supported yet")
+    def own_prompt(self, tokenizer: Any, given: PromptProcessor | None) -> PromptProcessor:
+        """`given` is Qwen-VL's processor (`QwenVL.__init__`): the same settings, as
+        Qwen3.5's (`Qwen35Processor`: images only)."""
+        assert isinstance(given, QwenVLProcessor)
+        own = Qwen35Processor(self.path, self.model_type, tokenizer, given.settings)
+        return own
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

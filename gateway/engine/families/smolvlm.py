@@ -1,4 +1,6 @@
-"""SmolVLM (Idefics3-style) over mlx-vlm: the only module that knows SmolVLM's image layout.
+"""SmolVLM (Idefics3-style) over mlx-vlm: the only module that knows SmolVLM's tower and
+pixels; its prompt side (tiling arithmetic, the span's tokens) is
+`gateway.processors.smolvlm.SmolVLMProcessor`, which this family builds and delegates to.
 
 An image is resized (longest edge to `size`), rounded up to whole tiles of `max_image_size`
 pixels, cut into rows x cols tiles and followed by the whole image resized to one tile (the
@@ -20,7 +22,6 @@ Prompt side any thread, engine side engine thread only (see `ModelFamily`, `VlmF
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,10 +31,10 @@ import numpy as np
 
 from gateway.engine.families.family import Grid
 from gateway.engine.families.vlm_base import VlmFamily
+from gateway.processors.processor import PromptProcessor
+from gateway.processors.smolvlm import SmolVLMProcessor, SmolVLMSettings
 
 MODEL_TYPES = ("smolvlm",)
-# The Idefics3 image processor's hard cap after the first resize (transformers' MAX_IMAGE_SIZE).
-_MAX_IMAGE_SIZE = 4096
 _SETTINGS = (
     "do_resize",
     "size",
@@ -56,16 +57,18 @@ class SmolVLM(VlmFamily):
     family = "smolvlm"
     MODEL_TYPES = MODEL_TYPES
     EOS_MARKERS = ("<end_of_utterance>",)
-    TEXT_AS_PARTS = True  # SmolVLM's template renders a plain string content as nothing
+    prompt_split = True  # the prompt side is `SmolVLMProcessor` (string content as a part)
+    prompt: SmolVLMProcessor
 
     def __init__(self, path: str, lazy: bool = False) -> None:
         super().__init__(path, lazy=lazy)
         config = self.model.config
-        self._image_id = int(config.image_token_index)
-        self.tile = int(self.image_processor.max_image_size["longest_edge"])
+        settings = self.prompt.settings
+        self._image_id = settings.image_token_id
+        self.tile = settings.tile
         self.patch = int(config.vision_config.patch_size)
-        self.per_side = self.tile // self.patch
-        self.seq_len = int(self.processor.image_seq_len)
+        self.per_side = settings.per_side
+        self.seq_len = settings.seq_len
         expected = self.per_side**2 // int(config.scale_factor) ** 2
         if self.seq_len != expected:
             # The processor would expand more or fewer tokens than the tower gives per tile.
@@ -73,7 +76,30 @@ class SmolVLM(VlmFamily):
                 f"processor image_seq_len {self.seq_len} != {expected} tokens per tile "
                 f"({self.tile} px tiles, {self.patch} px patches, scale {config.scale_factor})"
             )
-        self._runs: dict[tuple[int, int], list[int]] = {}
+
+    def own_prompt(self, tokenizer: Any, given: PromptProcessor | None) -> PromptProcessor:
+        """A `SmolVLMProcessor` over the settings resolved from mlx-vlm's config and processor
+        (loaded by then: `_init_tokens` calls this)."""
+        config, ip, proc = self.model.config, self.image_processor, self.processor
+        tile = int(ip.max_image_size["longest_edge"])
+        size = {} if ip.size is None else ip.size  # a dict or a SizeDict (unset keys: None)
+        longest, height, width = (size.get(k) for k in ("longest_edge", "height", "width"))
+        fixed = None if height is None or width is None else (int(height), int(width))
+        settings = SmolVLMSettings(
+            image_token_id=int(config.image_token_index),
+            tile=tile,
+            per_side=tile // int(config.vision_config.patch_size),
+            seq_len=int(proc.image_seq_len),
+            longest_edge=int(longest) if longest else None,
+            fixed_size=fixed,
+            do_resize=bool(ip.do_resize),
+            do_image_splitting=bool(ip.do_image_splitting),
+            fake_image_token=str(proc.fake_image_token),
+            image_token=str(proc.image_token),
+            global_image_token=str(proc.global_image_token),
+        )
+        own = SmolVLMProcessor(self.path, self.model_type, tokenizer, settings)
+        return given or own
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 
@@ -91,31 +117,6 @@ class SmolVLM(VlmFamily):
         settings["image_seq_len"] = self.processor.image_seq_len
         return settings
 
-    def image_grid(self, width: int, height: int) -> Grid:
-        """The grid `preprocess` gives, from the size alone (the processor's own arithmetic)."""
-        rows, cols = self._tiles(width, height)
-        p = self.per_side
-        return (1, p, p) if rows == 0 else (1, rows * p, cols * p)
-
-    def _tiles(self, width: int, height: int) -> tuple[int, int]:
-        """(rows, cols) of tiles; (0, 0) for an image that is not split."""
-        ip, tile = self.image_processor, self.tile
-        if ip.do_resize:
-            height, width = _resized(height, width, ip.size)
-        if not ip.do_image_splitting:
-            return 0, 0
-        # resize_for_vision_encoder: each side up to whole tiles, keeping the aspect ratio.
-        aspect = width / height
-        if width >= height:
-            width = math.ceil(width / tile) * tile
-            height = math.ceil(int(width / aspect) / tile) * tile
-        else:
-            height = math.ceil(height / tile) * tile
-            width = math.ceil(int(height * aspect) / tile) * tile
-        if height > tile or width > tile:
-            return height // tile, width // tile
-        return 0, 0
-
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         """PIL RGB image -> (tiles then the global image: (n, 3, tile, tile) float32, grid),
         the checkpoint's own image processor's output."""
@@ -129,34 +130,8 @@ class SmolVLM(VlmFamily):
         grid = (1, p, p) if rows == 0 else (1, rows * p, cols * p)
         return np.ascontiguousarray(pixels, dtype=np.float32), grid
 
-    def span_ids(self, grid: Grid) -> list[int]:
-        rows, cols = self._rows_cols(grid)
-        key = (rows, cols)
-        run = self._runs.get(key)
-        if run is None:
-            from mlx_vlm.models.smolvlm.processing_smolvlm import get_image_prompt_string
-
-            text = get_image_prompt_string(
-                rows,
-                cols,
-                self.seq_len,
-                fake_token_around_image=self.processor.fake_image_token,
-                image_token=self.processor.image_token,
-                global_image_token=self.processor.global_image_token,
-            )
-            run = self.tokenize(text)
-            self._runs[key] = run  # a dict store is atomic; a race computes the same list
-        return list(run)
-
-    def _rows_cols(self, grid: Grid) -> tuple[int, int]:
-        _, h, w = grid
-        p = self.per_side
-        if (h, w) == (p, p):
-            return 0, 0
-        return h // p, w // p
-
     def _tile_count(self, grid: Grid) -> int:
-        rows, cols = self._rows_cols(grid)
+        rows, cols = self.prompt.rows_cols(grid)
         return 1 if rows == 0 else rows * cols + 1
 
     # ----- engine side (engine thread only) ---------------------------------------------------
@@ -184,29 +159,3 @@ class SmolVLM(VlmFamily):
             out.append(features[first : first + count].reshape(-1, features.shape[-1]))
             first += count
         return out
-
-
-def _resized(height: int, width: int, size: dict[str, int]) -> tuple[int, int]:
-    """The Idefics3 processor's first resize: the longest edge to `size["longest_edge"]`
-    (even short side), then below 4096 px; or a fixed `height` x `width`."""
-    if size.get("longest_edge"):
-        longest = int(size["longest_edge"])
-        aspect = width / height
-        if width >= height:
-            width = longest
-            height = int(width / aspect)
-            height += height % 2
-        else:
-            height = longest
-            width = int(height * aspect)
-            width += width % 2
-        height, width = max(height, 1), max(width, 1)
-        aspect = width / height
-        if width >= height and width > _MAX_IMAGE_SIZE:
-            width = _MAX_IMAGE_SIZE
-            height = int(width / aspect)
-        elif height > width and height > _MAX_IMAGE_SIZE:
-            height = _MAX_IMAGE_SIZE
-            width = int(height * aspect)
-        return max(height, 1), max(width, 1)
-    return int(size["height"]), int(size["width"])

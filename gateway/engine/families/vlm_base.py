@@ -49,7 +49,6 @@ from gateway.engine.model.prompt_forward import (
 )
 from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.processors.positions import ImageLayout
-from gateway.processors.video_layout import VideoLayout
 
 
 class VlmTextCore(nn.Module):
@@ -118,10 +117,6 @@ class VlmFamily(ModelFamily):
     media = frozenset({"image"})
     MODEL_TYPES: ClassVar[tuple[str, ...]]
     EOS_MARKERS: ClassVar[tuple[str, ...]] = ()
-    # True for templates that render only list content (a plain string renders as nothing,
-    # e.g. SmolVLM's): `render` passes every message's text as one text part, as mlx-vlm's
-    # own prompt helper does.
-    TEXT_AS_PARTS: ClassVar[bool] = False
 
     def __init__(self, path: str, lazy: bool = False) -> None:
         """`lazy`: weights unread (a prompt-side copy: tokenizer, processor, config only)."""
@@ -162,10 +157,11 @@ class VlmFamily(ModelFamily):
     def placeholder_id(self) -> int:
         """The id the rendered template puts where an image goes (one per image)."""
 
-    @abstractmethod
     def span_ids(self, grid: Grid) -> list[int]:
         """The token run one image placeholder expands to, for an image of this grid: its
-        separators and `image_token_id` rows, as the reference processor expands it."""
+        separators and `image_token_id` rows, as the reference processor expands it (the
+        family's processor, `processors.vlm.VlmProcessor.span_ids`)."""
+        return self.prompt.span_ids(grid)  # type: ignore[attr-defined]
 
     @abstractmethod
     def processor_settings(self) -> dict[str, Any]:
@@ -213,39 +209,6 @@ class VlmFamily(ModelFamily):
             raise ValueError(f"{self.model_type} keeps {', '.join(kinds)} layers")
 
     # ----- prompt side (any thread) -----------------------------------------------------------
-
-    def render(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> str:
-        if self.TEXT_AS_PARTS:
-            messages = [_as_parts(m) for m in messages]
-        return super().render(messages, tools, template_kwargs)
-
-    def layout_prompt(
-        self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
-    ) -> tuple[list[int], list[ImageLayout]]:
-        """Each `placeholder_id` -> `span_ids(grid)`, one flat span per image (1D positions).
-        The template's placeholder is a special token, so the text on each side tokenizes the
-        same whether the run is expanded in text (the reference) or in ids (here)."""
-        count = sum(1 for i in ids if i == self.placeholder_id)
-        if any(isinstance(g, VideoLayout) for g in grids):
-            raise ValueError(f"{self.model_type} takes no video")
-        if count != len(grids):
-            raise ValueError(f"prompt has {count} image placeholders for {len(grids)} images")
-        out: list[int] = []
-        layouts: list[ImageLayout] = []
-        items = iter(grids)
-        for token in ids:
-            if token != self.placeholder_id:
-                out.append(token)
-                continue
-            run = self.span_ids(next(items))  # type: ignore[arg-type]
-            layouts.append(ImageLayout.flat(len(out), len(run)))
-            out.extend(run)
-        return out, layouts
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 
@@ -348,14 +311,6 @@ def _padded(plan: PrefillPlan, lo: int, hi: int, rows: int) -> tuple[mx.array, m
         zeros = mx.zeros((1, pad, embeds.shape[2]), embeds.dtype)
         embeds = mx.concatenate([embeds, zeros], axis=1)
     return ids, embeds
-
-
-def _as_parts(message: dict[str, Any]) -> dict[str, Any]:
-    """A message whose string content becomes one text part (list content unchanged)."""
-    content = message.get("content")
-    if isinstance(content, str):
-        return {**message, "content": [{"type": "text", "text": content}]}
-    return message
 
 
 def _plain(value: Any) -> Any:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import multiprocessing as mp
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -35,7 +34,7 @@ from gateway.config import EngineConfig
 from gateway.engine.client import EngineBusy, EngineUnavailable
 from gateway.engine.embed.request import Embed, EmbedResult
 from gateway.engine.image_store import ImageStore
-from gateway.engine.remote.main import engine_process_main
+from gateway.engine.remote.spare import SpareEngines, spawn_engine
 from gateway.engine.request import (
     AdmittedEvent,
     EngineRequest,
@@ -73,12 +72,16 @@ class RemoteEngine:
     """An `EngineClient` over an engine process. Thread-safe; sinks are called on this
     object's reader thread and must not block."""
 
-    def __init__(self, config: EngineConfig, log_level: str = "info") -> None:
+    def __init__(
+        self, config: EngineConfig, log_level: str = "info", spares: SpareEngines | None = None
+    ) -> None:
+        """`spares`: take a spare engine process (imports done) instead of spawning one."""
         self.config = config
+        self._spares = spares
         self.on_gpu = False  # the engine computes on a GPU (known once started)
         self.device_memory: int | None = None  # bytes its device may use (known once started)
         self._log_level = log_level
-        self.model: Any = None  # the prompt side (a PromptProcessor, or a lazy family)
+        self.model: Any = None  # the prompt side (a PromptProcessor: no MLX here)
         self._sinks: dict[str, Sink] = {}
         self._admitted: set[str] = set()
         self._rows: dict[str, int] = {}  # rows each request in flight takes (its n choices)
@@ -93,22 +96,15 @@ class RemoteEngine:
     # ----- lifecycle ----------------------------------------------------------------------------
 
     def start(self, timeout: float | None = None) -> None:
-        """Spawn the engine process, wait until the model is loaded there (re-raises a load
-        failure as RuntimeError) and take its prompt side (`wire.Ready.prompt`: no MLX here);
-        a family not split yet is loaded here with its weights unread instead."""
-        ctx = mp.get_context("spawn")  # never fork a process that may hold a GPU context
-        cmd_read, cmd_write = ctx.Pipe(duplex=False)
-        evt_read, evt_write = ctx.Pipe(duplex=False)
-        self._commands, self._events = cmd_write, evt_read
-        self._process = ctx.Process(
-            target=engine_process_main,
-            args=(self.config, self._log_level, cmd_read, evt_write),
-            name="vision-gateway-engine",
-            daemon=True,
-        )
-        self._process.start()
-        cmd_read.close()
-        evt_write.close()
+        """Start the engine process (or take a spare: `spares`), wait until the model is
+        loaded there (re-raises a load failure as RuntimeError) and take its prompt side
+        (`wire.Ready.prompt`: no MLX here)."""
+        if self._spares is not None:
+            started = self._spares.take(self.config)
+        else:
+            started = spawn_engine(self.config, self._log_level)
+        self._process = started.process
+        self._commands, self._events = started.commands, started.events
         try:
             if not self._events.poll(timeout):
                 raise TimeoutError("the engine process did not load the model in time")
@@ -116,7 +112,9 @@ class RemoteEngine:
             if not isinstance(first, Ready):
                 raise RuntimeError(f"model failed to load: {first.message}")
             self.on_gpu, self.device_memory = first.on_gpu, first.device_memory
-            self.model = first.prompt or _lazy_family(self.config.model)
+            if first.prompt is None:  # every family ships one (prompt_split, tested)
+                raise RuntimeError("the engine process sent no prompt side for the model")
+            self.model = first.prompt
         except BaseException:
             self._kill()
             raise
@@ -322,11 +320,3 @@ def _settle(future: Future[Any], reply: Reply) -> None:
     else:
         future.set_result(reply.value)
 
-
-def _lazy_family(path: str) -> Any:
-    """The prompt side of a family not split into a `PromptProcessor` yet: the family loaded
-    with its weights unread (this imports MLX into the HTTP process)."""
-    from gateway.engine.families import load_model
-
-    log.info("this model family has no MLX-free prompt side yet: loading it lazily here")
-    return load_model(path, lazy=True)

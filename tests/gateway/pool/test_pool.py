@@ -6,7 +6,8 @@ never one a request holds or a pinned one; with no room the request gets a 503 n
 model (Retry-After) once the load timeout passes; a model whose load fails gives a 503 naming
 it and the reason while the others serve, and is tried again on the next request; keep-alive
 (the model's, the server's, a request's) unloads an idle model, -1 never; aliases reach their
-model; the metrics count loads, failures and unloads.
+model; a model whose engine died loads again for the next request; the metrics count
+loads, failures and unloads.
 """
 
 from __future__ import annotations
@@ -282,3 +283,21 @@ def test_unload_waits_for_running_requests() -> None:
         await pool.stop()
 
     _run(work)
+
+
+def test_a_model_whose_engine_died_is_loaded_again_by_the_next_request() -> None:
+    lab = Lab()
+    pool = lab.pool(_specs("a"))
+
+    async def work() -> None:
+        await pool.start()
+        engine = pool.default.engine
+        assert isinstance(engine, FakeEngine)
+        engine.stop()  # the engine process died
+        held = await pool.acquire(pool.default)
+        assert held.engine is not engine and held.engine is not None and held.engine.alive
+        await pool.stop()
+
+    _run(work)
+    assert lab.starts == {"a": 2}
+    assert lab.metric('vision_gateway_model_unloads_total{model="a",reason="crashed"}') == 1

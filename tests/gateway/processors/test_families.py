@@ -29,12 +29,13 @@ from gateway.processors.families import (
 def test_each_family_class_states_the_facts_of_its_row(facts) -> None:  # noqa: ANN001
     """Invariant: the class serving a row is named as the row, serves exactly its model types
     (its module's `MODEL_TYPES`, and the class's where it has its own) and gives the same
-    reason to refuse quantized KV."""
+    reason to refuse quantized KV, and takes the same media."""
     family = class_of(facts)
     assert family.family == facts.family
     own = sys.modules[family.__module__].MODEL_TYPES
     assert tuple(getattr(family, "MODEL_TYPES", own)) == tuple(own) == facts.model_types
     assert family.kv_quant_off == facts.kv_quant_off
+    assert family.media == facts.media
     assert all(FAMILIES[t] is family for t in facts.model_types)
 
 
@@ -43,6 +44,7 @@ def test_the_registry_serves_exactly_the_rows_model_types() -> None:
     text family's class, which refuses no --kv-bits up front."""
     assert set(FAMILIES) == {t for f in VISION_FAMILIES for t in f.model_types}
     assert class_of(TEXT).family == "text" and class_of(TEXT).kv_quant_off is None
+    assert class_of(TEXT).media == TEXT.media
 
 
 def test_the_renames_are_mlx_lms_own() -> None:

@@ -1,6 +1,8 @@
 """The prompt side the engine process ships (`ModelFamily.shipped_prompt`, pickled through
 `wire.Ready`) is the family's own: after the round trip it renders, tokenizes, lays out images
-and video clips exactly as the engine-side family does, and the package imports no MLX."""
+and video clips exactly as the engine-side family does, for every family's tiny checkpoint;
+every family ships one; it unpickles and builds prompts in a process without MLX; and the
+package imports no MLX."""
 
 from __future__ import annotations
 
@@ -8,20 +10,28 @@ import os
 import pickle
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from support import tiny_model
 
 from gateway.engine.families import load_model
+from gateway.engine.families.registry import FAMILIES
+from gateway.engine.families.text import TextModel
+from gateway.offline_model import ARCHS
 from gateway.processors.processor import PromptProcessor
 
-SPLIT = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3", "llama")
+SPLIT = ARCHS  # every family's tiny checkpoint (the Qwen-VL ones, Gemma 3/4, text models, ...)
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what is this?"}]},
 ]
+PLAIN = [{"role": "user", "content": "what is this?"}]
+SIZES = ((56, 56), (84, 56), (448, 140), (640, 360), (30, 1000), (5000, 40), (1, 1))
+_MLX = ("mlx", "mlx_lm", "mlx_vlm")
 
 
 @pytest.fixture(scope="module", params=SPLIT)
@@ -42,7 +52,8 @@ def test_the_shipped_prompt_side_builds_the_familys_prompt(pair: tuple) -> None:
     )
     assert shipped.describe() == family.describe()
     assert shipped.embed_bytes == family.embed_bytes
-    messages = MESSAGES if family.media else [{"role": "user", "content": "what is this?"}]
+    assert shipped.render(PLAIN) == family.render(PLAIN)
+    messages = MESSAGES if family.media else PLAIN
     text = family.render(messages)
     assert shipped.render(messages) == text
     ids = family.tokenize(text)
@@ -51,10 +62,13 @@ def test_the_shipped_prompt_side_builds_the_familys_prompt(pair: tuple) -> None:
         with pytest.raises(ValueError):
             shipped.image_grid(56, 56)
         return
-    for size in ((56, 56), (84, 56), (448, 140)):
-        assert shipped.image_grid(*size) == family.image_grid(*size)
+    for size in SIZES:
+        assert _outcome(shipped.image_grid, *size) == _outcome(family.image_grid, *size)
     grids = [family.image_grid(84, 56)]
     assert shipped.layout_prompt(ids, grids) == family.layout_prompt(ids, grids)
+    assert _outcome(shipped.layout_prompt, ids, grids * 2) == _outcome(
+        family.layout_prompt, ids, grids * 2
+    )
 
 
 def test_the_shipped_prompt_side_lays_out_video_as_the_family(pair: tuple) -> None:
@@ -80,15 +94,54 @@ def test_the_shipped_prompt_side_lays_out_video_as_the_family(pair: tuple) -> No
         assert np.array_equal(mine.frames, theirs.frames)
 
 
+def test_the_shipped_prompt_side_needs_no_mlx(tmp_path: Path) -> None:
+    """Invariant: every family's shipped prompt side unpickles, renders, tokenizes and lays
+    out an image in a process that has loaded no MLX library (the HTTP process)."""
+    shipped = {}
+    for arch in SPLIT:
+        family = load_model(str(tiny_model(arch)), lazy=True)
+        shipped[arch] = family.shipped_prompt()
+    blob = tmp_path / "shipped.pickle"
+    blob.write_bytes(pickle.dumps(shipped))
+    code = (
+        "import pickle, sys\n"
+        f"shipped = pickle.loads(open({str(blob)!r}, 'rb').read())\n"
+        f"image = {MESSAGES!r}\n"
+        "for p in shipped.values():\n"
+        "    ids = p.tokenize(p.render(image if p.media else image[:1]))\n"
+        "    p.layout_prompt(ids, [p.image_grid(84, 56)] if p.media else [])\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {_MLX!r}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_every_family_ships_its_prompt_side() -> None:
+    """Invariant: every family the registry serves, and the text family, is split
+    (`prompt_split`): the HTTP process never loads a family (or MLX) to build prompts."""
+    classes = {*FAMILIES.values(), TextModel}
+    assert sorted(c.__name__ for c in classes if not c.prompt_split) == []
+
+
 def test_the_prompt_side_package_imports_no_mlx() -> None:
     """Invariant: importing every module of `gateway.processors` loads no MLX library."""
     code = (
         "import sys, pkgutil, importlib, gateway.processors as p\n"
         "for m in pkgutil.iter_modules(p.__path__):\n"
         "    importlib.import_module(p.__name__ + '.' + m.name)\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mlx', 'mlx_lm', 'mlx_vlm')))\n"
+        f"print(sorted(m for m in sys.modules if m.split('.')[0] in {_MLX!r}))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _outcome(call: Callable[..., Any], *args: Any) -> tuple[str, Any]:
+    """What a call gives: ("ok", its value) or ("error", its exception's type and text)."""
+    try:
+        return "ok", call(*args)
+    except Exception as exc:  # noqa: BLE001 - the comparison is the point
+        return "error", (type(exc).__name__, str(exc))
