@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import agent_loop_cli, repeat_audio
+from bench import agent_loop_cli, embeddings_cli, repeat_audio
 from bench.cli_tables import add_table_parsers, add_target_options
 from bench.target import local_model, open_target
 
@@ -69,6 +69,7 @@ def add_commands(kinds: argparse._SubParsersAction) -> None:
     add_table_parsers(kinds, _common)
     agent_loop_cli.add_parser(kinds, _common)
     repeat_audio.add_parser(kinds, _common)
+    embeddings_cli.add_parser(kinds, _common)
 
 
 def _client_parsers(kinds: argparse._SubParsersAction) -> None:

@@ -26,21 +26,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.api import rerank as rerank_api
 from gateway.api.anthropic import routes as anthropic_api
 from gateway.api.anthropic.render import render_error as render_anthropic_error
 from gateway.api.http import internal_error, log_refusal
 from gateway.api.intake import Intake
 from gateway.api.keys import Caller, Keyring
+from gateway.api.openai import embeddings as embeddings_api
 from gateway.api.openai import routes as openai_api
 from gateway.api.openai.render import render_error
 from gateway.api.response_count import ResponseCounter
 from gateway.api.responses import routes as responses_api
 from gateway.config import EngineConfig, MediaConfig, ServerConfig
 from gateway.engine.client import EngineClient, EngineUnavailable
+from gateway.engine.embed.request import EmbedCard
 from gateway.engine.remote.client import RemoteEngine
 from gateway.engine.remote.spare import SpareEngines
 from gateway.errors import APIError
 from gateway.frontend.context import context_window
+from gateway.frontend.embed import EmbedPipeline
 from gateway.frontend.errors import engine_unavailable, model_not_found
 from gateway.frontend.pipeline import ChatPipeline
 from gateway.frontend.prompt import PromptBuilder
@@ -53,6 +57,7 @@ from gateway.pool.build import capabilities, model_slots
 from gateway.pool.pool import ModelPool
 from gateway.pool.slot import EngineFactory, ModelSlot, SlotState
 from gateway.pool_config import PoolConfig
+from gateway.processors.checkpoint import serving_task
 from gateway.warmup import Warmup
 from gateway.web import web_routes
 
@@ -96,6 +101,7 @@ class Gateway:
         )
         self.media = MediaLoader(media)
         self.pipeline = ChatPipeline(self.pool, self.media, self.metrics)
+        self.embeddings = EmbedPipeline(self.pipeline)
         self.keys = Keyring(server)
         self.intake = Intake(server, self.pipeline, self.metrics, self.keys)
         self.notice = notice
@@ -121,6 +127,10 @@ class Gateway:
         def in_process(config: EngineConfig) -> EngineClient:
             from gateway.engine.core import Engine
 
+            if loader is None and serving_task(config.model, config.task) != "chat":
+                from gateway.engine.embed.engine import EmbedEngine
+
+                return EmbedEngine(config)  # type: ignore[return-value]
             return Engine(config, Metrics(), loader)
 
         return in_process
@@ -131,6 +141,10 @@ class Gateway:
         engine, config = slot.engine, slot.config
         assert engine is not None and engine.model is not None
         model = engine.model
+        if isinstance(model, EmbedCard):  # an embedding model: no prompt builder, no warm-up
+            slot.card = model.describe()
+            slot.context_length = model.max_tokens
+            return
         window = context_window(model, config, engine.device_memory).tokens
         prompts = PromptBuilder(model, window, config.default_max_tokens, config.tool_call_parser)
         if config.warmup:  # (a text model takes no images: its warm-up is text only)
@@ -201,6 +215,8 @@ class Gateway:
         """One streamed and one plain chat request through the app itself (in-process, before
         the port opens): the first request through Starlette, the SSE writer and the JSON
         paths cost tens of ms once, which would otherwise land on a user's first request."""
+        if self.pool.default.kind != "chat":  # an embedding model: no chat route to warm
+            return
         key = self.keys.warmup_key
         headers = {"authorization": f"Bearer {key}"} if key else {}
         body = {
@@ -332,14 +348,18 @@ class Gateway:
         return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics_endpoint(self, request: Request) -> Response:
-        """The edge's metrics, then the loaded models' engines': each series summed over
-        the models, and again per model with a `model` label."""
+        """The edge's metrics, then the engines': with several models each series summed
+        over the loaded ones, and again per model with a `model` label."""
         self.keys.authorize(request, "admin")
-        parts = []
-        for slot in self.pool.loaded():
-            if slot.engine is not None:
-                parts.append((slot.name, await self._engine_call(slot.engine.metrics_text)))
-        text = self.metrics.render() + merge_metrics(parts, label="model")
+        if len(self.pool.slots) == 1:  # one model: its engine's series as they are
+            engines = await self._engine_call(self.engine.metrics_text)
+        else:
+            parts = []
+            for slot in self.pool.loaded():
+                if slot.engine is not None:
+                    parts.append((slot.name, await self._engine_call(slot.engine.metrics_text)))
+            engines = merge_metrics(parts, label="model")
+        text = self.metrics.render() + engines
         return Response(text, media_type="text/plain; version=0.0.4")
 
     async def cache_stats(self, request: Request) -> Response:
@@ -410,6 +430,8 @@ def create_app(
     gateway = Gateway(server, engine, media, loader, notice, engine_client, pool, make_engine)
     routes = [
         *openai_api.routes(gateway.intake),
+        *embeddings_api.routes(gateway.intake, gateway.embeddings),
+        *rerank_api.routes(gateway.intake, gateway.embeddings),
         *anthropic_api.routes(gateway.intake),
         *responses_api.routes(gateway.intake, server, engine.cache),  # /v1/responses, state
         Route("/v1/models", gateway.models, methods=["GET"]),

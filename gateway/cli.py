@@ -45,8 +45,12 @@ MAKE_MODEL_ARCHS = (
     "qwen3_5",
     "qwen3_5_moe",
     "llama",
+    "qwen3_embedding",
+    "qwen3_vl_embedding",
+    "qwen3_reranker",
+    "qwen3_vl_reranker",
 )
-TEXT_ARCHS = ("qwen3", "llama")
+TEXT_ARCHS = ("qwen3", "llama", "qwen3_embedding", "qwen3_reranker")
 # `--size` choices: every family's sizes (which sizes an arch has is checked by the builder,
 # `offline_model.families.check_arch_size`); tests keep them equal to the builder's.
 MAKE_MODEL_SIZES = ("tiny", "small", "4b", "7b")

@@ -17,6 +17,7 @@ from gateway.config_fields import require as _require
 from gateway.media_config import MediaConfig as MediaConfig
 from gateway.tools.formats import PARSERS
 
+TASKS = ("auto", "chat", "embed", "rerank")
 GPU_KV_BLOCK_TOKENS = 256
 CPU_KV_BLOCK_TOKENS = 32
 
@@ -27,6 +28,11 @@ class CacheConfig:
 
     vision_cache_mb: float = flag("--vision-cache-mb", "vision-feature cache budget, MiB", 512)
     kv_cache_mb: float = flag("--kv-cache-mb", "KV prefix cache budget, MiB", 2048)
+    embedding_cache_mb: float = flag(
+        "--embedding-cache-mb",
+        "embedding models: finished-vector cache budget, MiB (0 disables it)",
+        64,
+    )
     vision_enabled: bool = flag(
         "--no-vision-cache", "disable the vision-feature cache", True, kind="off"
     )
@@ -125,6 +131,7 @@ class CacheConfig:
         # (an upper bound too: 1e308 GiB is finite but no byte count)
         _require(0 <= self.vision_cache_mb <= 2**30, "--vision-cache-mb must be in 0..2^30")
         _require(0 <= self.kv_cache_mb <= 2**30, "--kv-cache-mb must be in 0..2^30")
+        _require(0 <= self.embedding_cache_mb <= 2**30, "--embedding-cache-mb must be in 0..2^30")
         _require(0 <= self.kv_block_tokens <= 4096, "--kv-block-tokens must be in 0..4096")
         _require(0 <= self.grammar_cache_mb <= 2**30, "--grammar-cache-mb must be in 0..2^30")
         _require(0 <= self.disk_cache_gb <= 2**30, "--disk-cache-gb must be in 0..2^30")
@@ -152,6 +159,10 @@ class CacheConfig:
     def disk_capacity_bytes(self) -> int:
         """0 when the disk tier is off (no folder or no budget)."""
         return int(self.disk_cache_gb * 2**30) if self.cache_dir is not None else 0
+
+    @property
+    def embedding_capacity_bytes(self) -> int:
+        return int(self.embedding_cache_mb * MIB)
 
     @property
     def grammar_capacity_bytes(self) -> int:
@@ -202,6 +213,17 @@ class EngineConfig:
         "tool-call syntax: auto (from the chat template), hermes, llama3_json, none (off)",
         "auto",
         choices=PARSERS,
+    )
+    # What the model serves (processors/checkpoint.serving_task): auto reads the checkpoint
+    # (an embedding model embeds, anything else chats); a reranker is a chat checkpoint
+    # (Qwen3-Reranker) that nothing in its files tells apart, so it is asked for.
+    task: str = flag(
+        "--task",
+        "what the model serves: auto (from its checkpoint: an embedding model embeds, any "
+        "other chats), chat, embed, or rerank (a Qwen3 checkpoint scoring yes/no, as "
+        "Qwen3-Reranker: /v1/rerank)",
+        "auto",
+        choices=TASKS,
     )
     seed: int = 0
     mlx_cache_limit_mb: float | None = flag(  # MLX's pool of freed buffers; None: MLX default

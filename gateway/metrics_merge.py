@@ -32,7 +32,7 @@ def merge_metrics(parts: Sequence[tuple[object, bytes | str]], label: str = "rep
                 {"type": family.type, "doc": family.documentation, "total": {}, "each": []},
             )
             for sample in family.samples:
-                labels = tuple(sorted(sample.labels.items()))
+                labels = tuple(sample.labels.items())  # (the exporter's order)
                 entry["each"].append((sample.name, (*labels, (label, str(part))), sample.value))
                 if sample.name.endswith("_created"):
                     continue  # a timestamp per process: no total

@@ -192,6 +192,31 @@ RESPONSES: dict[str, tuple[str, str]] = {
 }
 
 
+OPENAI_EMBEDDINGS: dict[str, tuple[str, str]] = {
+    "model": (APPLIED, "an embedding model's served name (400 for a chat model)"),
+    "input": (APPLIED, "strings, token ids, image parts (docs/api.md)"),
+    "dimensions": (APPLIED, "the first n dimensions, renormalized (Matryoshka models)"),
+    "encoding_format": (APPLIED, "float or base64"),
+    "user": (INFORMATIONAL, "an end-user id"),
+    "cache_salt": (APPLIED, "vLLM's: scopes the caches"),
+    "keep_alive": (APPLIED, "Ollama's: how long the model stays loaded"),
+}
+
+RERANK: dict[str, tuple[str, str]] = {
+    "model": (APPLIED, "a reranker's served name (400 for another model)"),
+    "query": (APPLIED, "the query text"),
+    "documents": (APPLIED, "strings or {text} objects"),
+    "top_n": (APPLIED, "the best n results"),
+    "return_documents": (APPLIED, "each result's document"),
+    "instruction": (APPLIED, "mlx-vlm's: the task's wording"),
+    "cache_salt": (APPLIED, "vLLM's: scopes the caches"),
+    "keep_alive": (APPLIED, "Ollama's: how long the model stays loaded"),
+    "max_tokens_per_doc": (REFUSED, "truncating documents (an over-long one is a 400)"),
+    "max_chunks_per_doc": (REFUSED, "chunking documents"),
+    "rank_fields": (REFUSED, "ranking by fields of structured documents"),
+}
+
+
 def refuse_unapplied(body: dict[str, Any], table: dict[str, tuple[str, str]]) -> None:
     """A 400 naming the first REFUSED field of `table` that `body` sends with a value that
     asks for something."""

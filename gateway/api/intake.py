@@ -56,6 +56,15 @@ class Intake:
         chat = parse(body)
         return replace(chat, cache_scope=self.keys.scope(caller, chat.cache_salt)), t_read
 
+    async def read_plain(self, request: Request) -> tuple[Any, Callable[[str], str]]:
+        """A request that is not a chat (embeddings): authorize, refuse while draining, read
+        the bounded JSON body. Returns the body and the caller's scope function (a
+        `cache_salt` -> the cache scope tag)."""
+        caller = self.keys.authorize(request, "chat")
+        self.pipeline.accept()
+        body = await read_json(request, self._server.max_body_bytes, self._bodies)
+        return body, functools.partial(self.keys.scope, caller)
+
     async def admit(
         self,
         request: Request,

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from gateway.config import EngineConfig
+from gateway.engine.embed.request import Embed, EmbedCard
 from gateway.engine.request import EngineRequest, Event, Sink
 from gateway.processors.processor import PromptProcessor
 
@@ -93,7 +94,10 @@ class MetricsText:
     """`EngineClient.metrics_text`; answers the Prometheus text (bytes)."""
 
 
-Call = CacheStats | CacheEntries | ClearCaches | ResetCaches | MetricsText
+# `Embed` (gateway.engine.embed.request) is a call too: an embedding engine's one job. The
+# engine process answers it from the engine thread when its batch is done (Reply's value:
+# the EmbedResult, or the EmbedRefused / exception to raise).
+Call = CacheStats | CacheEntries | ClearCaches | ResetCaches | MetricsText | Embed
 Message = Enqueue | Cancel | Stop | ResetCaches
 
 
@@ -110,6 +114,11 @@ def answer(engine: EngineClient, call: Call) -> Any:
             return engine.reset_caches()
         case MetricsText():
             return engine.metrics_text()
+        case Embed():
+            embed = getattr(engine, "embed", None)  # only an embedding engine has it
+            if embed is None:
+                raise TypeError("this model is not an embedding model")
+            return embed(call)
     raise TypeError(f"not an engine call: {call!r}")
 
 
@@ -139,12 +148,13 @@ Command = Submit | Cancel | Stop | Invoke
 class Ready:
     """Engine -> HTTP, first: the model is loaded (`on_gpu`: it computes on a GPU); `prompt`
     is its prompt side for the HTTP process (`ModelFamily.shipped_prompt`: a
-    `PromptProcessor`, no MLX), None for a family not split yet; `device_memory`: the bytes
+    `PromptProcessor`, no MLX; an embedding model's `EmbedCard`), None for a family not
+    split yet; `device_memory`: the bytes
     its device may use (`Engine.device_memory`; None: not reported), so the HTTP process
     bounds the context without asking MLX."""
 
     on_gpu: bool
-    prompt: PromptProcessor | None = None
+    prompt: PromptProcessor | EmbedCard | None = None
     device_memory: int | None = None
 
 

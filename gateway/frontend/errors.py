@@ -71,3 +71,18 @@ def model_not_found(name: str, served: list[str]) -> APIError:
         "model",
         "model_not_found",
     )
+
+
+def wrong_task(name: str, task: str, route: str) -> APIError:
+    """400 for a request to a model that does not do what its route asks (a chat request to
+    an embedding model, an embeddings request to a chat model or a reranker, ...); names
+    `model` and says what the model does."""
+    does = {
+        "embed": "an embedding model: it serves /v1/embeddings",
+        "rerank": "a reranker: it serves /v1/rerank",
+    }.get(
+        task,
+        "a chat model: it serves the chat routes (/v1/chat/completions, /v1/messages, "
+        "/v1/responses)",
+    )
+    return invalid(f"The model `{name}` is {does}, not {route}", "model", "model_task_mismatch")

@@ -34,6 +34,7 @@ from gateway.frontend.errors import (
     model_not_found,
     prompt_error,
     shutting_down,
+    wrong_task,
 )
 from gateway.frontend.prompt import Media, PromptBuilder
 from gateway.frontend.streams import EventStream, LoopDelivery
@@ -107,7 +108,7 @@ class ChatPipeline:
         """Load the model named `name` (a request body's `model`) unless it is loaded, so its
         prompt side can read the request (an unknown name is left to `admit`'s 404)."""
         slot = self.pool.find(name) if isinstance(name, str) else None
-        if slot is not None and slot.prompts is None:
+        if slot is not None and slot.kind == "chat" and slot.prompts is None:
             self.pool.release_now(await self.pool.acquire(slot))
 
     def cancel(self, request_id: str) -> None:
@@ -162,6 +163,8 @@ class ChatPipeline:
         slot = self.pool.find(chat.model)
         if slot is None:
             raise model_not_found(chat.model, self.pool.served_names)
+        if slot.kind != "chat":
+            raise wrong_task(slot.name, slot.kind, "a chat route")
         slot = await self.pool.acquire(slot)
         try:
             rows = slot.config.max_batch if chat.n > 1 else 1

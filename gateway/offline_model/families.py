@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from . import gemma3, gemma4, llama, mistral3, qwen3, qwen3_5, qwen_vl, smolvlm
+from . import embedders, gemma3, gemma4, llama, mistral3, qwen3, qwen3_5, qwen_vl, smolvlm
 from .family import Family
 from .shapes import DEFAULT_DTYPE, DTYPES
 
@@ -21,6 +21,10 @@ FAMILIES: dict[str, Family] = {
         qwen3.FAMILY,
         *qwen3_5.FAMILIES,
         llama.FAMILY,
+        embedders.TEXT_FAMILY,
+        embedders.VL_FAMILY,
+        embedders.RERANKER_FAMILY,
+        embedders.VL_RERANKER_FAMILY,
     )
 }
 ARCHS: tuple[str, ...] = tuple(FAMILIES)

@@ -50,9 +50,11 @@ _TEXT = {
 }
 
 
-def spec() -> TokenizerSpec:
+def spec(words: tuple[str, ...] = ()) -> TokenizerSpec:
+    """Qwen3's tokenizer spec; `words` are more added (not special) tokens after Qwen3's,
+    each one id (the reranker's "yes" and "no", which a real vocabulary holds whole)."""
     base = qwen_vl_tokenizer.spec(VOCAB_SIZE)
-    extra = tuple(Special(t, special=False) for t in ADDED_TOKENS)
+    extra = tuple(Special(t, special=False) for t in (*ADDED_TOKENS, *words))
     return TokenizerSpec(
         style=base.style,
         specials=base.specials + extra,
@@ -61,10 +63,13 @@ def spec() -> TokenizerSpec:
     )
 
 
-def write_tokenizer(out: Path, chat_template: str, max_length: int) -> Any:
+def write_tokenizer(
+    out: Path, chat_template: str, max_length: int, words: tuple[str, ...] = ()
+) -> Any:
     """Write the Qwen-style tokenizer files (ChatML, `<|im_end|>` ends a turn) with
-    `chat_template`; returns the built tokenizer. Qwen3.5 writes the same with its own."""
-    tok = build_tokenizer(spec())
+    `chat_template` (and `words` added: `spec`); returns the built tokenizer. Qwen3.5 writes
+    the same with its own."""
+    tok = build_tokenizer(spec(words))
     config = {
         "add_bos_token": False,
         "add_prefix_space": False,
@@ -85,9 +90,10 @@ def write_tokenizer(out: Path, chat_template: str, max_length: int) -> Any:
     return tok
 
 
-def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
-    """tokenizer files, config.json and generation_config.json; returns the config."""
-    tok = write_tokenizer(out, template.TEMPLATE, 131072)
+def write_files(out: Path, size: str, dtype: str, words: tuple[str, ...] = ()) -> dict[str, Any]:
+    """tokenizer files (with `words` added: `spec`), config.json and generation_config.json;
+    returns the config."""
+    tok = write_tokenizer(out, template.TEMPLATE, 131072, words)
     endoftext, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
     model = {
         "architectures": ["Qwen3ForCausalLM"],

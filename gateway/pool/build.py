@@ -11,7 +11,7 @@ from gateway.frontend.context import checkpoint_context, weights_bytes
 from gateway.frontend.prompt import PromptBuilder
 from gateway.pool.slot import EngineFactory, ModelSlot
 from gateway.pool_config import ModelSpec, PoolConfig, engine_config_for
-from gateway.processors.checkpoint import read_config
+from gateway.processors.checkpoint import read_config, serving_task
 from gateway.processors.families import family_facts
 
 
@@ -25,14 +25,19 @@ def model_slots(
     slots = []
     for spec in specs:
         config = engine_config_for(spec, engine) if pool.specs else engine
-        size = footprint(config)
+        try:
+            kind = serving_task(config.model, config.task)
+        except ValueError as exc:
+            raise ConfigError(f"model {spec.name!r}: {exc}") from None
+        size = footprint(config, kind)
         budget = pool.memory_bytes
         if budget and size > budget:
             raise ConfigError(
                 f"model {spec.name!r} needs {size / 2**30:.2f} GiB (weights and cache budgets), "
                 f"more than --models-memory-gb {pool.memory_gb:g} allows"
             )
-        slot = ModelSlot(spec, config, pool.keep_alive_of(spec), size, make_engine)
+        keep = pool.keep_alive_of(spec)
+        slot = ModelSlot(spec, config, keep, size, make_engine, kind)
         slot.card, slot.context_length = preview(config.model)
         slots.append(slot)
     return slots
@@ -66,11 +71,14 @@ def preview(path: str) -> tuple[dict[str, Any], int | None]:
     return card, None if own is None else own[0]
 
 
-def footprint(config: EngineConfig) -> int:
+def footprint(config: EngineConfig, kind: str = "chat") -> int:
     """Bytes a model takes loaded as the memory rule counts it: its checkpoint's weight
-    files plus its memory cache budgets (vision features and KV prefix)."""
+    files plus its memory cache budgets (vision features and KV prefix; an embedding model
+    or reranker (`kind`) keeps no KV prefix cache, its vectors instead)."""
     cache = config.cache
-    return weights_bytes(config.model) + cache.vision_capacity_bytes + cache.kv_capacity_bytes
+    caches = cache.vision_capacity_bytes
+    caches += cache.kv_capacity_bytes if kind == "chat" else cache.embedding_capacity_bytes
+    return weights_bytes(config.model) + caches
 
 
 def capabilities(model: Any, prompts: PromptBuilder) -> dict[str, Any]:

@@ -39,7 +39,9 @@ class ModelSlot:
     """A model the server offers (`spec`), served with `config`. See the module doc.
 
     `footprint` (bytes) is what it takes loaded as the memory rule counts it: its weights
-    plus its cache budgets."""
+    plus its cache budgets. `kind`: what the model does, read from its checkpoint without
+    loading it ("chat", or "embed": /v1/embeddings only), so a request to the wrong route is
+    answered before anything loads."""
 
     def __init__(
         self,
@@ -48,8 +50,10 @@ class ModelSlot:
         keep_alive_s: float,
         footprint: int,
         make_engine: EngineFactory,
+        kind: str = "chat",
     ) -> None:
         self.spec = spec
+        self.kind = kind  # "chat" or "embed" (an embedding model), known before it loads
         self.name = spec.name
         self.config = config
         self.footprint = footprint

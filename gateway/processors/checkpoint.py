@@ -9,7 +9,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gateway.processors.families import family_facts, kv_quant_refusal
+from gateway.processors.families import FamilyFacts, family_facts, kv_quant_refusal
+
+# Model types a reranker may be (scored by its yes/no logits, as mlx-vlm's reranker does).
+RERANK_TYPES = ("qwen3", "qwen3_vl")
+# Files that make a checkpoint a sentence-transformers model (an embedder).
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "1_Pooling/config.json")
 
 
 def read_config(path: str) -> dict[str, Any]:
@@ -21,6 +26,57 @@ def read_config(path: str) -> dict[str, Any]:
     from huggingface_hub import hf_hub_download  # slow import: hub ids only
 
     return json.loads(Path(hf_hub_download(path, "config.json")).read_text())
+
+
+def is_sentence_transformers(path: str) -> bool:
+    """The checkpoint at `path` (a folder, or a hub id read from the cache or hub) holds the
+    sentence-transformers files: it is an embedding model, whatever its model type."""
+    folder = Path(path).expanduser()
+    if folder.is_dir():
+        return any((folder / name).is_file() for name in SENTENCE_TRANSFORMERS_FILES)
+    from huggingface_hub import hf_hub_download  # slow import: hub ids only
+
+    for name in SENTENCE_TRANSFORMERS_FILES:
+        try:
+            hf_hub_download(path, name)
+            return True
+        except Exception:  # noqa: BLE001 - absent, offline or no such repo: not one
+            continue
+    return False
+
+
+def checkpoint_facts(path: str) -> FamilyFacts:
+    """The family serving the checkpoint at `path` (`families.family_facts` with its
+    sentence-transformers files looked for). Raises what `read_config` and `family_facts`
+    raise."""
+    return family_facts(read_config(path), is_sentence_transformers(path))
+
+
+def serving_task(path: str, requested: str = "auto") -> str:
+    """What the checkpoint at `path` serves: "chat", "embed" or "rerank". `requested` (the
+    model's --task) "auto" reads it off the checkpoint (its family's task); "rerank" needs a
+    Qwen3 or Qwen3-VL chat checkpoint (scored as Qwen3-Reranker / Qwen3-VL-Reranker are);
+    "chat" and "embed" must agree with the checkpoint. ValueError naming the mismatch; what
+    cannot be read counts as chat (its load then says what is wrong)."""
+    try:
+        facts = checkpoint_facts(path)
+        model_type = str(read_config(path).get("model_type", ""))
+    except Exception:  # noqa: BLE001 - the load reports it
+        return "chat" if requested == "auto" else requested
+    if requested == "auto":
+        return facts.task
+    if requested == "rerank":
+        if model_type not in RERANK_TYPES or facts.task != "chat":
+            raise ValueError(
+                f"--task rerank: the checkpoint is a {model_type!r} {facts.family} model; a "
+                f"reranker is a {' or '.join(RERANK_TYPES)} checkpoint (as Qwen3-Reranker, "
+                "Qwen3-VL-Reranker)"
+            )
+        return "rerank"
+    if requested != facts.task:
+        does = "an embedding model" if facts.task == "embed" else "a chat model"
+        raise ValueError(f"--task {requested}: the checkpoint is {does} ({model_type!r})")
+    return requested
 
 
 def check_checkpoint(model: str, kv_bits: int = 0) -> None:
@@ -36,7 +92,7 @@ def check_checkpoint(model: str, kv_bits: int = 0) -> None:
     if folder.is_dir():
         if not (folder / "config.json").is_file():
             raise ValueError(f"{folder} holds no config.json: not a model checkpoint folder")
-        _check_family(_config(model, f"{folder}/config.json"), kv_bits)
+        _check_family(_config(model, f"{folder}/config.json"), kv_bits, model)
         if not any(folder.glob("*.safetensors")):
             raise ValueError(f"{folder} holds no *.safetensors weights")
         return
@@ -50,12 +106,12 @@ def check_checkpoint(model: str, kv_bits: int = 0) -> None:
             "not a local folder, nor a hub id of the form owner/name "
             "(such as mlx-community/Qwen2.5-VL-7B-Instruct-4bit)"
         ) from None
-    _check_family(_config(model, "its config.json"), kv_bits)
+    _check_family(_config(model, "its config.json"), kv_bits, model)
 
 
-def _check_family(config: dict[str, Any], kv_bits: int) -> None:
+def _check_family(config: dict[str, Any], kv_bits: int, model: str) -> None:
     """The config's family exists and can hold KV at `kv_bits` (ValueError: why not)."""
-    facts = family_facts(config)
+    facts = family_facts(config, is_sentence_transformers(model))
     refusal = kv_quant_refusal(str(config.get("model_type")), facts.kv_quant_off, kv_bits)
     if refusal is not None:
         raise ValueError(refusal)

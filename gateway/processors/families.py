@@ -24,15 +24,16 @@ from typing import Any
 @dataclass(frozen=True)
 class FamilyFacts:
     """One family as known without loading it: `family` (its `ModelFamily.family` name),
-    the `model_types` it serves (empty for text models: mlx-lm decides) and `kv_quant_off`
+    the `model_types` it serves (empty for text models: mlx-lm decides), `kv_quant_off`
     (why `--kv-bits` cannot serve it, a phrase after the model type; None: it can where its
-    heads allow); `media`, the kinds of media parts it takes (what /v1/models says of a
-    model not loaded yet); `audio`: it also takes audio when its config has an audio tower
-    (`media_of`)."""
+    heads allow); `task`: what its models do ("chat", or "embed": /v1/embeddings only);
+    `media`, the kinds of media parts it takes (what /v1/models says of a model not loaded
+    yet); `audio`: it also takes audio when its config has an audio tower (`media_of`)."""
 
     family: str
     model_types: tuple[str, ...]
     kv_quant_off: str | None = None
+    task: str = "chat"  # "chat" (generates) or "embed" (an embedding model)
     media: frozenset[str] = frozenset({"image"})  # the parts it takes (its class's `media`)
     audio: bool = False
 
@@ -61,7 +62,16 @@ VISION_FAMILIES: tuple[FamilyFacts, ...] = (
     ),
 )
 TEXT = FamilyFacts("text", (), media=frozenset())
-BY_MODEL_TYPE: dict[str, FamilyFacts] = {t: f for f in VISION_FAMILIES for t in f.model_types}
+# Embedding models (engine/embed/): served by /v1/embeddings, never by the chat routes. A
+# multimodal one by its model type; a text one is a text model type in the
+# sentence-transformers layout (`modules.json` / `1_Pooling/`), as Qwen3-Embedding ships.
+EMBEDDING_FAMILIES: tuple[FamilyFacts, ...] = (
+    FamilyFacts("qwen3_vl_embedding", ("qwen3_vl_embedding",), task="embed"),
+)
+TEXT_EMBEDDING = FamilyFacts("text_embedding", ("qwen3",), task="embed", media=frozenset())
+BY_MODEL_TYPE: dict[str, FamilyFacts] = {
+    t: f for f in (*VISION_FAMILIES, *EMBEDDING_FAMILIES) for t in f.model_types
+}
 TEXT_EXAMPLES = ("qwen3", "llama")  # what docs and errors name; any mlx-lm text model loads
 VISION_KEYS = ("vision_config", "vision_tower", "image_token_id", "image_token_index")
 
@@ -89,16 +99,30 @@ class UnsupportedModel(ValueError):
 
 def supported_families() -> str:
     """One line naming what the gateway serves (for errors and `--help`)."""
+    vision = (t for f in VISION_FAMILIES for t in f.model_types)
+    embedding = (t for f in EMBEDDING_FAMILIES for t in f.model_types)
     return (
-        f"vision-language: {', '.join(BY_MODEL_TYPE)}; text (through mlx-lm): "
-        f"{', '.join(TEXT_EXAMPLES)} and any mlx-lm model whose layers keep full-attention KV"
+        f"vision-language: {', '.join(vision)}; text (through mlx-lm): "
+        f"{', '.join(TEXT_EXAMPLES)} and any mlx-lm model whose layers keep full-attention KV; "
+        f"embeddings: {', '.join(embedding)} and sentence-transformers "
+        f"{', '.join(TEXT_EMBEDDING.model_types)} checkpoints"
     )
 
 
-def family_facts(config: dict[str, Any]) -> FamilyFacts:
+def family_facts(config: dict[str, Any], sentence_transformers: bool = False) -> FamilyFacts:
     """The family serving a checkpoint's config (`TEXT` for a text model);
-    `UnsupportedModel` if there is none."""
+    `UnsupportedModel` if there is none. `sentence_transformers`: the checkpoint holds the
+    sentence-transformers files (`checkpoint.is_sentence_transformers`), so a text model
+    type is an embedding model (`TEXT_EMBEDDING` serves qwen3 only)."""
     model_type = str(config.get("model_type", ""))
+    if sentence_transformers and model_type not in BY_MODEL_TYPE:
+        if model_type in TEXT_EMBEDDING.model_types:
+            return TEXT_EMBEDDING
+        raise UnsupportedModel(
+            f"a sentence-transformers embedding checkpoint of model type {model_type!r}; this "
+            f"gateway embeds with {', '.join(TEXT_EMBEDDING.model_types)} (text) and "
+            f"{', '.join(t for f in EMBEDDING_FAMILIES for t in f.model_types)}"
+        )
     if model_type in BY_MODEL_TYPE:
         return BY_MODEL_TYPE[model_type]
     if not any(key in config for key in VISION_KEYS) and mlx_lm_has(model_type):

@@ -15,12 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from gateway.processors.positions import ImageLayout
 from gateway.processors.processor import Grid, PromptProcessor
 from gateway.processors.video_layout import VideoLayout
-from gateway.processors.video_processor import VideoFrames
 
 
 @dataclass(frozen=True)
@@ -59,19 +56,8 @@ class Gemma3Processor(PromptProcessor):
             raise ValueError(f"an image of {width}x{height} pixels")
         return self.settings.grid
 
-    def _no_video(self) -> ValueError:
+    def no_video(self) -> ValueError:
         return ValueError("Gemma 3 takes no video")
-
-    def video_grid(self, frames: int, width: int, height: int) -> Grid:
-        raise self._no_video()
-
-    def video_layout(self, grid: Grid, times: Sequence[float]) -> VideoLayout:
-        raise self._no_video()
-
-    def video_clip(
-        self, frames: np.ndarray, times: Sequence[float], grid: Grid, block: int | None = None
-    ) -> VideoFrames:
-        raise self._no_video()
 
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]

@@ -118,7 +118,7 @@ class Gemma4Processor(VlmProcessor):
         ]
         given = ["audio" if isinstance(g, AudioGrid) else "image" for g in grids]
         if any(isinstance(g, VideoLayout) for g in grids):
-            raise self._no_video()
+            raise self.no_video()
         if wanted != given:
             raise ValueError(f"prompt has media placeholders {wanted} for media {given}")
         out: list[int] = []

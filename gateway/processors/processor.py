@@ -194,7 +194,9 @@ class PromptProcessor:
         """The error of the media methods of a family without that medium."""
         return ValueError(f"{self.model_type} is a text-only model: it takes no images or video")
 
-    def _no_video(self) -> ValueError:
+    def no_video(self) -> ValueError:
+        """The error of the video methods of a family without video (each may say it its own
+        way)."""
         return ValueError(f"{self.model_type} takes no video")
 
     def image_grid(self, width: int, height: int) -> Grid:
@@ -204,17 +206,17 @@ class PromptProcessor:
 
     def video_grid(self, frames: int, width: int, height: int) -> Grid:
         """The patch grid of a clip of `frames` sampled frames (ValueError: unsupported)."""
-        raise self._no_video()
+        raise self.no_video()
 
     def video_layout(self, grid: Grid, times: Sequence[float]) -> VideoLayout:
         """How a clip with this grid and these frame times (seconds) sits in the prompt."""
-        raise self._no_video()
+        raise self.no_video()
 
     def video_clip(
         self, frames: np.ndarray, times: Sequence[float], grid: Grid, block: int | None = None
     ) -> VideoFrames:
         """The frames the engine preprocesses for a clip (or one of its placeholder blocks)."""
-        raise self._no_video()
+        raise self.no_video()
 
     @property
     def audio_rate(self) -> int | None:

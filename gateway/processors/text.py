@@ -10,3 +10,6 @@ class TextProcessor(PromptProcessor):
     """A text checkpoint's prompt side (every media method raises ValueError)."""
 
     family = "text"
+
+    def no_video(self) -> ValueError:
+        return self.no_media()  # (no video, and no images either: say so)

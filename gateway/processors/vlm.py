@@ -57,7 +57,7 @@ class VlmProcessor(PromptProcessor, ABC):
         """Each `placeholder_id` -> `span_ids(grid)`, one flat span per image (1D positions)."""
         count = sum(1 for i in ids if i == self.placeholder_id)
         if any(isinstance(g, VideoLayout) for g in grids):
-            raise self._no_video()
+            raise self.no_video()
         if count != len(grids):
             raise ValueError(f"prompt has {count} image placeholders for {len(grids)} images")
         out: list[int] = []

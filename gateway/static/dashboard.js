@@ -172,11 +172,18 @@
       const family = data.caches.family; // the model family, once the engine has loaded
       $("model-family").hidden = !family;
       $("model-family").textContent = family ? `family: ${family.family} · ${family.model_type}` : "";
-      showCache("vision", data.caches.vision, data.series);
-      showCache("prefix", data.caches.prefix, data.series);
-      showKvFormat(data.caches.prefix);
-      $("token-hit-rate").textContent = data.caches.prefix.tokens_queried
-        ? `${VG.formatPercent(data.caches.prefix.token_hit_rate)} (${data.caches.prefix.tokens_hit} of ${data.caches.prefix.tokens_queried})`
+      // An embedding model or reranker keeps no KV prefix cache (its vectors instead).
+      const { vision, prefix } = data.caches;
+      if (vision) showCache("vision", vision, data.series);
+      else $("cache-bytes-vision").textContent = "none for this model";
+      if (prefix) {
+        showCache("prefix", prefix, data.series);
+        showKvFormat(prefix);
+      } else {
+        $("cache-bytes-prefix").textContent = "none for this model (it embeds or reranks)";
+      }
+      $("token-hit-rate").textContent = prefix && prefix.tokens_queried
+        ? `${VG.formatPercent(prefix.token_hit_rate)} (${prefix.tokens_hit} of ${prefix.tokens_queried})`
         : "—";
       showEngine(data);
       showEntries(await entries.json());

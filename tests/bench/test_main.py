@@ -20,7 +20,7 @@ from bench import cli as bench_cli
 ROOT = Path(__file__).resolve().parents[2]
 BENCHES = (
     "repeat-image", "stall", "load", "engine", "hotpath", "resolution", "text-prefix",
-    "concurrency", "agent-loop", "multi-turn",
+    "concurrency", "agent-loop", "multi-turn", "embeddings",
 )  # fmt: skip
 
 

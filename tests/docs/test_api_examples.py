@@ -78,9 +78,19 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(workdir: Path) -> Iterator[LocalServer]:
-    # No --model: the embedded tiny model, served as "vision-gateway-tiny", as on the page.
-    # --no-warmup only shortens the start; the examples' answers do not depend on it.
-    proc = LocalServer(["--allowed-media-dir", str(workdir / "fixtures"), "--no-warmup"])
+    # The embedded tiny model, served as "vision-gateway-tiny" (the default: first, pinned),
+    # as on the page, with the embedding model and reranker its embeddings and rerank
+    # examples name. --no-warmup only shortens the start; the answers do not depend on it.
+    from gateway.offline_model import ensure_model
+
+    models = workdir / "models.toml"
+    models.write_text(
+        f'[models.vision-gateway-tiny]\npath = "{ensure_model()}"\npinned = true\n'
+        f'[models.emb]\npath = "{ensure_model("qwen3_vl_embedding")}"\n'
+        f'[models.rerank]\npath = "{ensure_model("qwen3_reranker")}"\ntask = "rerank"\n'
+    )
+    args = ["--models", str(models), "--allowed-media-dir", str(workdir / "fixtures")]
+    proc = LocalServer([*args, "--no-warmup"])
     yield proc
     assert proc.stop(), proc.log()
 

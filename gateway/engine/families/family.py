@@ -164,9 +164,9 @@ class ModelFamily(ABC):
     ) -> None:
         """Set up the shared prompt side over a Hugging Face tokenizer (call in `__init__`
         once `path`, `model_type` and `vocab_size` are set): `prompt`, the family's processor
-        over `tokenizer` (a plain `PromptProcessor` when not given), renders and tokenizes."""
+        over `tokenizer` (`own_prompt`), renders and tokenizes."""
         self.tokenizer = tokenizer
-        self.prompt = prompt or PromptProcessor(self.path, self.model_type, tokenizer)
+        self.prompt = self.own_prompt(tokenizer, prompt)
         self._tokenizer_lock = self.prompt.tokenizer_lock  # one lock per tokenizer
         # Audio is the processor's alone (`PromptProcessor.audio_rate`, `audio_grid`).
         self.audio_rate, self.audio_grid = self.prompt.audio_rate, self.prompt.audio_grid
@@ -174,6 +174,12 @@ class ModelFamily(ABC):
         self._byte_table = byte_table(tokenizer, self.vocab_size)
         if self._byte_table is None:
             log.info("tokenizer is not plain byte-level BPE: generic streaming detokenizer")
+
+    def own_prompt(self, tokenizer: Any, given: PromptProcessor | None) -> PromptProcessor:
+        """The family's prompt side over `tokenizer`: `given` (what a base class built), else
+        a plain `PromptProcessor`. A family whose prompt side has settings of its own builds
+        it here from what it loaded (called once, from `_init_tokens`)."""
+        return given or PromptProcessor(self.path, self.model_type, tokenizer)
 
     def describe(self) -> dict[str, Any]:
         """The family as /v1/models and /v1/cache/stats show it (JSON-able; any thread)."""
@@ -250,45 +256,41 @@ class ModelFamily(ABC):
             piece = self.tokenizer.convert_ids_to_tokens(token_id)
         return token_bytes(None, piece, text)
 
-    # ----- prompt side, per family (any thread) -----------------------------------------------
+    # ----- prompt side, per family (any thread; the processor's, but pixels) -----------------
 
-    @abstractmethod
     def image_grid(self, width: int, height: int) -> Grid:
         """The patch grid `preprocess` would give an image of this size (pixels), without
-        touching pixels. Raises ValueError for an image the processor refuses."""
+        touching pixels (the prompt side's: `PromptProcessor.image_grid`). Raises ValueError
+        for an image the processor refuses."""
+        return self.prompt.image_grid(width, height)
 
     @abstractmethod
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         """A PIL RGB image (or a `VideoFrames` clip) -> (pixel values as the tower takes
         them, grid); equal to the checkpoint's reference processor's output."""
 
-    def _no_video(self) -> ValueError:
-        """The error of the video methods below for a family without video (its own words
-        where it has no media at all)."""
-        return ValueError(f"{self.model_type} takes no video")
-
     def video_grid(self, frames: int, width: int, height: int) -> Grid:
         """The patch grid of a clip of `frames` sampled frames (ValueError: unsupported)."""
-        raise self._no_video()
+        return self.prompt.video_grid(frames, width, height)
 
     def video_layout(self, grid: Grid, times: Sequence[float]) -> VideoLayout:
         """How a clip with this grid and these frame times (seconds) sits in the prompt."""
-        raise self._no_video()
+        return self.prompt.video_layout(grid, times)
 
     def video_clip(
         self, frames: np.ndarray, times: Sequence[float], grid: Grid, block: int | None = None
     ) -> VideoFrames:
         """The frames `preprocess` takes for a clip (or for one of its placeholder blocks)."""
-        raise self._no_video()
+        return self.prompt.video_clip(frames, times, grid, block)
 
-    @abstractmethod
     def layout_prompt(
         self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
     ) -> tuple[list[int], list[ImageLayout]]:
         """Expand each media placeholder of the tokenized prompt (one `grids` entry per image
         or video, in prompt order) into the family's run of tokens; returns the final ids and
         one `ImageLayout` per placeholder run, in order. ValueError when the placeholders and
-        `grids` disagree. With no media: `(list(ids), [])`."""
+        `grids` disagree. With no media: `(list(ids), [])` (`PromptProcessor.layout_prompt`)."""
+        return self.prompt.layout_prompt(ids, grids)
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

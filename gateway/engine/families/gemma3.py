@@ -49,7 +49,6 @@ from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.engine.model.window_kv import layer_caches
 from gateway.processors.gemma3 import Gemma3Processor, Gemma3Settings
 from gateway.processors.positions import ImageLayout
-from gateway.processors.video_layout import VideoLayout
 from gateway.processors.video_processor import VideoFrames
 
 MODEL_TYPES = ("gemma3",)
@@ -139,10 +138,6 @@ class Gemma3(ModelFamily):
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 
-    def image_grid(self, width: int, height: int) -> Grid:
-        """`Gemma3Processor.image_grid`."""
-        return self.prompt.image_grid(width, height)
-
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         """PIL RGB image -> ((1, 3, size, size) float32 pixels, grid): the checkpoint's own
         image processor (resize to the tower's square, rescale, normalize)."""
@@ -150,26 +145,6 @@ class Gemma3(ModelFamily):
             raise ValueError("Gemma 3 takes no video")
         out = self.image_processor(images=[image], return_tensors="np")
         return np.asarray(out["pixel_values"]), self.grid
-
-    def video_grid(self, frames: int, width: int, height: int) -> Grid:
-        """`Gemma3Processor.video_grid` (no video)."""
-        return self.prompt.video_grid(frames, width, height)
-
-    def video_layout(self, grid: Grid, times: Sequence[float]) -> VideoLayout:
-        """`Gemma3Processor.video_layout` (no video)."""
-        return self.prompt.video_layout(grid, times)
-
-    def video_clip(
-        self, frames: np.ndarray, times: Sequence[float], grid: Grid, block: int | None = None
-    ) -> VideoFrames:
-        """`Gemma3Processor.video_clip` (no video)."""
-        return self.prompt.video_clip(frames, times, grid, block)
-
-    def layout_prompt(
-        self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
-    ) -> tuple[list[int], list[ImageLayout]]:
-        """`Gemma3Processor.layout_prompt`."""
-        return self.prompt.layout_prompt(ids, grids)
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

@@ -135,14 +135,9 @@ class Gemma4(VlmFamily):
             self.language_model, self.new_cache, self.language_model.logits_from_hidden
         )
 
-    def _init_tokens(
-        self,
-        tokenizer: Any,
-        eos_token_ids: Sequence[int],
-        prompt: PromptProcessor | None = None,
-    ) -> None:
-        """Called by `VlmFamily.__init__` once mlx-vlm's config and processor are loaded: the
-        prompt side is a `Gemma4Processor` over the settings resolved from them."""
+    def own_prompt(self, tokenizer: Any, given: PromptProcessor | None) -> PromptProcessor:
+        """A `Gemma4Processor` over the settings resolved from mlx-vlm's config and processor
+        (loaded by then: `_init_tokens` calls this)."""
         config, ip = self.model.config, self.image_processor
         settings = Gemma4Settings(
             image_token_id=int(config.image_token_id),
@@ -155,7 +150,7 @@ class Gemma4(VlmFamily):
             audio=self._audio_settings(tokenizer),
         )
         own = Gemma4Processor(self.path, self.model_type, tokenizer, settings)
-        super()._init_tokens(tokenizer, eos_token_ids, prompt or own)
+        return given or own
 
     def _audio_settings(self, tokenizer: Any) -> Gemma4Audio | None:
         """The audio prompt settings, or None for a checkpoint without an audio tower (or
@@ -252,7 +247,7 @@ class Gemma4(VlmFamily):
         """PIL RGB image -> ((1, 3, H, W) float32 pixels, grid): the checkpoint's own image
         processor (aspect-preserving resize within the budget, rescale)."""
         if isinstance(image, VideoFrames):
-            raise self._no_video()
+            raise self.prompt.no_video()
         if isinstance(image, AudioClip):
             return self._preprocess_audio(image)
         data, _ = self.image_processor.preprocess([image])

@@ -93,14 +93,9 @@ class Mistral3(VlmFamily):
         self._layers = _layers_used(len(vision.transformer.layers), config.vision_feature_layer)
         self.max_side = settings.max_side
 
-    def _init_tokens(
-        self,
-        tokenizer: Any,
-        eos_token_ids: Sequence[int],
-        prompt: PromptProcessor | None = None,
-    ) -> None:
-        """Called by `VlmFamily.__init__` once mlx-vlm's config and processor are loaded: the
-        prompt side is a `Mistral3Processor` over the settings resolved from them."""
+    def own_prompt(self, tokenizer: Any, given: PromptProcessor | None) -> PromptProcessor:
+        """A `Mistral3Processor` over the settings resolved from mlx-vlm's config and processor
+        (loaded by then: `_init_tokens` calls this)."""
         config, proc, ip = self.model.config, self.processor, self.image_processor
         patch = int(config.vision_config.patch_size)
         settings = Mistral3Settings(
@@ -116,7 +111,7 @@ class Mistral3(VlmFamily):
             max_side=int(config.vision_config.image_size) // patch,
         )
         own = Mistral3Processor(self.path, self.model_type, tokenizer, settings)
-        super()._init_tokens(tokenizer, eos_token_ids, prompt or own)
+        return given or own
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 

@@ -60,17 +60,12 @@ class Qwen35(QwenVL):
         self.text_core = HybridTextCore(language_model)
         self._linear = tuple(bool(layer.is_linear) for layer in language_model.model.layers)
 
-    def _init_tokens(
-        self,
-        tokenizer: Any,
-        eos_token_ids: Sequence[int],
-        prompt: PromptProcessor | None = None,
-    ) -> None:
-        """Called by `QwenVL.__init__` with Qwen-VL's processor: the same settings, as
+    def own_prompt(self, tokenizer: Any, given: PromptProcessor | None) -> PromptProcessor:
+        """`given` is Qwen-VL's processor (`QwenVL.__init__`): the same settings, as
         Qwen3.5's (`Qwen35Processor`: images only)."""
-        assert isinstance(prompt, QwenVLProcessor)
-        own = Qwen35Processor(self.path, self.model_type, tokenizer, prompt.settings)
-        super()._init_tokens(tokenizer, eos_token_ids, own)
+        assert isinstance(given, QwenVLProcessor)
+        own = Qwen35Processor(self.path, self.model_type, tokenizer, given.settings)
+        return own
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

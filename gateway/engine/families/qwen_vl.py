@@ -37,7 +37,6 @@ from gateway.engine.model.vision import EncodedImage, Unit, VisionEncoder
 from gateway.processors.image_processor import fast_image_processor
 from gateway.processors.positions import ImageLayout
 from gateway.processors.qwen_vl import QwenVLProcessor, QwenVLSettings
-from gateway.processors.video_layout import VideoLayout
 from gateway.processors.video_processor import (
     VideoFrames,
     video_patches,
@@ -140,34 +139,6 @@ class QwenVL(ModelFamily):
         pixels = np.asarray(out["pixel_values"])
         grid = tuple(int(x) for x in np.asarray(out["image_grid_thw"]).reshape(-1)[:3])
         return pixels, grid  # type: ignore[return-value]
-
-    def image_grid(self, width: int, height: int) -> tuple[int, int, int]:
-        """`QwenVLProcessor.image_grid`."""
-        return self.prompt.image_grid(width, height)
-
-    def video_grid(self, frames: int, width: int, height: int) -> tuple[int, int, int]:
-        """`QwenVLProcessor.video_grid`."""
-        return self.prompt.video_grid(frames, width, height)
-
-    def video_layout(self, grid: tuple[int, int, int], times: Sequence[float]) -> VideoLayout:
-        """`QwenVLProcessor.video_layout`."""
-        return self.prompt.video_layout(grid, times)
-
-    def video_clip(
-        self,
-        frames: np.ndarray,
-        times: Sequence[float],
-        grid: tuple[int, int, int],
-        block: int | None = None,
-    ) -> VideoFrames:
-        """`QwenVLProcessor.video_clip`."""
-        return self.prompt.video_clip(frames, times, grid, block)
-
-    def layout_prompt(
-        self, ids: Sequence[int], grids: Sequence[tuple[int, int, int] | VideoLayout]
-    ) -> tuple[list[int], list[ImageLayout]]:
-        """`QwenVLProcessor.layout_prompt`."""
-        return self.prompt.layout_prompt(ids, grids)
 
     def _settings(self) -> QwenVLSettings:
         """The prompt settings of this checkpoint, from mlx-vlm's config and image processor

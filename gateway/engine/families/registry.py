@@ -61,8 +61,15 @@ FAMILIES: dict[str, type[ModelFamily]] = {
 
 
 def family_for(config: dict[str, Any]) -> type[ModelFamily]:
-    """The family class for a checkpoint's config; `UnsupportedModel` if there is none."""
-    return class_of(family_facts(config))
+    """The family class for a checkpoint's config; `UnsupportedModel` if there is none (an
+    embedding model has no chat family: `engine/embed` serves it, under `serve` only)."""
+    facts = family_facts(config)
+    if facts.task != "chat":
+        raise UnsupportedModel(
+            f"model type {config.get('model_type')!r} is an embedding model: `vision-gateway "
+            "serve` serves it on /v1/embeddings (the chat engine and the cluster do not)"
+        )
+    return class_of(facts)
 
 
 def load_model(path: str, lazy: bool = False) -> ModelFamily:

@@ -77,14 +77,9 @@ class SmolVLM(VlmFamily):
                 f"({self.tile} px tiles, {self.patch} px patches, scale {config.scale_factor})"
             )
 
-    def _init_tokens(
-        self,
-        tokenizer: Any,
-        eos_token_ids: Sequence[int],
-        prompt: PromptProcessor | None = None,
-    ) -> None:
-        """Called by `VlmFamily.__init__` once mlx-vlm's config and processor are loaded: the
-        prompt side is a `SmolVLMProcessor` over the settings resolved from them."""
+    def own_prompt(self, tokenizer: Any, given: PromptProcessor | None) -> PromptProcessor:
+        """A `SmolVLMProcessor` over the settings resolved from mlx-vlm's config and processor
+        (loaded by then: `_init_tokens` calls this)."""
         config, ip, proc = self.model.config, self.image_processor, self.processor
         tile = int(ip.max_image_size["longest_edge"])
         size = {} if ip.size is None else ip.size  # a dict or a SizeDict (unset keys: None)
@@ -104,7 +99,7 @@ class SmolVLM(VlmFamily):
             global_image_token=str(proc.global_image_token),
         )
         own = SmolVLMProcessor(self.path, self.model_type, tokenizer, settings)
-        super()._init_tokens(tokenizer, eos_token_ids, prompt or own)
+        return given or own
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 

@@ -31,7 +31,6 @@ from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan, join_cac
 from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.processors.positions import ImageLayout
 from gateway.processors.text import TextProcessor
-from gateway.processors.video_layout import VideoLayout
 
 
 class UnsupportedLayers(ValueError):
@@ -94,19 +93,8 @@ class TextModel(ModelFamily):
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 
-    def image_grid(self, width: int, height: int) -> Grid:
-        return self.prompt.image_grid(width, height)  # ValueError: no media
-
     def preprocess(self, image: Any) -> tuple[np.ndarray, Grid]:
         raise self.prompt.no_media()
-
-    def _no_video(self) -> ValueError:
-        return self.prompt.no_media()
-
-    def layout_prompt(
-        self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
-    ) -> tuple[list[int], list[ImageLayout]]:
-        return self.prompt.layout_prompt(ids, grids)  # ValueError for any media
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

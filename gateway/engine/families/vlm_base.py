@@ -49,7 +49,6 @@ from gateway.engine.model.prompt_forward import (
 )
 from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.processors.positions import ImageLayout
-from gateway.processors.video_layout import VideoLayout
 
 
 class VlmTextCore(nn.Module):
@@ -216,17 +215,6 @@ class VlmFamily(ModelFamily):
             raise ValueError(f"{self.model_type} keeps {', '.join(kinds)} layers")
 
     # ----- prompt side (any thread) -----------------------------------------------------------
-
-    def image_grid(self, width: int, height: int) -> Grid:
-        """The family's processor's (`processors.vlm.VlmProcessor`)."""
-        return self.prompt.image_grid(width, height)
-
-    def layout_prompt(
-        self, ids: Sequence[int], grids: Sequence[Grid | VideoLayout]
-    ) -> tuple[list[int], list[ImageLayout]]:
-        """Each placeholder -> its `span_ids` run, one flat span per image (the family's
-        processor, `processors.vlm.VlmProcessor.layout_prompt`)."""
-        return self.prompt.layout_prompt(ids, grids)
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

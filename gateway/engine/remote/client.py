@@ -27,10 +27,12 @@ import itertools
 import logging
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from gateway.config import EngineConfig
 from gateway.engine.client import EngineBusy, EngineUnavailable
+from gateway.engine.embed.request import Embed, EmbedResult
 from gateway.engine.image_store import ImageStore
 from gateway.engine.remote.spare import SpareEngines, spawn_engine
 from gateway.engine.request import (
@@ -61,6 +63,9 @@ from gateway.engine.wire import (
 )
 
 log = logging.getLogger(__name__)
+# An embedding call waits in the engine's queue behind the batches before it (each up to
+# --max-batch inputs per forward), so it may take far longer than a cache stats call.
+EMBED_TIMEOUT_S = 600.0
 
 
 class RemoteEngine:
@@ -82,6 +87,7 @@ class RemoteEngine:
         self._rows: dict[str, int] = {}  # rows each request in flight takes (its n choices)
         self._lock = threading.Lock()  # sinks, counts, calls, the command pipe
         self._calls: dict[int, tuple[threading.Event, list[Reply]]] = {}
+        self._futures: dict[int, Future[Any]] = {}  # embedding calls, answered by the reader
         self._call_ids = itertools.count()
         self._alive = False
         self._stopped = threading.Event()
@@ -197,6 +203,33 @@ class RemoteEngine:
     def metrics_text(self) -> bytes:
         return self._call(MetricsText())
 
+    def embed(self, call: Embed) -> EmbedResult:
+        """An embedding model's `EmbedEngine.embed`, run in the engine process (blocks: call
+        it off the event loop). Raises `EmbedRefused` for an input the model cannot take,
+        EngineUnavailable when the engine is gone or silent past `EMBED_TIMEOUT_S`."""
+        try:
+            return self.embed_future(call).result(EMBED_TIMEOUT_S)
+        except TimeoutError:
+            raise EngineUnavailable("the engine process did not answer Embed") from None
+
+    def embed_future(self, call: Embed) -> Future[EmbedResult]:
+        """`call` sent to the engine process; the future resolves (on the reader thread) to
+        its `EmbedResult`, or fails with `EmbedRefused`, or EngineUnavailable when the engine
+        is gone. Holds no thread while the engine works (an event loop awaits it with
+        `asyncio.wrap_future`)."""
+        future: Future[EmbedResult] = Future()
+        with self._lock:
+            if not self._alive:
+                raise EngineUnavailable("the engine process is not running")
+            call_id = next(self._call_ids)
+            self._futures[call_id] = future
+            try:
+                self._commands.send(Invoke(call_id, call))
+            except (OSError, ValueError):
+                self._futures.pop(call_id, None)
+                raise EngineUnavailable("the engine process is not running") from None
+        return future
+
     # ----- plumbing -----------------------------------------------------------------------------
 
     def _send(self, message: Command) -> None:
@@ -234,6 +267,9 @@ class RemoteEngine:
                 elif isinstance(message, Reply):
                     with self._lock:
                         done, box = self._calls.pop(message.call_id, (None, None))
+                        future = self._futures.pop(message.call_id, None)
+                    if future is not None:
+                        _settle(future, message)
                     if done is not None:
                         box.append(message)
                         done.set()
@@ -264,8 +300,23 @@ class RemoteEngine:
             self._rows.clear()
             self._admitted.clear()
             calls, self._calls = self._calls, {}
+            futures, self._futures = self._futures, {}
+        for future in futures.values():
+            future.set_exception(EngineUnavailable("the engine stopped"))
         for sink in sinks.values():
             sink(ErrorEvent(ErrorKind.SHUTTING_DOWN, "the engine stopped"))
         for done, _ in calls.values():
             done.set()
         self._stopped.set()
+
+
+def _settle(future: Future[Any], reply: Reply) -> None:
+    """An embedding call's future from its reply: the value, or the exception it carries
+    (an `EmbedRefused` crosses the pipe whole), or a failure's repr as a RuntimeError."""
+    if not reply.ok:
+        future.set_exception(RuntimeError(f"Embed failed in the engine process: {reply.value}"))
+    elif isinstance(reply.value, BaseException):
+        future.set_exception(reply.value)
+    else:
+        future.set_result(reply.value)
+

@@ -14,9 +14,11 @@ import signal
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
 
 from gateway.config import EngineConfig
 from gateway.engine.client import EngineBusy, EngineClient
+from gateway.engine.embed.request import Embed
 from gateway.engine.image_store import ImageStore
 from gateway.engine.request import (
     EngineRequest,
@@ -42,6 +44,10 @@ from gateway.engine.wire import (
     answer,
 )
 
+if TYPE_CHECKING:  # MLX: imported in the engine process only
+    from gateway.engine.core import Engine
+    from gateway.engine.embed.engine import EmbedEngine
+
 log = logging.getLogger(__name__)
 
 
@@ -52,6 +58,7 @@ def engine_process_main(
     None: a spare (`gateway.engine.remote.spare`): import what an engine needs, then wait
     for the model to serve (`Configure`; a `Stop` or a closed pipe ends it)."""
     from gateway.engine.core import Engine
+    from gateway.engine.embed.engine import EmbedEngine
     from gateway.metrics import Metrics
 
     # Ctrl-C and a service manager's SIGTERM reach the whole process group: the HTTP process
@@ -66,8 +73,12 @@ def engine_process_main(
         if config is None:
             return
     outbox = _Outbox(events)
-    engine = Engine(config, Metrics())
-    engine.on_events = outbox.flush
+    engine: Engine | EmbedEngine
+    if _embeds(config):
+        engine = EmbedEngine(config)
+    else:
+        engine = Engine(config, Metrics())
+        engine.on_events = outbox.flush
     try:
         engine.start()
     except Exception as exc:  # noqa: BLE001 - reported to the parent
@@ -75,7 +86,10 @@ def engine_process_main(
         outbox.close()
         return
     model = engine.model
-    prompt = None if model is None else model.shipped_prompt()
+    if isinstance(engine, EmbedEngine):
+        prompt: Any = model
+    else:
+        prompt = None if model is None else model.shipped_prompt()
     outbox.send(Ready(engine.on_gpu, prompt, engine.device_memory))
     images = ImageStore(keep_images=True)
     while True:
@@ -89,6 +103,8 @@ def engine_process_main(
                 _submit(engine, request, outbox.sink(request.request_id), outbox.flush)
             case Cancel(request_id):
                 engine.cancel(request_id)
+            case Invoke(call_id, Embed() as call) if isinstance(engine, EmbedEngine):
+                _embed(engine, call_id, call, outbox)
             case Invoke(call_id, call):
                 outbox.send(_reply(engine, call_id, call))
             case Stop():
@@ -98,6 +114,28 @@ def engine_process_main(
                 outbox.close()
                 return
 
+
+def _embeds(config: EngineConfig) -> bool:
+    """The model embeds or reranks (`EmbedEngine`), read without MLX."""
+    from gateway.processors.checkpoint import serving_task
+
+    try:
+        return serving_task(config.model, config.task) != "chat"
+    except ValueError:  # (the HTTP process refused it before starting this one)
+        return False
+
+
+def _embed(engine: EmbedEngine, call_id: int, call: Embed, outbox: _Outbox) -> None:
+    """Queue an embedding call; its Reply (the result, or the exception to raise there) is
+    sent from the engine thread when its batch is done, so calls batch together."""
+
+    def done(outcome: object) -> None:
+        outbox.send(Reply(call_id, True, outcome))
+
+    try:
+        engine.embed_async(call, done)
+    except Exception as exc:  # noqa: BLE001 - reported to the caller
+        outbox.send(Reply(call_id, True, exc))
 
 def _await_model(commands: Connection) -> EngineConfig | None:
     """A spare's wait: the model loaders imported now (what a load spends most of its first

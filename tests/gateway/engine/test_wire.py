@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gateway.engine.embed.request import Embed, EmbedItem
 from gateway.engine.request import (
     EngineRequest,
     FinishEvent,
@@ -48,6 +49,7 @@ CALLS: dict[type, tuple[Any, str, tuple[Any, ...]]] = {
     ClearCaches: (ClearCaches(), "clear_caches", ()),
     ResetCaches: (ResetCaches(), "reset_caches", ()),
     MetricsText: (MetricsText(), "metrics_text", ()),
+    Embed: (Embed((EmbedItem(text="x"),)), "embed", (Embed((EmbedItem(text="x"),)),)),
 }
 
 

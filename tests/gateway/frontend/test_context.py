@@ -38,6 +38,10 @@ OWN_CONTEXT = {
     "qwen3_5": 262144,
     "qwen3_5_moe": 262144,
     "llama": 131072,
+    "qwen3_embedding": 40960,
+    "qwen3_reranker": 40960,
+    "qwen3_vl_embedding": 262144,
+    "qwen3_vl_reranker": 262144,
 }
 # KV bytes per token at float32 where layers differ: gemma3 keeps full KV in 1 of its 6
 # layers (5 sliding per global), gemma4 in 1 (its last 4 layers reuse earlier KV; full

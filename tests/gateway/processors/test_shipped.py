@@ -22,9 +22,18 @@ from gateway.engine.families import load_model
 from gateway.engine.families.registry import FAMILIES
 from gateway.engine.families.text import TextModel
 from gateway.offline_model import ARCHS
+from gateway.offline_model.embedders import (
+    RERANKER_FAMILY,
+    TEXT_FAMILY,
+    VL_FAMILY,
+    VL_RERANKER_FAMILY,
+)
 from gateway.processors.processor import PromptProcessor
 
-SPLIT = ARCHS  # every family's tiny checkpoint (the Qwen-VL ones, Gemma 3/4, text models, ...)
+# Every chat family's tiny checkpoint (the Qwen-VL ones, Gemma 3/4, text models, ...); the
+# embedders and rerankers are served by the embedding engine, which ships no prompt side.
+EMBEDDER_ARCHS = {f.arch for f in (TEXT_FAMILY, VL_FAMILY, RERANKER_FAMILY, VL_RERANKER_FAMILY)}
+SPLIT = tuple(a for a in ARCHS if a not in EMBEDDER_ARCHS)
 MESSAGES = [
     {"role": "system", "content": "Be brief."},
     {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "what is this?"}]},
