@@ -351,8 +351,9 @@ class Gateway:
         """The edge's metrics, then the engines': with several models each series summed
         over the loaded ones, and again per model with a `model` label."""
         self.keys.authorize(request, "admin")
-        if len(self.pool.slots) == 1:  # one model: its engine's series as they are
-            engines = await self._engine_call(self.engine.metrics_text)
+        single = self.pool.default.engine if len(self.pool.slots) == 1 else None
+        if single is not None:  # one model: its engine's series as they are
+            engines = await self._engine_call(single.metrics_text)
         else:
             parts = []
             for slot in self.pool.loaded():

@@ -174,7 +174,7 @@ class ChatPipeline:
                     f"ask for at most {rows} choices",
                     "n",
                 )
-            self.media.check_media_count(len(chat.images), len(chat.videos))
+            self.media.check_media_count(len(chat.images), len(chat.videos), len(chat.audio))
             images, videos = await _both(
                 resolve(chat) if resolve else self.load_images(chat.images),
                 self.media.load_videos([(p.url, p.param) for p in chat.videos]),

@@ -221,13 +221,15 @@ class MediaLoader:
             raise
         return [t.result() for t in tasks]
 
-    def check_media_count(self, images: int, videos: int) -> None:
-        """400 when a request carries more images and videos than `max_images_per_request`."""
+    def check_media_count(self, images: int, videos: int, audio: int = 0) -> None:
+        """400 when a request carries more media parts (images, videos and audio clips) than
+        `max_images_per_request`, before any is fetched or decoded."""
         limit = self._config.max_images_per_request
-        if videos and images + videos > limit:  # images alone: load_all's own check
+        if (videos or audio) and images + videos + audio > limit:  # images alone: load_all's
             raise invalid(
-                f"the request has {images} images and {videos} videos, over the limit of "
-                f"{limit} per request (the limit is set by --max-images-per-request)",
+                f"the request has {images} images, {videos} videos and {audio} audio clips, "
+                f"over the limit of {limit} media parts per request (the limit is set by "
+                "--max-images-per-request)",
                 code="too_many_images",
             )
 

@@ -106,7 +106,13 @@ class ModelPool:
         """`slot` loaded and held by the caller (who must `release` it, or hand the hold to
         its request's sink: `ModelSlot.releasing`). Loads it if needed, waiting at most
         --model-load-timeout; APIError 503 naming the model when it cannot be loaded."""
-        deadline = time.monotonic() + self.config.load_timeout_s
+        slot.waiting += 1
+        try:
+            return await self._acquire(slot, time.monotonic() + self.config.load_timeout_s)
+        finally:
+            slot.waiting -= 1
+
+    async def _acquire(self, slot: ModelSlot, deadline: float) -> ModelSlot:
         while True:
             if self.closed:
                 raise _unavailable(slot, "the server is shutting down")
@@ -215,7 +221,11 @@ class ModelPool:
             victims = [
                 s
                 for s in self.slots
-                if s is not slot and s.idle and not s.spec.pinned and s.task is None
+                if s is not slot
+                and s.idle
+                and not s.spec.pinned
+                and s.task is None
+                and not s.waiting
             ]
             if victims:
                 victim = min(victims, key=lambda s: s.last_used)

@@ -64,6 +64,9 @@ class ModelSlot:
         self.prompts: PromptBuilder | None = None
         self.task: asyncio.Task[None] | None = None  # the load or unload under way
         self.task_kind: str | None = None  # "load" or "unload"
+        # Requests inside `ModelPool.acquire` (waiting for a load): never evicted nor
+        # reaped from under them between the load's end and their hold (event loop only).
+        self.waiting = 0
         self.last_error: str | None = None  # why the last load failed
         self.context_length: int | None = None  # known once loaded
         self.card: dict[str, object] = {}  # the family's card (`PromptSide.describe`)
@@ -123,7 +126,7 @@ class ModelSlot:
         """Idle past its keep-alive (never for a pinned model or a keep-alive of -1)."""
         with self._lock:
             keep, last = self._keep_alive_s, self._last_used
-        if self.spec.pinned or keep < 0 or self.task is not None:
+        if self.spec.pinned or keep < 0 or self.task is not None or self.waiting:
             return False
         return self.idle and now - last >= keep
 

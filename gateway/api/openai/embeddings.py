@@ -61,7 +61,7 @@ def parse_embeddings_request(body: Any) -> EmbedRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise invalid("`model` is required and must be a string", "model")
-    fmt = body.get("encoding_format", "float")
+    fmt = body.get("encoding_format") or "float"  # (null: the default, as OpenAI's)
     if fmt not in FORMATS:
         raise invalid("`encoding_format` must be 'float' or 'base64'", "encoding_format")
     user = body.get("user")

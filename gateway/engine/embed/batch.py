@@ -8,6 +8,7 @@ the model refuses fails alone (`EmbedRefused` naming the input); the others are 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -19,6 +20,8 @@ from caches.vision import VisionCache, VisionEntry, VisionKey
 from gateway.engine.embed.embedder import Embedder, ImageFeatures, Prepared, as_numpy, normalized
 from gateway.engine.embed.metrics import EmbedMetrics
 from gateway.engine.embed.request import Embed, EmbedRefused, EmbedResult
+
+log = logging.getLogger(__name__)
 
 Done = Callable[[EmbedResult | BaseException], None]
 
@@ -81,7 +84,10 @@ class BatchRunner:
                 outcome: EmbedResult | BaseException = self._outcome(job)
             except Exception as exc:  # noqa: BLE001 - never leave a call unanswered
                 outcome = exc
-            job.done(outcome)
+            try:
+                job.done(outcome)
+            except Exception:  # a caller's callback must not stop the engine thread
+                log.exception("an embedding call's answer could not be delivered")
 
     def _collect(self, job: Job, rows: dict[EmbeddingKey, _Row]) -> None:
         """Look each input of `job` up; queue the misses as rows (one per distinct key)."""

@@ -30,7 +30,7 @@ from gateway.engine.device_memory import device_memory
 from gateway.engine.embed.batch import BatchRunner, Done, Job
 from gateway.engine.embed.embedder import Embedder
 from gateway.engine.embed.metrics import EmbedMetrics
-from gateway.engine.embed.request import Embed, EmbedCard, EmbedResult
+from gateway.engine.embed.request import Embed, EmbedCard, EmbedResult, settle
 from gateway.engine.request import EngineRequest, Sink
 
 log = logging.getLogger(__name__)
@@ -113,13 +113,7 @@ class EmbedEngine:
         """`call` queued; the future resolves to its result or fails as `embed_async` says."""
         future: Future[EmbedResult] = Future()
 
-        def done(outcome: EmbedResult | BaseException) -> None:
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(outcome)
-
-        self.embed_async(call, done)
+        self.embed_async(call, lambda outcome: settle(future, outcome))
         return future
 
     def embed(self, call: Embed, timeout: float | None = None) -> EmbedResult:

@@ -122,6 +122,12 @@ class QwenVLEmbedder(Embedder):
             return Prepared(tuple(ids))
         if item.text is not None:
             ids = list(self.tokenizer(item.text)["input_ids"])
+            if self.image_token_id in ids or self.video_token_id in ids:
+                # Text spelling a placeholder token would be laid over by another input's
+                # image features in a shared forward: refused as the ids form is.
+                raise EmbedRefused(
+                    "the text holds an image placeholder token (send images as image parts)"
+                )
             self.check_length(ids)
             return Prepared(tuple(ids))
         content: list[dict[str, Any]] = [

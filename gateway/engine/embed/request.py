@@ -7,7 +7,7 @@ No MLX: the HTTP process builds and reads these; they are pickled over the engin
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -116,6 +116,19 @@ class EmbedRefused(ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled across the engine pipe whole
         return (EmbedRefused, (str(self), self.index, self.field))
+
+
+def settle(future: Future[Any], outcome: object) -> None:
+    """Resolve an embedding call's `future` with `outcome` (an exception fails it), unless
+    its waiter cancelled it meanwhile (a request cancelled at shutdown): that outcome is
+    nobody's, and must not raise on the thread that delivers it."""
+    try:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    except InvalidStateError:  # cancelled (or settled) already
+        pass
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from typing import Any
 
 from gateway.config import EngineConfig
 from gateway.engine.client import EngineBusy, EngineUnavailable
-from gateway.engine.embed.request import Embed, EmbedResult
+from gateway.engine.embed.request import Embed, EmbedResult, settle
 from gateway.engine.image_store import ImageStore
 from gateway.engine.remote.spare import SpareEngines, spawn_engine
 from gateway.engine.request import (
@@ -302,7 +302,7 @@ class RemoteEngine:
             calls, self._calls = self._calls, {}
             futures, self._futures = self._futures, {}
         for future in futures.values():
-            future.set_exception(EngineUnavailable("the engine stopped"))
+            settle(future, EngineUnavailable("the engine stopped"))
         for sink in sinks.values():
             sink(ErrorEvent(ErrorKind.SHUTTING_DOWN, "the engine stopped"))
         for done, _ in calls.values():
@@ -314,9 +314,6 @@ def _settle(future: Future[Any], reply: Reply) -> None:
     """An embedding call's future from its reply: the value, or the exception it carries
     (an `EmbedRefused` crosses the pipe whole), or a failure's repr as a RuntimeError."""
     if not reply.ok:
-        future.set_exception(RuntimeError(f"Embed failed in the engine process: {reply.value}"))
-    elif isinstance(reply.value, BaseException):
-        future.set_exception(reply.value)
+        settle(future, RuntimeError(f"Embed failed in the engine process: {reply.value}"))
     else:
-        future.set_result(reply.value)
-
+        settle(future, reply.value)

@@ -651,3 +651,14 @@ def _mutate(data: bytes, flips: list[tuple[int, int]]) -> bytes:
 def test_non_string_input_is_a_400() -> None:
     err = load_error(MediaLoader(MediaConfig()), 42)  # type: ignore[arg-type]
     assert err.status == 400
+
+
+def test_audio_clips_count_against_the_media_limit() -> None:
+    """Invariant: images, videos and audio clips together are held to
+    --max-images-per-request before any is fetched or decoded (400 too_many_images)."""
+    loader = MediaLoader(MediaConfig(max_images_per_request=3))
+    loader.check_media_count(1, 0, 2)  # at the limit
+    with pytest.raises(APIError) as refused:
+        loader.check_media_count(1, 0, 3)
+    assert refused.value.status == 400 and refused.value.code == "too_many_images"
+    assert "3 audio clips" in refused.value.message

@@ -81,3 +81,8 @@ def test_render_float_and_base64() -> None:
     packed = orjson.loads(render(result, _parse(input=["a", "b"], encoding_format="base64")))
     decoded = np.frombuffer(base64.b64decode(packed["data"][1]["embedding"]), dtype="<f4")
     np.testing.assert_array_equal(decoded, vectors[1])
+
+
+def test_a_null_encoding_format_is_the_default() -> None:
+    """Invariant: clients that send unset fields as null get floats, as from OpenAI."""
+    assert _parse(input="hi", encoding_format=None) == _parse(input="hi")

@@ -75,3 +75,8 @@ def test_image_placeholder_ids_are_refused() -> None:
     assert isinstance(e, QwenVLEmbedder)
     with pytest.raises(EmbedRefused, match="placeholder"):
         e.prepare(EmbedItem(ids=(5, e.image_token_id, 6)))
+    # ... and so is text that spells one: in a forward shared with an image input the
+    # features would be laid over it (a shape error for the whole batch).
+    spelled = e.tokenizer.convert_ids_to_tokens(e.image_token_id)
+    with pytest.raises(EmbedRefused, match="placeholder"):
+        e.prepare(EmbedItem(text=f"look: {spelled}"))

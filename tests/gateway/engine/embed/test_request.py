@@ -40,3 +40,21 @@ def test_content_keys() -> None:
         EmbedItem(parts=("x", b)).content_key(),
     }
     assert len(keys) == 7
+
+
+def test_an_answer_for_a_cancelled_call_is_dropped_quietly() -> None:
+    """Invariant: settling a future its waiter cancelled (a request cancelled at shutdown)
+    neither raises on the delivering thread nor changes the future."""
+    from concurrent.futures import Future
+
+    from gateway.engine.embed.request import settle
+
+    for outcome in ("a result", RuntimeError("a failure")):
+        future: Future[object] = Future()
+        assert future.cancel()
+        settle(future, outcome)
+        assert future.cancelled()
+    done: Future[object] = Future()
+    settle(done, "first")
+    settle(done, "second")  # settled already: the first answer stays
+    assert done.result() == "first"
