@@ -2,8 +2,10 @@
 demand by the pool and held while its request runs), the inputs' images (loaded, decoded
 and hashed by the same media loader as chat, so the same pixels in any delivery have one
 hash and one vision-cache entry), the call to the engine, and its refusals as 400s naming
-the field. Event loop only; the engine call is awaited as a future (no worker thread is
-held while the engine works, so embedding traffic never starves the chat path's threads).
+the field. Event loop only; the engine call is handed over from a worker thread (its images
+are pickled there) and awaited as a future (no worker thread is held while the engine works,
+so embedding traffic never starves the chat path's threads). A model takes at most
+--max-batch + --max-waiting requests at once; more are a 429.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import Future
 
 from caches.scope import scoped_hash
-from gateway.engine.client import EngineUnavailable
+from gateway.engine.client import EngineBusy, EngineUnavailable
 from gateway.engine.embed.request import (
     Embed,
     EmbedCard,
@@ -27,7 +30,7 @@ from gateway.engine.embed.request import (
 from gateway.errors import APIError, invalid
 from gateway.frontend.chat import ImagePart
 from gateway.frontend.embed_request import EmbedInput, EmbedRequest, RerankInput, RerankRequest
-from gateway.frontend.errors import engine_unavailable, model_not_found, wrong_task
+from gateway.frontend.errors import engine_busy, engine_unavailable, model_not_found, wrong_task
 from gateway.frontend.pipeline import ChatPipeline
 from gateway.media import DecodedImage
 
@@ -52,7 +55,7 @@ class EmbedPipeline:
             loaded = await self.chat.load_images(parts) if parts else []
             call = Embed(_items(request, loaded), request.dimensions, request.cache_scope)
             try:
-                return await asyncio.wrap_future(engine.embed_future(call))
+                return await asyncio.wrap_future(await _sent(engine, call))
             except EmbedRefused as refused:
                 raise _refusal(refused, [i.param for i in request.inputs]) from None
 
@@ -73,7 +76,7 @@ class EmbedPipeline:
             pairs = tuple(EmbedItem(pair=(request.instruction, query, d)) for d in documents)
             try:
                 call = Embed(pairs, None, request.scope)
-                return await asyncio.wrap_future(engine.embed_future(call))
+                return await asyncio.wrap_future(await _sent(engine, call))
             except EmbedRefused as refused:
                 params = [f"documents[{i}]" for i in range(len(request.documents))]
                 raise _refusal(refused, params) from None
@@ -91,6 +94,13 @@ class EmbedPipeline:
             raise wrong_task(slot.name, slot.kind, ROUTES[kind])
         slot = await self.pool.acquire(slot)
         try:
+            # As chat's queue: at most --max-batch + --max-waiting requests per model (this
+            # one included); more are a 429, not decoded images piling up in memory.
+            capacity = slot.config.max_batch + slot.config.max_waiting
+            if slot.holders > capacity:
+                ahead = slot.holders - 1
+                running = min(ahead, slot.config.max_batch)
+                raise engine_busy(EngineBusy(running, ahead - running, capacity))
             engine, card = slot.engine, slot.engine.model if slot.engine else None
             if not isinstance(engine, EmbeddingClient) or not isinstance(card, EmbedCard):
                 raise engine_unavailable()
@@ -99,6 +109,13 @@ class EmbedPipeline:
             raise engine_unavailable() from None
         finally:
             slot.release(keep_alive_s)
+
+
+async def _sent(engine: EmbeddingClient, call: Embed) -> Future[EmbedResult]:
+    """`call` handed to the engine from a worker thread: its images are pickled down the
+    engine process's pipe there, not on the event loop (a large image would stall every
+    stream); the returned future is awaited without a thread."""
+    return await asyncio.to_thread(engine.embed_future, call)
 
 
 def _check_media(inputs: tuple[EmbedInput, ...], card: EmbedCard) -> None:
