@@ -239,17 +239,8 @@ class CacheCollector:
         ):
             if key in prefix:
                 yield GaugeMetricFamily(p + name, doc, value=prefix[key])
-        for name, doc, key, family in (
-            ("cache_evictions", "Entries evicted", "evictions", CounterMetricFamily),
-            ("cache_bytes", "Bytes held (used array sizes)", "bytes", GaugeMetricFamily),
-            ("cache_entries", "Entries held", "entries", GaugeMetricFamily),
-            ("cache_capacity_bytes", "Byte budget", "capacity_bytes", GaugeMetricFamily),
-        ):
-            metric = family(p + name, doc, labels=["cache"])
-            for cache in ("vision", "prefix", "grammar"):
-                if cache in stats:  # grammar: once the engine has loaded the model
-                    metric.add_metric([cache], stats[cache][key])
-            yield metric
+        # grammar: once the engine has loaded the model
+        yield from cache_size_families(stats, ("vision", "prefix", "grammar"))
         if stats.get("disk", {}).get("enabled"):
             yield from _disk_families(p, stats["disk"])
         if "grammar" in stats:  # structured output: compiled grammars, counted per request
@@ -312,3 +303,21 @@ def _disk_families(p: str, disk: dict[str, Any]) -> Iterator[Any]:
     yield GaugeMetricFamily(
         p + "disk_cache_capacity_bytes", "Disk budget (--disk-cache-gb)", disk["capacity_bytes"]
     )
+
+
+def cache_size_families(
+    stats: dict[str, dict[str, Any]], caches: tuple[str, ...]
+) -> Iterator[Any]:
+    """Evictions, bytes, entries and budget of each cache in `caches` that `stats` holds,
+    one family each labelled by `cache` (every engine kind names its caches' sizes so)."""
+    for name, doc, key, family in (
+        ("cache_evictions", "Entries evicted", "evictions", CounterMetricFamily),
+        ("cache_bytes", "Bytes held (used array sizes)", "bytes", GaugeMetricFamily),
+        ("cache_entries", "Entries held", "entries", GaugeMetricFamily),
+        ("cache_capacity_bytes", "Byte budget", "capacity_bytes", GaugeMetricFamily),
+    ):
+        metric = family("vision_gateway_" + name, doc, labels=["cache"])
+        for cache in caches:
+            if cache in stats:
+                metric.add_metric([cache], stats[cache][key])
+        yield metric

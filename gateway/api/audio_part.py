@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.api import fields
 from gateway.errors import invalid
 from gateway.frontend.chat import AudioPart
 from gateway.media.audio_decode import AUDIO_FORMATS
@@ -32,12 +33,4 @@ def input_audio(value: Any, at: str, key: str = "input_audio") -> AudioPart:
 
 def audio_url(part: dict[str, Any], at: str) -> AudioPart:
     """An `audio_url` part (`{"audio_url": {"url": ...}}` or the URL string itself)."""
-    value = part.get("audio_url")
-    url = value.get("url") if isinstance(value, dict) else value
-    if not isinstance(url, str) or not url:
-        raise invalid(
-            f"`{at}.audio_url.url` must be a non-empty string: an http(s) URL, a "
-            "data:audio/... URI or a file path",
-            f"{at}.audio_url.url",
-        )
-    return AudioPart(url, f"{at}.audio_url.url")
+    return AudioPart(fields.media_url(part, at, "audio_url", "audio"), f"{at}.audio_url.url")

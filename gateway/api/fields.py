@@ -24,6 +24,28 @@ def text(value: str, where: str) -> str:
     return value
 
 
+def model_name(body: dict[str, Any]) -> str:
+    """The request's `model`: a non-empty string (which models exist is the pool's to say)."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid("`model` is required and must be a string", "model")
+    return model
+
+
+def media_url(part: dict[str, Any], at: str, key: str, mime: str) -> str:
+    """The URL of an OpenAI-style media part (`image_url`, `video_url`, `audio_url`): an
+    object with `url`, or the URL string itself; `mime` ("image", ...) names the data URI."""
+    value = part.get(key)
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise invalid(
+            f"`{at}.{key}.url` must be a non-empty string: an http(s) URL, a data:{mime}/... "
+            "URI or a file path",
+            f"{at}.{key}.url",
+        )
+    return url
+
+
 def opt_int(body: dict[str, Any], name: str, lo: int, hi: int) -> int | None:
     value = body.get(name)
     if value is None:

@@ -52,9 +52,7 @@ def parse_rerank_request(body: Any, scope: str = "") -> RerankRequest:
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     accepted.refuse_unapplied(body, accepted.RERANK)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid("`model` is required and must be a string", "model")
+    model = fields.model_name(body)
     query = _item(body.get("query"), "query")
     raw = body.get("documents")
     if not isinstance(raw, list) or not raw:

@@ -4,10 +4,10 @@ pixels under the limits of a `MediaConfig`.
 Outside this package only `MediaLoader` and the decoded types are used (import them from here);
 `loader` is the one module that uses the others: `sources` (data URIs, local files),
 `url_fetch` + `url_policy` (SSRF-safe fetching), `image_decode` (Pillow, pixel hashing) and
-`single_flight` (one fetch per URL, one decode per byte hash); videos go through
-`video_loader` (the same sources and fetcher rules) and `video_decode` (PyAV, frame
-sampling); audio through `audio_loader` (the same rules) and `audio_decode` (PyAV: mono,
-resampled to the model's rate, hashed over the samples).
+`single_flight` (one fetch per URL, one decode per byte hash). Videos and audio load through
+`clip_loader` (the same sources and fetcher rules, a memo of decoded clips) and decode in
+`video_decode` (PyAV, frame sampling) and `audio_decode` (PyAV: mono, resampled to the
+model's rate, hashed over the samples).
 """
 
 from gateway.media.audio_decode import DecodedAudio

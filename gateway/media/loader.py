@@ -27,24 +27,34 @@ from caches.hashing import bytes_hash
 from caches.lru import ByteLRU
 from gateway.config import MIB, MediaConfig
 from gateway.errors import invalid, too_large
-from gateway.media.audio_decode import DecodedAudio
-from gateway.media.audio_loader import AudioLoader
+from gateway.media.audio_decode import DecodedAudio, decode_audio
+from gateway.media.clip_loader import ClipLoader
 from gateway.media.failures import as_client_error
 from gateway.media.image_decode import decode_and_hash, raise_pillow_pixel_limit
 from gateway.media.single_flight import SingleFlight
 from gateway.media.sources import file_url_path, parse_data_uri, read_media_file
 from gateway.media.url_fetch import TransportFactory, UrlFetcher
 from gateway.media.url_policy import AddressPolicy, Resolver, shorten
-from gateway.media.video_decode import DecodedVideo
-from gateway.media.video_loader import VideoLoader
+from gateway.media.video_decode import DecodedVideo, VideoSampling, decode_video
 
 SUPPORTED_FORMS = (
     "supported image references are http:// and https:// URLs, "
     "data:image/<type>;base64,<data> URIs, and absolute paths or file:// URLs under a "
     "directory allowed with --allowed-media-dir"
 )
+SUPPORTED_VIDEO_FORMS = (
+    "supported video references are http:// and https:// URLs, "
+    "data:video/<type>;base64,<data> URIs, and absolute paths or file:// URLs under a "
+    "directory allowed with --allowed-media-dir"
+)
+SUPPORTED_AUDIO_FORMS = (
+    "audio is sent as an `input_audio` part (base64 `data` and its `format`) or an "
+    "`audio_url` part: http:// and https:// URLs, data:audio/<type>;base64,<data> URIs, and "
+    "absolute paths or file:// URLs under a directory allowed with --allowed-media-dir"
+)
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _T = TypeVar("_T")
+_Clip = TypeVar("_Clip")
 _THREAD_THRESHOLD = 1 * MIB  # base64/hash larger inputs off the event loop
 # Encoding + xxh3 of a data URI's text runs at several GB/s: ~1 ms on the loop at this size,
 # cheaper than the hop to a worker thread that a warm turn would otherwise wait for.
@@ -52,6 +62,8 @@ _INLINE_TEXT_HASH = 8 * MIB
 # Data-URI index entries (two 32-char strings) are bounded by count: a nominal size each.
 _URI_INDEX_ENTRIES = 4096
 _URI_INDEX_ENTRY_BYTES = 256
+_VIDEO_MEMO_BYTES = 256 * MIB  # decoded frames of recent clips
+_AUDIO_MEMO_BYTES = 128 * MIB  # decoded samples of recent clips
 
 
 @dataclass(frozen=True)
@@ -102,17 +114,30 @@ class MediaLoader:
         index_bytes = _URI_INDEX_ENTRIES * _URI_INDEX_ENTRY_BYTES if config.decode_memo_mb else 0
         self._data_uris: ByteLRU[str, str] = ByteLRU(index_bytes)
         self._decoding: SingleFlight[str, DecodedImage] = SingleFlight()
-        self.videos = VideoLoader(
-            config,
-            resolver=resolver,
-            transport_factory=transport_factory,
-            address_policy=address_policy,
+        fetching = dict(
+            resolver=resolver, transport_factory=transport_factory, address_policy=address_policy
         )
-        self.audio = AudioLoader(
+        self.videos: ClipLoader[DecodedVideo] = ClipLoader(
             config,
-            resolver=resolver,
-            transport_factory=transport_factory,
-            address_policy=address_policy,
+            "video",
+            max_bytes=config.max_video_bytes,
+            memo_bytes=_VIDEO_MEMO_BYTES,
+            forms=SUPPORTED_VIDEO_FORMS,
+            **fetching,
+        )
+        self.video_sampling = VideoSampling(
+            fps=config.video_fps,
+            max_frames=config.max_video_frames,
+            max_seconds=config.max_video_seconds,
+            max_pixels=config.max_image_pixels,
+        )
+        self.audio: ClipLoader[DecodedAudio] = ClipLoader(
+            config,
+            "audio",
+            max_bytes=config.max_audio_bytes,
+            memo_bytes=_AUDIO_MEMO_BYTES,
+            forms=SUPPORTED_AUDIO_FORMS,
+            **fetching,
         )
         self._counts = dict(decodes=0, unexpected_errors=0, data_uri_memo_hits=0)
         self._sources = dict(url=0, data=0, path=0)
@@ -156,13 +181,7 @@ class MediaLoader:
         as images complete. On the first failure the remaining loads are cancelled and, of the
         pairs that have failed by then, the error of the first in input order is raised.
         """
-        limit = self._config.max_images_per_request
-        if len(urls) > limit:
-            raise invalid(
-                f"the request has {len(urls)} images, over the limit of {limit} per request "
-                "(the limit is set by --max-images-per-request)",
-                code="too_many_images",
-            )
+        self.check_media_count(len(urls))
         tasks = [asyncio.ensure_future(self.load(u, p)) for u, p in urls]
         pending: set[asyncio.Future[DecodedImage]] = set(tasks)
         total = 0
@@ -187,51 +206,42 @@ class MediaLoader:
         return [t.result() for t in tasks]
 
     async def load_videos(self, urls: Sequence[tuple[str, str]]) -> list[DecodedVideo]:
-        """Load (url, param) video pairs concurrently, in input order. On the first failure
-        the other loads are cancelled and, of the pairs that have failed by then, the error
-        of the first in input order is raised (as `load_all`). Videos count against
-        `max_images_per_request` together with the request's images (checked by the caller
-        through `check_media_count`)."""
-        tasks = [asyncio.ensure_future(self.videos.load(u, p)) for u, p in urls]
-        try:
-            await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            failed = [t for t in tasks if not t.cancelled() and t.exception() is not None]
-            if failed:
-                raise failed[0].exception() from None  # type: ignore[misc]
-            raise
-        return [t.result() for t in tasks]
+        """Load (url, param) video pairs concurrently, in input order (as `_load_clips`).
+        Videos count against `max_images_per_request` together with the request's images
+        (checked by the caller through `check_media_count`)."""
+        sampling = self.video_sampling
+
+        def decode(data: bytes, source: str) -> DecodedVideo:
+            return decode_video(data, sampling, source)
+
+        return await _load_clips([self.videos.load(u, p, decode) for u, p in urls])
 
     async def load_audio(self, urls: Sequence[tuple[str, str]], rate: int) -> list[DecodedAudio]:
-        """Load (url, param) audio pairs concurrently at `rate` Hz, in input order; the
-        first failure in input order is raised, the other loads cancelled."""
-        tasks = [asyncio.ensure_future(self.audio.load(u, p, rate)) for u, p in urls]
-        try:
-            await asyncio.gather(*tasks)
-        except BaseException:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            failed = [t for t in tasks if not t.cancelled() and t.exception() is not None]
-            if failed:
-                raise failed[0].exception() from None  # type: ignore[misc]
-            raise
-        return [t.result() for t in tasks]
+        """Load (url, param) audio pairs concurrently, decoded to mono at `rate` Hz, in input
+        order (as `_load_clips`)."""
+        seconds = self._config.max_audio_seconds
 
-    def check_media_count(self, images: int, videos: int, audio: int = 0) -> None:
+        def decode(data: bytes, source: str) -> DecodedAudio:
+            return decode_audio(data, rate, seconds, source)
+
+        return await _load_clips([self.audio.load(u, p, decode, f"@{rate}") for u, p in urls])
+
+    def check_media_count(self, images: int, videos: int = 0, audio: int = 0) -> None:
         """400 when a request carries more media parts (images, videos and audio clips) than
         `max_images_per_request`, before any is fetched or decoded."""
         limit = self._config.max_images_per_request
-        if (videos or audio) and images + videos + audio > limit:  # images alone: load_all's
-            raise invalid(
-                f"the request has {images} images, {videos} videos and {audio} audio clips, "
-                f"over the limit of {limit} media parts per request (the limit is set by "
-                "--max-images-per-request)",
-                code="too_many_images",
-            )
+        if images + videos + audio <= limit:
+            return
+        if videos or audio:
+            has = f"{images} images, {videos} videos and {audio} audio clips"
+            per = "media parts per request"
+        else:
+            has, per = f"{images} images", "per request"
+        raise invalid(
+            f"the request has {has}, over the limit of {limit} {per} "
+            "(the limit is set by --max-images-per-request)",
+            code="too_many_images",
+        )
 
     async def _load(self, url: str) -> DecodedImage:
         if not isinstance(url, str):
@@ -348,3 +358,21 @@ class MediaLoader:
         if memo_key is not None:
             self._memo.put(memo_key, decoded, decoded.width * decoded.height * 3)
         return decoded
+
+
+async def _load_clips(loads: Sequence[Awaitable[_Clip]]) -> list[_Clip]:
+    """Run `loads` concurrently; results in input order. On the first failure the other loads
+    are cancelled and, of those that failed by then, the error of the first in input order is
+    raised (as `MediaLoader.load_all`)."""
+    tasks = [asyncio.ensure_future(load) for load in loads]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        failed = [t for t in tasks if not t.cancelled() and t.exception() is not None]
+        if failed:
+            raise failed[0].exception() from None  # type: ignore[misc]
+        raise
+    return [t.result() for t in tasks]

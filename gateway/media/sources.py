@@ -25,6 +25,8 @@ from gateway.errors import APIError, invalid, too_large
 from gateway.media.url_policy import shorten
 
 _ARTICLE = {"image": "an image", "video": "a video", "audio": "audio"}
+_PLURAL = {"image": "images", "video": "videos", "audio": "audio"}
+_UNIT = {"image": "image", "video": "video", "audio": "audio clip"}
 _BASE64_BODY = re.compile(r"^[A-Za-z0-9+/]*={0,2}$")
 # b64decode(validate=True) is a strict a2b_base64 from Python 3.11 on; 3.10 has no strict mode
 # (it validates with a regex instead), so there every payload takes the checked path.
@@ -163,27 +165,27 @@ def _inside(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == root or path.is_relative_to(root) for root in roots)
 
 
-def read_media_file(path: str, roots: Sequence[Path], max_bytes: int) -> bytes:
-    """Read a regular file below one of `roots` (resolved directories). Blocking.
+def read_media_file(path: str, roots: Sequence[Path], max_bytes: int, kind: str = "image") -> bytes:
+    """Read a regular file below one of `roots` (resolved directories) for a `kind` part
+    ("image", "video" or "audio": the words of refusals; their codes are the same for all).
+    Blocking.
 
     Order matters: the containment check runs on the symlink-resolved path before existence
     is tested, so a refused path says the same whether or not it exists.
     """
-    shown = shorten(path, 80)
+    shown = f"{kind} path {shorten(path, 80)!r}"
     if not roots:
         raise invalid(
-            f"local image paths are disabled (got {shown!r}); start the server with "
-            "--allowed-media-dir DIR to serve images from DIR",
+            f"local {kind} paths are disabled (got {shorten(path, 80)!r}); start the server with "
+            f"--allowed-media-dir DIR to serve {_PLURAL[kind]} from DIR",
             code="image_path_forbidden",
         )
     outside = invalid(
-        f"image path {shown!r} is outside the allowed media directories (--allowed-media-dir)",
+        f"{shown} is outside the allowed media directories (--allowed-media-dir)",
         code="image_path_forbidden",
     )
     if "\x00" in path or not path.startswith("/"):
-        raise invalid(
-            f"image path {shown!r} is not a valid absolute path", code="invalid_image_url"
-        )
+        raise invalid(f"{shown} is not a valid absolute path", code="invalid_image_url")
     try:
         loose = Path(path).resolve(strict=False)
         if not _inside(loose, roots):
@@ -193,51 +195,49 @@ def read_media_file(path: str, roots: Sequence[Path], max_bytes: int) -> bytes:
             raise outside
         info = os.stat(real)
     except FileNotFoundError:
-        raise invalid(f"image path {shown!r} does not exist", code="image_path_invalid") from None
+        raise invalid(f"{shown} does not exist", code="image_path_invalid") from None
     except (OSError, RuntimeError) as exc:  # RuntimeError: symlink loop on some Pythons
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise invalid(
-            f"image path {shown!r} cannot be accessed: {reason}", code="image_path_invalid"
-        ) from None
-    _check_regular(info, shown, max_bytes)
+        raise invalid(f"{shown} cannot be accessed: {reason}", code="image_path_invalid") from None
+    _check_regular(info, shown, max_bytes, kind)
     # O_NONBLOCK: if the file was swapped for a FIFO after the stat, opening must not hang.
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(real, flags)
     except OSError as exc:
         raise invalid(
-            f"image path {shown!r} cannot be read: {exc.strerror}", code="image_path_invalid"
+            f"{shown} cannot be read: {exc.strerror}", code="image_path_invalid"
         ) from None
     try:
-        _check_regular(os.fstat(fd), shown, max_bytes)
+        _check_regular(os.fstat(fd), shown, max_bytes, kind)
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(max_bytes + 1)
     except OSError as exc:
         raise invalid(
-            f"image path {shown!r} cannot be read: {exc.strerror or exc}",
+            f"{shown} cannot be read: {exc.strerror or exc}",
             code="image_path_invalid",
         ) from None
     finally:
         os.close(fd)
     if len(data) > max_bytes:
-        raise _file_too_large(shown, max_bytes)
+        raise _file_too_large(shown, max_bytes, kind)
     return data
 
 
-def _check_regular(info: os.stat_result, shown: str, max_bytes: int) -> None:
+def _check_regular(info: os.stat_result, shown: str, max_bytes: int, kind: str) -> None:
     if stat.S_ISDIR(info.st_mode):
-        raise invalid(f"image path {shown!r} is a directory", code="image_path_invalid")
+        raise invalid(f"{shown} is a directory", code="image_path_invalid")
     if not stat.S_ISREG(info.st_mode):
         raise invalid(
-            f"image path {shown!r} is not a regular file (device, FIFO or socket)",
+            f"{shown} is not a regular file (device, FIFO or socket)",
             code="image_path_invalid",
         )
     if info.st_size > max_bytes:
-        raise _file_too_large(shown, max_bytes)
+        raise _file_too_large(shown, max_bytes, kind)
 
 
-def _file_too_large(shown: str, max_bytes: int) -> APIError:
+def _file_too_large(shown: str, max_bytes: int, kind: str) -> APIError:
     return too_large(
-        f"image file {shown!r} is over the limit of {max_bytes} bytes per image "
-        "(the limit is set by --max-image-bytes)"
+        f"{shown} is over the limit of {max_bytes} bytes per {_UNIT[kind]} "
+        f"(the limit is set by --max-{kind}-bytes)"
     )

@@ -65,9 +65,7 @@ def parse_messages(
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     refuse_unapplied(body, ANTHROPIC_MESSAGES)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid("`model` is required and must be a string", "model")
+    model = fields.model_name(body)
     talk = conversation(body.get("messages"))
     max_tokens = fields.opt_int(body, "max_tokens", 1, 1_000_000)
     if max_tokens is None and not count_only:

@@ -58,9 +58,7 @@ def parse_embeddings_request(body: Any) -> EmbedRequest:
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
     accepted.refuse_unapplied(body, accepted.OPENAI_EMBEDDINGS)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid("`model` is required and must be a string", "model")
+    model = fields.model_name(body)
     fmt = body.get("encoding_format") or "float"  # (null: the default, as OpenAI's)
     if fmt not in FORMATS:
         raise invalid("`encoding_format` must be 'float' or 'base64'", "encoding_format")
@@ -120,14 +118,7 @@ def _part(raw: dict[str, Any], at: str) -> str | ImagePart:
             raise invalid(f"`{at}.text` must be a string", f"{at}.text")
         return fields.text(value, f"{at}.text")
     if kind in ("image_url", "input_image"):
-        value = raw.get("image_url")
-        url = value.get("url") if isinstance(value, dict) else value
-        if not isinstance(url, str) or not url:
-            raise invalid(
-                f"`{at}.image_url.url` must be a non-empty string: an http(s) URL, a "
-                "data:image/... URI or a file path",
-                f"{at}.image_url.url",
-            )
+        url = fields.media_url(raw, at, "image_url", "image")
         return ImagePart(url, f"{at}.image_url.url")
     raise invalid(f"`{at}.type` must be 'text' or 'image_url'", f"{at}.type")
 

@@ -30,9 +30,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     every documented field is applied or refused (gateway.api.accepted), never ignored."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid("`model` is required and must be a string", "model")
+    model = fields.model_name(body)
     messages = _messages(body.get("messages"))
     refuse_unapplied(body, OPENAI_CHAT)
     max_tokens = fields.opt_int(body, "max_completion_tokens", 1, 1_000_000)
@@ -164,14 +162,8 @@ def _content(raw: Any, where: str, allow_images: bool) -> tuple[Part, ...]:
 def _media_url(part: dict[str, Any], at: str, key: str, mime: str) -> str:
     """The URL of an `image_url` or `video_url` part: an object with `url`, or the URL
     string itself."""
+    url = fields.media_url(part, at, key, mime)
     value = part.get(key)
-    url = value.get("url") if isinstance(value, dict) else value
-    if not isinstance(url, str) or not url:
-        raise invalid(
-            f"`{at}.{key}.url` must be a non-empty string: an http(s) URL, a data:{mime}/... "
-            "URI or a file path",
-            f"{at}.{key}.url",
-        )
     detail = value.get("detail") if isinstance(value, dict) else None
     if detail is not None and detail not in ("auto", "low", "high"):
         # OpenAI's values; the image is always seen at the model's own resolution here

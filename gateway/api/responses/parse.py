@@ -87,9 +87,7 @@ def parse_responses_request(body: Any, seal: ReasoningSeal | None = None) -> Res
     `seal` opens the reasoning items' `encrypted_content` (gateway.api.responses.sealed)."""
     if not isinstance(body, dict):
         raise invalid("the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise invalid("`model` is required and must be a string", "model")
+    model = fields.model_name(body)
     _refuse_unsupported(body)
     refuse_unapplied(body, RESPONSES)
     instructions = body.get("instructions")

@@ -8,7 +8,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily
+
+from gateway.metrics import cache_size_families
 
 _BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 P = "vision_gateway_"
@@ -60,13 +62,4 @@ class _CacheCollector:
         yield CounterMetricFamily(P + "embedding_cache_hits", "Inputs found", embedding["hits"])
         yield CounterMetricFamily(P + "vision_cache_queries", "Images looked up", vision["queries"])
         yield CounterMetricFamily(P + "vision_cache_hits", "Images found", vision["hits"])
-        for name, doc, key, family in (
-            ("cache_evictions", "Entries evicted", "evictions", CounterMetricFamily),
-            ("cache_bytes", "Bytes held (used array sizes)", "bytes", GaugeMetricFamily),
-            ("cache_entries", "Entries held", "entries", GaugeMetricFamily),
-            ("cache_capacity_bytes", "Byte budget", "capacity_bytes", GaugeMetricFamily),
-        ):
-            metric = family(P + name, doc, labels=["cache"])
-            for cache in ("embedding", "vision"):
-                metric.add_metric([cache], stats[cache][key])
-            yield metric
+        yield from cache_size_families(stats, ("embedding", "vision"))

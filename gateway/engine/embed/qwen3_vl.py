@@ -134,9 +134,15 @@ class QwenVLEmbedder(Embedder):
             {"type": "text", "text": p} if isinstance(p, str) else {"type": "image"}
             for p in item.parts or ()
         ]
-        text = self.prompt.render([{"role": "user", "content": content}])
-        images = item.images
+        return self._prepared([{"role": "user", "content": content}], item.images)
+
+    def _prepared(
+        self, messages: list[dict[str, Any]], images: tuple[EmbedImage, ...]
+    ) -> Prepared:
+        """`messages` through the chat template, each image's placeholder run laid out at
+        its grid; EmbedRefused for what the template or the context refuses."""
         try:
+            text = self.prompt.render(messages)
             grids = [self.prompt.image_grid(i.width, i.height) for i in images]
             ids, _ = self.prompt.layout_prompt(self.prompt.tokenize(text), grids)
         except ValueError as exc:

@@ -69,15 +69,7 @@ class QwenVLReranker(QwenVLEmbedder):
         messages = reranking._vl_messages(
             _item(query), _item(document), instruction or self.default_instruction
         )
-        images = item.images
-        try:
-            text = self.prompt.render(messages)
-            grids = [self.prompt.image_grid(i.width, i.height) for i in images]
-            ids, _ = self.prompt.layout_prompt(self.prompt.tokenize(text), grids)
-        except ValueError as exc:
-            raise EmbedRefused(str(exc)) from None
-        self.check_length(ids)
-        return Prepared(tuple(ids), images, tuple(grids))
+        return self._prepared(messages, item.images)
 
     def pooled(self, rows: Sequence[Prepared], features: Sequence[ImageFeatures]) -> mx.array:
         """Each row's score, (rows, 1)."""

@@ -1,10 +1,11 @@
-"""Video references through `MediaLoader.load_videos`: the same sources and SSRF rules as
-images, the video byte cap, and the memo.
+"""Clip references (videos through `MediaLoader.load_videos`, audio through `load_audio`):
+the same sources and SSRF rules as images, each kind's byte cap, and the memo.
 
 Pinned: a clip fetched by URL (through the SSRF-safe fetcher, asking for `video/*`), sent as a
-data URI, or read from an allowed path has one identity; the same bytes are decoded once; a
-body over --max-video-bytes is a 413 naming that flag; a host resolving to a private address
-is refused before any request; the first failing reference (in input order) is the error.
+data URI, or read from an allowed path has one identity; the same bytes are decoded once (per
+audio sample rate); a body over --max-video-bytes is a 413 naming that flag; a host resolving
+to a private address is refused before any request; the first failing reference (in input
+order) is the error; a refused audio path speaks of audio, not images.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from audio_clips import chirp, encode
 from video_clips import clip_bytes, noise_frames
 
 from gateway.config import MediaConfig
@@ -81,3 +83,46 @@ def test_the_first_failure_in_input_order_is_raised(tmp_path: Path) -> None:
     with pytest.raises(APIError) as caught:
         asyncio.run(loader.load_videos(refs))
     assert caught.value.param == "first"
+
+
+WAV = encode(chirp(0.5, 16000), 16000)
+
+
+def test_audio_sources_are_one_clip_decoded_once_per_rate(tmp_path: Path) -> None:
+    """Invariant: audio by URL, data URI and path has one content hash and one decode at a
+    rate; the same bytes at another rate are another decode (the memo key holds the rate)."""
+    (tmp_path / "a.wav").write_bytes(WAV)
+    loader, seen = _loader(tmp_path.resolve(), body=WAV)
+    uri = "data:audio/wav;base64," + base64.b64encode(WAV).decode()
+    refs = [("https://audio.example/a.wav", "a"), (uri, "b"), (str(tmp_path / "a.wav"), "c")]
+    clips = asyncio.run(loader.load_audio(refs, 16000))
+    assert len({c.content_hash for c in clips}) == 1 and clips[0].rate == 16000
+    assert [c.source for c in clips] == ["url", "data", "path"]
+    assert seen[0].headers["accept"] == "audio/*"
+    assert loader.stats()["audio"]["decodes"] == 1
+    (slower,) = asyncio.run(loader.load_audio([(uri, "d")], 8000))
+    assert slower.rate == 8000 and slower.content_hash != clips[0].content_hash
+    assert loader.stats()["audio"]["decodes"] == 2
+
+
+def test_a_refused_audio_path_speaks_of_audio(tmp_path: Path) -> None:
+    """Invariant: the local-file rules are the images', their words the clip's kind (a path
+    outside the roots, and paths with no root allowed at all)."""
+    loader, _ = _loader(tmp_path.resolve())
+    with pytest.raises(APIError) as outside:
+        asyncio.run(loader.load_audio([("/etc/passwd", "p")], 16000))
+    assert outside.value.status == 400 and outside.value.param == "p"
+    assert "audio path" in outside.value.message and "image" not in outside.value.message
+    closed = MediaLoader(MediaConfig())
+    with pytest.raises(APIError) as disabled:
+        asyncio.run(closed.load_audio([("/tmp/a.wav", "p")], 16000))
+    assert "local audio paths are disabled" in disabled.value.message
+
+
+def test_empty_audio_is_a_400(tmp_path: Path) -> None:
+    """Invariant: zero bytes are refused before decoding, naming the problem."""
+    (tmp_path / "empty.wav").write_bytes(b"")
+    loader, _ = _loader(tmp_path.resolve())
+    with pytest.raises(APIError) as caught:
+        asyncio.run(loader.load_audio([(str(tmp_path / "empty.wav"), "p")], 16000))
+    assert caught.value.status == 400 and caught.value.code == "empty_audio"
