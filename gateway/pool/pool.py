@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -129,6 +130,11 @@ class ModelPool:
             assert task is not None
             try:
                 await asyncio.wait_for(asyncio.shield(task), max(deadline - time.monotonic(), 0))
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    raise  # this request was cancelled (its client left)
+                continue  # the load was (the pool stops): the loop says so with a 503
             except TimeoutError:
                 waiting = kind == "load" and slot.state is SlotState.UNLOADED  # for room
                 why = self._no_room(slot) if waiting else "it did not load in time"
@@ -185,18 +191,20 @@ class ModelPool:
     async def _load(self, slot: ModelSlot, deadline: float) -> None:
         """Make room, start the engine, prepare the prompt side; on failure record why and
         leave the model unloaded (its engine stopped)."""
+        abandoned = threading.Event()
         try:
             await self._make_room(slot, deadline)
             slot.state = SlotState.LOADING
             slot.last_error = None
             started = time.perf_counter()
             log.info("loading model %r (%s)", slot.name, slot.config.model)
-            await asyncio.to_thread(self._start_engine, slot, deadline)
+            await asyncio.to_thread(self._start_engine, slot, deadline, abandoned)
             seconds = time.perf_counter() - started
             slot.state = SlotState.LOADED
             self._metrics.loaded(slot.name, seconds)
             log.info("model %r loaded in %.1f s", slot.name, seconds)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # the pool stops: the worker thread may still load
+            abandoned.set()
             await self._stop_engine(slot)
             raise
         except Exception as exc:  # noqa: BLE001 - any failure of a load is that model's 503
@@ -205,12 +213,24 @@ class ModelPool:
             log.error("model %r failed to load: %s", slot.name, slot.last_error)
             await self._stop_engine(slot)
 
-    def _start_engine(self, slot: ModelSlot, deadline: float) -> None:
-        """Worker thread: start the engine (the model loads there), then its prompt side."""
+    def _start_engine(self, slot: ModelSlot, deadline: float, abandoned: threading.Event) -> None:
+        """Worker thread: start the engine (the model loads there), then its prompt side.
+
+        `abandoned` is set when the load's task was cancelled (the pool stops) while this
+        thread, which cannot be interrupted, went on: the engine it started is then stopped
+        here, since the task's own clean-up may have run before the engine existed."""
         engine = slot.make_engine(slot.config)
+        if abandoned.is_set():
+            return
         slot.engine = engine
-        engine.start(max(deadline - time.monotonic(), 1.0))
-        self._prepare(slot)
+        try:
+            engine.start(max(deadline - time.monotonic(), 1.0))
+        finally:
+            if abandoned.is_set():
+                log.info("model %r: the pool stopped while it loaded; stopping it", slot.name)
+                engine.stop()
+        if not abandoned.is_set():
+            self._prepare(slot)
 
     async def _make_room(self, slot: ModelSlot, deadline: float) -> None:
         """Unload least recently used idle, unpinned models until `slot` fits the limits;

@@ -90,6 +90,7 @@ class RemoteEngine:
         self._futures: dict[int, Future[Any]] = {}  # embedding calls, answered by the reader
         self._call_ids = itertools.count()
         self._alive = False
+        self._stopping = False  # stop() was called: a start under way gives up (under _lock)
         self._stopped = threading.Event()
         self._images = ImageStore(keep_images=False)  # what the engine process holds
 
@@ -103,9 +104,13 @@ class RemoteEngine:
             started = self._spares.take(self.config)
         else:
             started = spawn_engine(self.config, self._log_level)
-        self._process = started.process
-        self._commands, self._events = started.commands, started.events
+        with self._lock:  # stop() sees the process, or this sees that stop() came first
+            self._process = started.process
+            self._commands, self._events = started.commands, started.events
+            stopping = self._stopping
         try:
+            if stopping:
+                raise RuntimeError("the engine was stopped while it started")
             if not self._events.poll(timeout):
                 raise TimeoutError("the engine process did not load the model in time")
             first = self._events.recv()
@@ -138,15 +143,22 @@ class RemoteEngine:
             self._process.join(5)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Ask the engine to stop (in-flight requests get SHUTTING_DOWN errors), wait for it."""
+        """Ask the engine to stop (in-flight requests get SHUTTING_DOWN errors), wait for it.
+        Called while `start` is loading the model (another thread), it kills the process at
+        once (a loading engine holds nothing to finish) and `start` raises."""
+        with self._lock:
+            self._stopping = True
+            process = getattr(self, "_process", None)
         if self._alive:
             self._send(Stop())
             self._stopped.wait(timeout)
-        if getattr(self, "_process", None) is not None:
-            self._process.join(timeout)
-            if self._process.is_alive():
+        elif process is not None and process.is_alive():
+            process.kill()
+        if process is not None:
+            process.join(timeout)
+            if process.is_alive():
                 log.warning("engine process did not exit; killing it")
-                self._process.kill()
+                process.kill()
 
     # ----- requests -----------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ model (Retry-After) once the load timeout passes; a model whose load fails gives
 it and the reason while the others serve, and is tried again on the next request; keep-alive
 (the model's, the server's, a request's) unloads an idle model, -1 never; aliases reach their
 model; a model whose engine died loads again for the next request; the metrics count
-loads, failures and unloads.
+loads, failures and unloads; a shutdown during a load leaves no engine running.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ class FakeEngine:
         with self.lab.lock:
             if self.alive:
                 self.lab.alive -= 1
+                self.lab.stopped.append(self.config.served_model_name)
             self.alive = False
 
 
@@ -67,6 +68,7 @@ class Lab:
         self.fails: dict[str, str] = {}
         self.alive = 0
         self.most_alive = 0
+        self.stopped: list[str] = []  # engines stopped while alive, in order
         self.registry = CollectorRegistry()
 
     def pool(self, specs: list[ModelSpec], **limits: Any) -> ModelPool:
@@ -230,6 +232,30 @@ def test_a_slow_load_times_out_with_a_503() -> None:
         return refused.value
 
     assert "did not load in time" in _run(work).message
+
+
+def test_an_engine_that_finishes_loading_after_the_pool_stopped_is_stopped() -> None:
+    """Invariant: a shutdown during a model's load leaves no engine running: the load's
+    worker thread cannot be interrupted, so the engine it starts late is stopped (a real
+    engine is a process that would outlive the server)."""
+    lab = Lab()
+    lab.load_s["slow"] = 0.5
+    pool = lab.pool(_specs("a", "slow"))
+
+    async def work() -> None:
+        await pool.start()
+        slow = pool.find("slow")
+        assert slow is not None
+        loading = asyncio.ensure_future(pool.acquire(slow))
+        while lab.starts.get("slow") != 1:
+            await asyncio.sleep(0.01)
+        await pool.stop()
+        with pytest.raises(APIError):
+            await loading
+
+    _run(work)  # (asyncio.run returns once the worker threads are done)
+    assert lab.starts == {"a": 1, "slow": 1}
+    assert lab.alive == 0 and lab.stopped == ["a", "slow"]  # slow: once its start ended
 
 
 def test_keep_alive_unloads_idle_models_and_minus_one_keeps_them() -> None:

@@ -4,13 +4,15 @@ Pinned: a request through the engine process gives the tokens and logprobs the i
 engine gives (events cross the pipe intact, images preprocessed in the engine process); cache
 stats and metrics come back over the pipe, and the device's memory with `Ready`; if the
 engine process dies, requests in flight get an error event and new ones are refused with
-EngineUnavailable instead of hanging.
+EngineUnavailable instead of hanging; a stop during the start kills the loading process.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 
 import pytest
 from support import EngineHarness, Run, chat_body, decoded, noise_image, tiny_model
@@ -88,6 +90,31 @@ def test_a_dead_engine_process_fails_requests_instead_of_hanging() -> None:
         assert not engine.alive  # /health reports the server unavailable
     finally:
         engine.stop(timeout=5)
+
+
+def test_stop_during_start_kills_the_loading_process_at_once() -> None:
+    """Invariant: `stop` from another thread while `start` waits for the model kills the
+    engine process at once and `start` raises (a server shutting down mid-load leaves no
+    engine process behind, and does not wait for the load)."""
+    engine = RemoteEngine(EngineConfig(model=str(tiny_model()), served_model_name="test"))
+    failure: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            engine.start(timeout=300)
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            failure.append(exc)
+
+    starter = threading.Thread(target=start)
+    starter.start()
+    while getattr(engine, "_process", None) is None:
+        time.sleep(0.01)
+    began = time.monotonic()
+    engine.stop()
+    starter.join(30)
+    assert not starter.is_alive() and len(failure) == 1
+    assert not engine._process.is_alive() and not engine.alive
+    assert time.monotonic() - began < 5  # killed, not joined for stop's 10 s
 
 
 def test_a_cancel_while_the_image_is_prepared_is_not_lost(remote: RemoteEngine) -> None:
