@@ -82,7 +82,8 @@ def engine_process_main(
     try:
         engine.start()
     except Exception as exc:  # noqa: BLE001 - reported to the parent
-        outbox.send(LoadFailed(str(exc)))
+        # the cause's words: the client says "model failed to load" itself
+        outbox.send(LoadFailed(str(exc.__cause__ or exc)))
         outbox.close()
         return
     model = engine.model
