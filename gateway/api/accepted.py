@@ -192,36 +192,22 @@ RESPONSES: dict[str, tuple[str, str]] = {
 }
 
 
+# The legacy Completions API shares the chat's sampling fields and their meaning.
+_SHARED_WITH_CHAT = (
+    "model", "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty",
+    "logit_bias", "stream", "stream_options", "top_k", "repetition_penalty", "min_tokens",
+    "ignore_eos", "cache_salt", "keep_alive", "user", "use_beam_search", "length_penalty",
+    "min_p", "stop_token_ids", "prompt_logprobs",
+)  # fmt: skip
 OPENAI_COMPLETIONS: dict[str, tuple[str, str]] = {
-    "model": (APPLIED, "the served model's name (404 for another)"),
+    **{name: OPENAI_CHAT[name] for name in _SHARED_WITH_CHAT},
     "prompt": (APPLIED, "text or token ids; a list of them: one set of choices each"),
     "max_tokens": (APPLIED, "the most tokens to generate (default 16, as OpenAI's)"),
-    "temperature": (APPLIED, "0 to 2; 0 is greedy"),
-    "top_p": (APPLIED, "nucleus cut, (0, 1]"),
-    "seed": (APPLIED, "a row's draws are a function of (seed, draw): batch-independent"),
-    "stop": (APPLIED, "up to 16 stop strings"),
     "n": (APPLIED, "1 to --max-batch choices per prompt from one prefill"),
     "best_of": (INFORMATIONAL, "equal to n: no effect (another value is a 400)"),
     "logprobs": (APPLIED, "0 to 20: the chosen token's log-probability and alternatives"),
     "echo": (APPLIED, "the prompt's text before the completion (without logprobs)"),
     "suffix": (REFUSED, "suffix (fill in the middle)"),
-    "presence_penalty": (APPLIED, "-2 to 2, minus p for each token already in the output"),
-    "frequency_penalty": (APPLIED, "-2 to 2, minus f x the token's count in the output"),
-    "logit_bias": (APPLIED, "token id -> bias in [-100, 100], added to the logits"),
-    "stream": (APPLIED, "server-sent events"),
-    "stream_options": (APPLIED, "include_usage: a final usage chunk"),
-    "top_k": (APPLIED, "vLLM: keep the k most likely tokens"),
-    "repetition_penalty": (APPLIED, "vLLM: (0, 10], 1 off; prompt and output tokens"),
-    "min_tokens": (APPLIED, "vLLM: no end-of-sequence token or stop string before this many"),
-    "ignore_eos": (APPLIED, "vLLM: generate max_tokens tokens"),
-    "cache_salt": (APPLIED, "vLLM: scopes cache reuse"),
-    "keep_alive": (APPLIED, "Ollama: how long the model stays loaded after the request"),
-    "user": (INFORMATIONAL, "an end-user id; no effect on the answer"),
-    "use_beam_search": (REFUSED, "beam search"),
-    "length_penalty": (REFUSED, "length_penalty (beam search)"),
-    "min_p": (REFUSED, "min_p"),
-    "stop_token_ids": (REFUSED, "stop_token_ids"),
-    "prompt_logprobs": (REFUSED, "prompt_logprobs (the prompt's log-probabilities)"),
     "response_format": (REFUSED, "response_format on completions (use /v1/chat/completions)"),
     "guided_json": (REFUSED, "guided decoding on completions (use chat's response_format)"),
 }
