@@ -290,6 +290,21 @@ class Gateway:
         cards = [self._card(slot) for slot in self.pool.slots]
         return JSONResponse({"object": "list", "data": cards})
 
+    async def model(self, request: Request) -> Response:
+        """One served model's card, as `models` lists it (OpenAI's `GET /v1/models/{model}`;
+        an alias names its model): 404 naming the served ones for another name, 405 for a
+        GET of the admin load / unload endpoints."""
+        self.keys.authorize(request, "read")
+        name = request.path_params["model"]
+        head, _, action = name.rpartition("/")
+        if self.pool.find(name) is None and action in ("load", "unload") and self.pool.find(head):
+            raise APIError(
+                405,
+                f"POST /v1/models/{head}/{action} {action}s the model; GET is not allowed",
+                headers={"Allow": "POST"},
+            )
+        return JSONResponse(self._card(self._slot(request)))
+
     def _card(self, slot: ModelSlot) -> dict[str, Any]:
         card: dict[str, Any] = {
             "id": slot.name,
@@ -438,6 +453,7 @@ def create_app(
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/v1/models/{model:path}/load", gateway.load_model, methods=["POST"]),
         Route("/v1/models/{model:path}/unload", gateway.unload_model, methods=["POST"]),
+        Route("/v1/models/{model:path}", gateway.model, methods=["GET"]),
         Route("/health", gateway.health, methods=["GET"]),
         Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
         Route("/v1/cache/stats", gateway.cache_stats, methods=["GET"]),
