@@ -11,8 +11,8 @@ packet sizes).
 Limits (every refusal a 400 `APIError`): the encoded size is checked by the caller; the
 length (`max_seconds`, from the container's header when it says, else while decoding; at
 least `MIN_SECONDS`), the source's sample rate (at most `MAX_SOURCE_RATE`), a codec FFmpeg
-has no decoder for, and emptiness (no audio stream, no samples) here; a corrupt stream is a
-400 naming the failure.
+has no decoder for, emptiness (no audio stream, no samples) and samples that are not finite
+here; a corrupt stream is a 400 naming the failure.
 Blocking: run in a worker thread.
 """
 
@@ -116,6 +116,11 @@ def decode_audio(data: bytes, rate: int, max_seconds: float, source: str) -> Dec
     samples = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
     if samples.size == 0:
         raise invalid("the audio holds no samples", code="empty_audio")
+    if not np.isfinite(samples).all():  # (a float WAV may; the answer's logprobs went NaN)
+        raise invalid(
+            "the audio holds NaN or infinite samples; send PCM or finite float samples",
+            code="invalid_audio",
+        )
     if samples.size < MIN_SECONDS * rate:
         raise invalid(
             f"the audio is {samples.size / rate * 1000:.1f} ms long; send at least "

@@ -54,6 +54,14 @@ def wav(rate: int, samples: int, channels: int = 1, bits: int = 16, tag: int = 1
     return head + b"data" + struct.pack("<I", len(data)) + data
 
 
+def float_wav(samples: np.ndarray, rate: int = 16000) -> bytes:
+    """`samples` as a 32-bit float WAV (format tag 3), NaN and infinities kept."""
+    data = np.asarray(samples, "<f4").tobytes()
+    fmt = struct.pack("<IHHIIHH", 16, 3, 1, rate, rate * 4, 4, 32)
+    head = b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt " + fmt
+    return head + b"data" + struct.pack("<I", len(data)) + data
+
+
 def audio(data: Any, fmt: Any = "wav") -> dict[str, Any]:
     return {"type": "input_audio", "input_audio": {"data": data, "format": fmt}}
 
@@ -418,6 +426,32 @@ AUDIO_CASES: list[Any] = [
             chat("audio", audio(b64(wav(1_000_000, 100)))), param=DATA, code="invalid_audio"
         ),
         id="wav-at-a-megahertz",
+    ),
+    pytest.param(
+        SurfaceCase(
+            chat("audio", audio(b64(float_wav(np.full(8000, np.nan))))) | {"logprobs": True},
+            param=DATA,
+            code="invalid_audio",
+            says="NaN",
+        ),
+        id="float-wav-of-nan",
+    ),
+    pytest.param(
+        SurfaceCase(
+            chat("audio", audio(b64(float_wav(np.full(8000, -np.inf))))) | {"logprobs": True},
+            param=DATA,
+            code="invalid_audio",
+        ),
+        id="float-wav-of-minus-infinity",
+    ),
+    pytest.param(
+        SurfaceCase(
+            responses("audio", audio(b64(float_wav(np.where(np.arange(8000) % 7, 0.1, np.nan))))),
+            param=RDATA,
+            path=RESPONSES,
+            code="invalid_audio",
+        ),
+        id="responses-float-wav-with-some-nan",
     ),
     pytest.param(
         SurfaceCase(

@@ -46,9 +46,12 @@ from tests.gateway.hostile.surface_cases import (
     WAV,
     SurfaceCase,
     audio,
+    audio_url,
     b64,
     chat,
+    float_wav,
     responses,
+    wav,
 )
 
 MODELS = """\
@@ -157,6 +160,29 @@ def test_hostile_request_gets_exact_4xx_in_its_api_shape(
     assert not re.search(r"unexpected \w+Error", error["message"]), error  # a bug, not a fix
     if case.says is not None:
         assert case.says in error["message"], error
+
+
+LENIENT = [
+    pytest.param(audio(b64(WAV), "mp3"), id="wav-bytes-labelled-mp3"),
+    pytest.param(audio(b64(WAV)[:40] + "\n" + b64(WAV)[40:]), id="base64-with-a-newline"),
+    pytest.param(audio(b64(WAV[:-1]).rstrip("=")), id="base64-without-padding"),
+    pytest.param(audio(b64(wav(16000, 960))), id="wav-of-60-ms"),
+    pytest.param(audio(b64(wav(16000, 800, channels=8))), id="wav-of-8-channels"),
+    pytest.param(audio(b64(float_wav(np.full(8000, 1e30)))), id="float-wav-far-over-full-scale"),
+    pytest.param(audio_url("{media}/clip.wav"), id="audio-url-allowed-path"),
+]
+
+
+@pytest.mark.parametrize("part", LENIENT)
+def test_odd_but_valid_audio_is_answered(client: httpx.Client, media: Path, part: Any) -> None:
+    """Invariant: audio that is odd but readable (a wrong `format` label, base64 with a line
+    break or without padding, a 60 ms clip, 8 channels, samples far over full scale) is
+    answered, with finite logprobs."""
+    body = _fill(chat("audio", part), media) | {"logprobs": True}
+    r = client.post("/v1/chat/completions", json=body, headers=AUTH)
+    assert r.status_code == 200, r.text[:500]
+    logprobs = [t["logprob"] for t in r.json()["choices"][0]["logprobs"]["content"]]
+    assert logprobs and all(np.isfinite(logprobs)), logprobs
 
 
 # ----- arbitrary embeddings, rerank and audio chat bodies -------------------------------------
