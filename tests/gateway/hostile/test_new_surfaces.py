@@ -10,7 +10,9 @@ the field and saying what to fix; arbitrary embeddings, rerank and audio chat bo
 (hypothesis) get 200 or a 4xx error object, never a 5xx; a model unloaded while a request
 runs finishes that request first, concurrent loads and requests while loading all succeed,
 an unloaded model's caches are a 409 naming it; a served model (or alias) is retrievable by
-id; after all of it the server is healthy, idle and every model answers.
+id; a Responses continuation whose stored turns hold audio, sent to a model without audio,
+names `previous_response_id`; after all of it the server is healthy, idle and every model
+answers.
 """
 
 from __future__ import annotations
@@ -183,6 +185,25 @@ def test_odd_but_valid_audio_is_answered(client: httpx.Client, media: Path, part
     assert r.status_code == 200, r.text[:500]
     logprobs = [t["logprob"] for t in r.json()["choices"][0]["logprobs"]["content"]]
     assert logprobs and all(np.isfinite(logprobs)), logprobs
+
+
+def test_continuing_an_audio_response_on_a_model_without_audio_names_the_stored_turn(
+    client: httpx.Client,
+) -> None:
+    """Invariant: a Responses continuation (`previous_response_id`) of a conversation with
+    audio, sent to a model without an audio tower, is a 400 naming `previous_response_id`
+    (the audio is in the stored turns, not in this request's `input`); on the audio model
+    it is answered."""
+    first = client.post(RESPONSES, json=responses("audio", audio(b64(WAV))), headers=AUTH)
+    assert first.status_code == 200, first.text
+    more = {"max_output_tokens": 2, "previous_response_id": first.json()["id"], "input": "And?"}
+    r = client.post(RESPONSES, json={"model": "chat", **more}, headers=AUTH)
+    assert r.status_code == 400, r.text
+    error = assert_error_object(r)
+    assert error["param"] == "previous_response_id" and error["code"] == "unsupported_audio"
+    assert "audio" in error["message"]
+    again = client.post(RESPONSES, json={"model": "audio", **more}, headers=AUTH)
+    assert again.status_code == 200, again.text
 
 
 # ----- arbitrary embeddings, rerank and audio chat bodies -------------------------------------
