@@ -512,6 +512,14 @@ AUDIO_CASES: list[Any] = [
         id="audio-url-text-file",
     ),
     pytest.param(
+        SurfaceCase(chat("audio", audio_url("{media}/pipe.wav")), param=f"{AT}.audio_url.url"),
+        id="audio-url-fifo",
+    ),
+    pytest.param(
+        SurfaceCase(chat("audio", audio_url("{media}/passwd.wav")), param=f"{AT}.audio_url.url"),
+        id="audio-url-symlink-out-of-the-allowed-dir",
+    ),
+    pytest.param(
         SurfaceCase(chat("audio", audio_url("http://[::1]:1/a.wav")), param=f"{AT}.audio_url.url"),
         id="audio-url-ssrf",
     ),
@@ -632,6 +640,22 @@ POOL_CASES: list[Any] = [
             None, 404, "model_not_found", "model", headers=ADMIN, path="/v1/models/a/b/load"
         ),
         id="load-name-with-slash",
+    ),
+    pytest.param(
+        SurfaceCase(
+            None, 404, "model_not_found", "model", headers=ADMIN, path="/v1/models/%00/load"
+        ),
+        id="load-nul-name",
+    ),
+    pytest.param(
+        SurfaceCase(None, 404, "model_not_found", "model", method="GET", path="/v1/models/%ff"),
+        id="retrieve-name-not-utf8",
+    ),
+    pytest.param(
+        SurfaceCase(
+            None, 404, "model_not_found", "model", method="GET", path="/v1/cache/stats?model=%ff%fe"
+        ),
+        id="stats-model-not-utf8",
     ),
     pytest.param(
         SurfaceCase(

@@ -21,6 +21,7 @@ import base64
 import concurrent.futures
 import copy
 import json
+import os
 import re
 import threading
 from collections.abc import Iterator
@@ -82,6 +83,8 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("surfaces")
     (folder / "clip.wav").write_bytes(WAV)
     (folder / "notes.txt").write_text("not audio\n" * 50)
+    os.mkfifo(folder / "pipe.wav")  # a reader that opened it would wait forever
+    (folder / "passwd.wav").symlink_to("/etc/passwd")
     return folder
 
 
