@@ -84,7 +84,7 @@ def _inputs(raw: Any) -> tuple[EmbedInput, ...]:
     if isinstance(raw, str):
         return (EmbedInput("input", text=fields.text(raw, "input")),)
     if isinstance(raw, dict):
-        return (EmbedInput("input", parts=(_part(raw, "input"),)),)
+        return (EmbedInput("input", parts=_parts([raw], "input", ["input"])),)
     if not isinstance(raw, list):
         raise invalid("`input` must be a string or a list", "input")
     if not raw:
@@ -101,18 +101,28 @@ def _input(raw: Any, at: str) -> EmbedInput:
     if isinstance(raw, str):
         return EmbedInput(at, text=fields.text(raw, at))
     if isinstance(raw, dict):
-        return EmbedInput(at, parts=(_part(raw, at),))
+        return EmbedInput(at, parts=_parts([raw], at, [at]))
     if isinstance(raw, list) and raw and all(_is_id(x) for x in raw):
         return EmbedInput(at, ids=tuple(raw))
     if isinstance(raw, list):
         _check_ids(raw, at)
     if isinstance(raw, list) and raw and all(isinstance(x, dict) for x in raw):
-        return EmbedInput(at, parts=tuple(_part(x, f"{at}[{j}]") for j, x in enumerate(raw)))
+        return EmbedInput(at, parts=_parts(raw, at, [f"{at}[{j}]" for j in range(len(raw))]))
     raise invalid(
         f"`{at}` must be a string, a non-empty list of token ids, a content part "
         "(text or image_url) or a non-empty list of content parts",
         at,
     )
+
+
+def _parts(raws: list[Any], at: str, where: list[str]) -> tuple[str | ImagePart, ...]:
+    """The content parts of one input (`where`: each part's field); 400 naming the input
+    when they hold no text and no image (as an empty string input is refused: the chat
+    template alone is not an input)."""
+    parts = tuple(_part(raw, place) for raw, place in zip(raws, where, strict=True))
+    if all(part == "" for part in parts):
+        raise invalid(f"`{at}` is empty: its text parts hold no text and it has no image", at)
+    return parts
 
 
 def _part(raw: dict[str, Any], at: str) -> str | ImagePart:

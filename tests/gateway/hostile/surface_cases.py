@@ -224,6 +224,14 @@ EMBED_CASES: list[Any] = [
     ),
     pytest.param(e(embed("vl", input=[audio(b64(WAV))]), "input[0].type"), id="embed-audio-part"),
     pytest.param(
+        e(embed("vl", input={"type": "text", "text": ""}), "input", says="empty"),
+        id="embed-one-empty-text-part",
+    ),
+    pytest.param(
+        e(embed("vl", input=["ok", [{"type": "text", "text": ""}] * 2]), "input[1]", says="empty"),
+        id="embed-input-of-empty-text-parts",
+    ),
+    pytest.param(
         e(embed("vl", input=[{"type": "text", "text": 5}]), "input[0].text"), id="embed-text-number"
     ),
     pytest.param(
