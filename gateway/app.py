@@ -16,6 +16,7 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -106,6 +107,9 @@ class Gateway:
         self.intake = Intake(server, self.pipeline, self.metrics, self.keys)
         self.notice = notice
         self.created = int(time.time())
+        self.created_at = (
+            datetime.fromtimestamp(self.created, UTC).isoformat().replace("+00:00", "Z")
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._shutdown_begun = False
 
@@ -288,7 +292,9 @@ class Gateway:
         name stays on the server (a local path would tell clients its file system)."""
         self.keys.authorize(request, "read")
         cards = [self._card(slot) for slot in self.pool.slots]
-        return JSONResponse({"object": "list", "data": cards})
+        # One body for both SDKs: OpenAI's list, and Anthropic's page fields beside it.
+        page = {"has_more": False, "first_id": cards[0]["id"], "last_id": cards[-1]["id"]}
+        return JSONResponse({"object": "list", "data": cards, **page})
 
     async def model(self, request: Request) -> Response:
         """One served model's card, as `models` lists it (OpenAI's `GET /v1/models/{model}`;
@@ -311,6 +317,10 @@ class Gateway:
             "object": "model",
             "created": self.created,
             "owned_by": "vision-gateway",
+            # Anthropic's model fields, so `anthropic`'s models.list / retrieve read it too
+            "type": "model",
+            "display_name": slot.name,
+            "created_at": self.created_at,
             "root": slot.name,
             "state": slot.shown_state,
             "pinned": slot.spec.pinned,
