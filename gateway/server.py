@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import ConfigError, EngineConfig, MediaConfig, ServerConfig
+from gateway.pool.pool import ModelLoadFailed
 from gateway.pool_config import PoolConfig
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,17 @@ def quiet_probes(record: logging.LogRecord) -> bool:
     return True
 
 
+def one_line_start_failure(record: logging.LogRecord) -> bool:
+    """A model that did not load at start-up (`ModelLoadFailed`, raised in the app's lifespan)
+    is a refusal with a sentence, not a crash: Starlette hands uvicorn the whole traceback
+    text, which this cuts to the sentence (the cause was logged where it happened)."""
+    message = record.getMessage()
+    marker = f"{ModelLoadFailed.__name__}: "
+    if message.startswith("Traceback") and marker in message:
+        record.msg, record.args = message.rsplit(marker, 1)[1].strip(), ()
+    return True
+
+
 def run_app(app: Any, server: ServerConfig, sock: socket.socket) -> None:
     """Serve `app` (from `create_app`) on `sock` (from `bind_socket`) until SIGINT or SIGTERM,
     then drain (`--shutdown-grace`) and return."""
@@ -211,6 +223,7 @@ def uvicorn_server(app: Any, server: ServerConfig) -> Any:
     )
     if server.log_level != "debug":  # (uvicorn set up its loggers in Config's constructor)
         logging.getLogger("uvicorn.access").addFilter(quiet_probes)
+        logging.getLogger("uvicorn.error").addFilter(one_line_start_failure)
     on_exit = app.state.gateway.begin_shutdown
     on_hangup = app.state.gateway.reload_keys
 

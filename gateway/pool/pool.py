@@ -84,7 +84,7 @@ class ModelPool:
         for slot in first:
             await self.load(slot)
             if slot.state is not SlotState.LOADED:
-                raise RuntimeError(f"model {slot.name!r} did not load: {slot.last_error}")
+                raise ModelLoadFailed(f"model {slot.name!r} did not load: {slot.last_error}")
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
 
     async def stop(self) -> None:
@@ -300,6 +300,11 @@ class ModelPool:
             for slot in self.slots:
                 if slot.expired(now):
                     await self._unload(slot, "idle")
+
+
+class ModelLoadFailed(RuntimeError):
+    """A model the server must start with did not load; the message says which and why (the
+    server logs it as one line: gateway.server)."""
 
 
 def _unavailable(slot: ModelSlot, why: str) -> APIError:

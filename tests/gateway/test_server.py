@@ -186,6 +186,17 @@ def test_a_model_that_cannot_load_is_one_line_before_anything_loads(tmp_path) ->
     assert resolve_model(EngineConfig(model=str(tiny), served_model_name="m"))[0].model == str(tiny)
 
 
+def test_a_model_the_engine_refuses_at_start_is_a_sentence_not_a_traceback() -> None:
+    """Invariant: a model that passes the start-up checks but that the engine refuses while
+    loading (here --kv-bits with a group size its 16-wide heads cannot take) stops the server
+    with a non-zero exit and the refusal's sentence, without a traceback."""
+    proc = _start(free_port(), "--kv-bits", "8", "--kv-group-size", "64")
+    err = _finish(proc, 180)
+    assert proc.returncode not in (0, None)
+    assert "Traceback" not in err, err[-3000:]
+    assert "did not load: model failed to load: --kv-bits 8 --kv-group-size 64" in err
+
+
 def test_a_read_only_cache_dir_is_refused_at_start(tmp_path) -> None:  # noqa: ANN001
     """Invariant: a --cache-dir on a read-only mount or under a file is a start-up error
     naming it (was: one ERROR line later and a server without its disk tier, or a
