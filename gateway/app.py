@@ -198,15 +198,10 @@ class Gateway:
         self._loop = asyncio.get_running_loop()
         delivery = LoopDelivery(self._loop)
         try:
-            await self.pool.start()
-            if self.spares is not None:  # the next load's process, imports done meanwhile
-                self.spares.prepare()
-            self.pipeline.open(delivery)  # from here on /health says ready
-            if self.engine_config.warmup:
-                await self._warm_http(app)
-            freeze_startup_objects("HTTP process, ready")
-            names = ", ".join(f"{s.name!r} ({s.config.model})" for s in self.pool.slots)
-            log.info("serving %s", names)
+            if await self.pool.start():
+                await self._ready(app, delivery)
+            else:  # uvicorn, told of the signal too, shuts down without serving
+                log.info("a shutdown signal came while the models loaded: not serving")
             yield
         finally:  # also when start-up fails after an engine started: never leave one running
             self.pipeline.close()
@@ -214,6 +209,18 @@ class Gateway:
             if self.spares is not None:
                 await asyncio.to_thread(self.spares.close)
             await self.media.aclose()
+
+    async def _ready(self, app: Starlette, delivery: LoopDelivery) -> None:
+        """The models are loaded: open the pipeline (from here on /health says ready) and
+        warm the HTTP path, unless a shutdown signal has come meanwhile."""
+        if self.spares is not None:  # the next load's process, imports done meanwhile
+            self.spares.prepare()
+        self.pipeline.open(delivery)
+        if self.engine_config.warmup and not self._shutdown_begun:
+            await self._warm_http(app)
+        freeze_startup_objects("HTTP process, ready")
+        names = ", ".join(f"{s.name!r} ({s.config.model})" for s in self.pool.slots)
+        log.info("serving %s", names)
 
     async def _warm_http(self, app: Starlette) -> None:
         """One streamed and one plain chat request through the app itself (in-process, before
@@ -232,6 +239,8 @@ class Gateway:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://warm-up") as client:
             for stream in (True, False):
+                if self._shutdown_begun:  # a signal meanwhile: a 503 would only be noise
+                    return
                 response = await client.post(
                     "/v1/chat/completions", json={**body, "stream": stream}, headers=headers
                 )
@@ -252,6 +261,8 @@ class Gateway:
             self._interrupt(forced=True)
             return
         self._shutdown_begun = True
+        if not self.pipeline.ready:  # still starting: stop loading (the engine process too)
+            self._loop.create_task(self.pool.stop())  # type: ignore[union-attr]
         self.pipeline.close()
         grace = self.server.shutdown_grace_s
         assert self._loop is not None

@@ -267,7 +267,8 @@ def uvicorn_server(app: Any, server: ServerConfig) -> Any:
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
-            if self.started and sockets:  # uvicorn logs this only for sockets it bound
+            # (uvicorn logs this only for sockets it bound; not once a signal has come)
+            if self.started and sockets and not self.should_exit:
                 host, port = server.host, sockets[0].getsockname()[1]
                 url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
                 logging.getLogger("uvicorn.error").info(

@@ -1,7 +1,8 @@
 """`vision-gateway serve` as a process: a busy port fails at once, before the model loads, and
 Ctrl-C (SIGINT to the process group) or SIGTERM drains and exits 0 without a traceback, on
 both event loops; a second Ctrl-C during the drain forces a prompt exit, still without a
-traceback, and tells the interrupted client that the shutdown was forced.
+traceback, and tells the interrupted client that the shutdown was forced; Ctrl-C while the
+model loads stops the load and exits 0.
 
 Real signals to a real `python -m gateway serve` subprocess on 127.0.0.1 (the tiny model, no
 warm-up); each server runs in its own session so that its process group is the server and
@@ -79,6 +80,46 @@ def test_a_signal_to_the_process_group_drains_and_exits_0(sig: int, loop: str) -
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err and "terminate called" not in err, err[-3000:]
     assert "Application shutdown complete" in err, err[-3000:]
+
+
+def test_ctrl_c_while_the_model_loads_exits_0_and_stops_the_load() -> None:
+    """Invariant: Ctrl-C (SIGINT to the process group) while the model loads stops the load
+    (the engine process too) and exits 0 without serving and without a traceback (it was a
+    KeyboardInterrupt traceback in the engine process, then 'failed to load: EOFError' and
+    status 3)."""
+    port = free_port()
+    proc = _start(port)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # until the load has begun (the engine process is spawned)
+        seen.append(line)
+        if "loading model" in line:
+            break
+    time.sleep(0.3)  # the engine process is importing
+    os.killpg(proc.pid, signal.SIGINT)
+    err = "".join(seen) + _finish(proc, 60)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "failed to load" not in err, err[-3000:]
+    assert "not serving" in err and "Uvicorn running" not in err, err[-3000:]
+    deadline = time.monotonic() + 10  # the engine process is gone too (once it has died)
+    while _live_in_group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _live_in_group(proc.pid) == []
+
+
+def _live_in_group(pgid: int) -> list[int]:
+    """Processes of process group `pgid` that are not zombies (a killed engine process is one
+    until init reaps it)."""
+    live = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # not a process, or gone meanwhile
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            live.append(int(entry))
+    return live
 
 
 @pytest.mark.parametrize("loop", LOOPS)
