@@ -141,7 +141,7 @@ def resolve_model(engine: EngineConfig) -> tuple[EngineConfig, str | None]:
     if (
         model
         and model.startswith(("/", "./", "../", "~"))
-        and not Path(model).expanduser().is_dir()
+        and not Path(model).expanduser().exists()  # (a file: check_checkpoint says so)
     ):
         raise ConfigError(
             f"--model {model}: no such directory; pass a local model directory or a hub id "

@@ -203,10 +203,12 @@ def test_bind_socket_names_the_address() -> None:
         assert sock.getsockname()[0] == "127.0.0.1" and sock.getsockname()[1] > 0
 
 
-def test_a_model_that_cannot_load_is_one_line_before_anything_loads(tmp_path) -> None:  # noqa: ANN001
+def test_a_model_that_cannot_load_is_one_line_before_anything_loads(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     """Invariant: a --model folder without config.json or weights, a config.json that is not
-    JSON or names a type no family serves, and a malformed hub id are ConfigErrors naming
-    --model and what is wrong (were two tracebacks and status 3 after the engine started)."""
+    JSON or names a type no family serves, a malformed hub id, a file for the folder and a
+    bare name that is no folder here are ConfigErrors naming --model and what is wrong (were
+    two tracebacks and status 3 after the engine started)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from gateway.config import EngineConfig
     from gateway.server import resolve_model
 
@@ -224,6 +226,8 @@ def test_a_model_that_cannot_load_is_one_line_before_anything_loads(tmp_path) ->
     (tmp_path / "config.json").write_text((tiny / "config.json").read_text())
     assert "holds no *.safetensors weights" in refused(str(tmp_path))
     assert refused("bad repo!!").startswith("--model bad repo!!: not a local folder, nor a hub id")
+    assert f"{tmp_path}/config.json is a file" in refused(str(tmp_path / "config.json"))
+    assert "no folder 'tiny-visoin' here" in refused("tiny-visoin")  # a typo, not a hub id
     assert resolve_model(EngineConfig(model=str(tiny), served_model_name="m"))[0].model == str(tiny)
 
 
