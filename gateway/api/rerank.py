@@ -21,7 +21,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.api import accepted, fields
-from gateway.api.http import with_errors
+from gateway.api.http import unless_disconnected, with_errors
 from gateway.api.intake import Intake
 from gateway.api.openai.render import render_error
 from gateway.engine.embed.request import EmbedResult
@@ -41,7 +41,9 @@ def routes(intake: Intake, pipeline: EmbedPipeline) -> list[Route]:
         body, scope = await intake.read_plain(request)
         parsed = parse_rerank_request(body)  # (first: the salt is read from an object)
         parsed = replace(parsed, scope=scope(fields.cache_salt(body)))
-        result = await pipeline.rerank(parsed)
+        result = await unless_disconnected(request, pipeline.rerank(parsed))
+        if result is None:  # the client left: the engine drops the call if not yet started
+            return Response(status_code=499)
         ignored = accepted.unknown_fields(body, accepted.RERANK)
         headers = {"x-ignored-fields": ", ".join(ignored)} if ignored else None
         return Response(render(result, parsed), media_type="application/json", headers=headers)

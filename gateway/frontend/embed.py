@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import Future
 
 from caches.scope import scoped_hash
 from gateway.engine.client import EngineBusy, EngineUnavailable
@@ -53,9 +53,11 @@ class EmbedPipeline:
             _check_media(request.inputs, card)
             parts = [p for i in request.inputs for p in i.images]
             loaded = await self.chat.load_images(parts) if parts else []
-            call = Embed(_items(request, loaded), request.dimensions, request.cache_scope)
+            call = Embed(
+                _items(request, loaded), request.dimensions, request.cache_scope, _call_id()
+            )
             try:
-                return await asyncio.wrap_future(await _sent(engine, call))
+                return await _answered(engine, call)
             except EmbedRefused as refused:
                 raise _refusal(refused, [i.param for i in request.inputs]) from None
 
@@ -75,8 +77,8 @@ class EmbedPipeline:
             query, *documents = (_side(s, images, request.scope) for s in sides)
             pairs = tuple(EmbedItem(pair=(request.instruction, query, d)) for d in documents)
             try:
-                call = Embed(pairs, None, request.scope)
-                return await asyncio.wrap_future(await _sent(engine, call))
+                call = Embed(pairs, None, request.scope, _call_id())
+                return await _answered(engine, call)
             except EmbedRefused as refused:
                 params = [f"documents[{i}]" for i in range(len(request.documents))]
                 raise _refusal(refused, params) from None
@@ -111,11 +113,21 @@ class EmbedPipeline:
             slot.release(keep_alive_s)
 
 
-async def _sent(engine: EmbeddingClient, call: Embed) -> Future[EmbedResult]:
-    """`call` handed to the engine from a worker thread: its images are pickled down the
-    engine process's pipe there, not on the event loop (a large image would stall every
-    stream); the returned future is awaited without a thread."""
-    return await asyncio.to_thread(engine.embed_future, call)
+async def _answered(engine: EmbeddingClient, call: Embed) -> EmbedResult:
+    """`call` handed to the engine from a worker thread (its images are pickled down the
+    engine process's pipe there, not on the event loop: a large image would stall every
+    stream), its answer awaited without a thread. Cancelled (the client left), the engine
+    drops the call if it has not started (`EmbedEngine.cancel`)."""
+    future = await asyncio.to_thread(engine.embed_future, call)
+    try:
+        return await asyncio.wrap_future(future)
+    except asyncio.CancelledError:
+        engine.cancel(call.request_id)
+        raise
+
+
+def _call_id() -> str:
+    return f"embd-{uuid.uuid4().hex}"
 
 
 def _check_media(inputs: tuple[EmbedInput, ...], card: EmbedCard) -> None:

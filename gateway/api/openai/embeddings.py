@@ -24,7 +24,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.api import accepted, fields
-from gateway.api.http import with_errors
+from gateway.api.http import unless_disconnected, with_errors
 from gateway.api.intake import Intake
 from gateway.api.openai.render import render_error
 from gateway.engine.embed.request import EmbedResult
@@ -45,7 +45,9 @@ def routes(intake: Intake, pipeline: EmbedPipeline) -> list[Route]:
         body, scope = await intake.read_plain(request)
         embed = parse_embeddings_request(body)
         embed = replace(embed, cache_scope=scope(fields.cache_salt(body)))
-        result = await pipeline.embed(embed)
+        result = await unless_disconnected(request, pipeline.embed(embed))
+        if result is None:  # the client left: the engine drops the call if not yet started
+            return Response(status_code=499)
         ignored = accepted.unknown_fields(body, accepted.OPENAI_EMBEDDINGS)
         headers = {"x-ignored-fields": ", ".join(ignored)} if ignored else None
         return Response(render(result, embed), media_type="application/json", headers=headers)

@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -30,11 +31,12 @@ from gateway.engine.device_memory import device_memory
 from gateway.engine.embed.batch import BatchRunner, Done, Job
 from gateway.engine.embed.embedder import Embedder
 from gateway.engine.embed.metrics import EmbedMetrics
-from gateway.engine.embed.request import Embed, EmbedCard, EmbedResult, settle
+from gateway.engine.embed.request import Embed, EmbedCancelled, EmbedCard, EmbedResult, settle
 from gateway.engine.request import EngineRequest, Sink
 
 log = logging.getLogger(__name__)
 _STOP = object()
+_WAKE = object()  # a cancel arrived: look at the backlog again (no work of its own)
 
 
 class EmbedEngine:
@@ -51,6 +53,9 @@ class EmbedEngine:
         self.vision_cache = VisionCache(cache.vision_capacity_bytes, share)
         self.metrics = EmbedMetrics(self.cache_stats)
         self._inbox: queue.Queue[Any] = queue.Queue()
+        self._backlog: deque[Job] = deque()  # calls taken from the inbox, not run yet
+        self._cancelled: set[str] = set()  # request ids to drop before they run (under _lock)
+        self._queued: set[str] = set()  # request ids of calls not answered yet (under _lock)
         self._ready = threading.Event()
         self._load_error: str | None = None
         self._thread: threading.Thread | None = None
@@ -101,10 +106,12 @@ class EmbedEngine:
             raise EngineUnavailable("the embedding engine is not running")
         with self._lock:
             self._pending += 1
+            self._queued.add(call.request_id)
 
         def finish(outcome: EmbedResult | BaseException) -> None:
             with self._lock:
                 self._pending -= 1
+                self._queued.discard(call.request_id)
             done(outcome)
 
         self._inbox.put(Job(call, finish))
@@ -131,7 +138,13 @@ class EmbedEngine:
         raise ValueError("this model is an embedding model or reranker: it does not chat")
 
     def cancel(self, request_id: str) -> None:
-        """Nothing to cancel: an embedding call is answered whole."""
+        """Drop the call `request_id` (its client left) if it has not started: its `done`
+        gets `EmbedCancelled` instead of running. A call already in a batch is answered."""
+        with self._lock:
+            if not request_id or request_id not in self._queued:
+                return  # answered already (or never queued): nothing to drop
+            self._cancelled.add(request_id)
+        self._inbox.put(_WAKE)
 
     @property
     def running(self) -> int:
@@ -140,7 +153,7 @@ class EmbedEngine:
 
     @property
     def waiting(self) -> int:
-        return self._inbox.qsize()
+        return self._inbox.qsize() + len(self._backlog)
 
     @property
     def idle(self) -> bool:
@@ -210,10 +223,11 @@ class EmbedEngine:
     def _serve(self) -> None:
         runner = self._runner()
         while True:
-            jobs, stop = self._take()
-            if any(isinstance(m, _Reset) for m in jobs):
+            messages, stop = self._take()
+            if any(isinstance(m, _Reset) for m in messages):
                 runner = self._runner()
-            calls = [j for j in jobs if isinstance(j, Job)]
+            self._backlog.extend(m for m in messages if isinstance(m, Job))
+            calls = self._next_calls()
             if calls:
                 began = time.perf_counter()
                 runner.run(calls)
@@ -221,6 +235,32 @@ class EmbedEngine:
             if stop:
                 self._fail_queued()
                 return
+
+    def _next_calls(self) -> list[Job]:
+        """The calls of the next run, oldest first: at least one, and no more than fill one
+        forward (`--max-batch` inputs), so that a call cancelled while others run is dropped
+        before it starts, and a run is never all the queue's work at once. Cancelled calls
+        are answered `EmbedCancelled` here."""
+        with self._lock:
+            cancelled, self._cancelled = self._cancelled, set()
+        calls: list[Job] = []
+        inputs = 0
+        kept: deque[Job] = deque()
+        while self._backlog:
+            job = self._backlog.popleft()
+            if job.call.request_id in cancelled:
+                job.done(EmbedCancelled(f"call {job.call.request_id} was cancelled"))
+                continue
+            if calls and inputs + len(job.call.items) > self.config.max_batch:
+                kept.append(job)
+                continue
+            calls.append(job)
+            inputs += len(job.call.items)
+        self._backlog = kept
+        with self._lock:  # a cancelled call still waiting in the inbox is dropped next time
+            running = {j.call.request_id for j in calls}
+            self._cancelled |= {i for i in cancelled if i in self._queued} - running
+        return calls
 
     def _runner(self) -> BatchRunner:
         assert self.embedder is not None
@@ -233,17 +273,20 @@ class EmbedEngine:
         )
 
     def _take(self) -> tuple[list[Any], bool]:
-        """Everything queued (blocking for the first), and whether a stop came."""
-        items = [self._inbox.get()]
+        """Everything queued (blocking for the first unless calls wait in the backlog), and
+        whether a stop came."""
+        items = [] if self._backlog else [self._inbox.get()]
         while True:
             try:
                 items.append(self._inbox.get_nowait())
             except queue.Empty:
                 break
         stop = any(i is _STOP for i in items)
-        return [i for i in items if i is not _STOP], stop
+        return [i for i in items if i is not _STOP and i is not _WAKE], stop
 
     def _fail_queued(self) -> None:
+        while self._backlog:
+            self._backlog.popleft().done(EngineUnavailable("the embedding engine stopped"))
         while True:
             try:
                 item = self._inbox.get_nowait()

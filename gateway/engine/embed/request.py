@@ -88,11 +88,13 @@ class EmbedItem:
 class Embed:
     """`EmbedEngine.embed`: embed `items` (answers an `EmbedResult`, or raises
     `EmbedRefused`). `dimensions`: keep the first n dimensions (Matryoshka; None: all), then
-    normalize if the model does; `scope`: the request's cache scope tag ("" shared)."""
+    normalize if the model does; `scope`: the request's cache scope tag ("" shared);
+    `request_id`: what `cancel` names it by ("" cannot be cancelled)."""
 
     items: tuple[EmbedItem, ...]
     dimensions: int | None = None
     scope: str = ""
+    request_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,10 @@ class EmbedResult:
     vectors: np.ndarray
     tokens: tuple[int, ...]
     cached: int = 0
+
+
+class EmbedCancelled(Exception):
+    """The call was cancelled (`EmbedEngine.cancel`: its client left) before it ran."""
 
 
 class EmbedRefused(ValueError):
@@ -173,4 +179,9 @@ class EmbeddingClient(Protocol):
     def embed_future(self, call: Embed) -> Future[EmbedResult]:
         """`call` queued; its future resolves to the result or fails as `embed` raises (no
         thread waits meanwhile). Raises EngineUnavailable at once when the engine is gone."""
+        ...
+
+    def cancel(self, request_id: str) -> None:
+        """Drop the call with this `Embed.request_id` if it has not started (its future then
+        fails with `EmbedCancelled`); any thread, never raises for an unknown id."""
         ...

@@ -4,7 +4,8 @@ engine: no MLX, no processes.
 Pinned: a model takes at most --max-batch + --max-waiting embedding requests at once; one
 more is a 429 (Overloaded, Retry-After) that leaves the model's hold count as it was; the
 calls are handed to the engine from a worker thread (their images are pickled there, never
-on the event loop); the requests in flight answer once their futures resolve.
+on the event loop); the requests in flight answer once their futures resolve; a request
+cancelled while it waits cancels its call in the engine.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ class FakeEmbedder:
         self.model = CARD
         self.idle = self.alive = True
         self.pending: list[Future[EmbedResult]] = []
+        self.calls: list[Embed] = []
+        self.cancelled: list[str] = []
         self.threads: set[str] = set()
 
     def start(self, timeout: float | None = None) -> None:
@@ -54,7 +57,11 @@ class FakeEmbedder:
         self.threads.add(threading.current_thread().name)
         future: Future[EmbedResult] = Future()
         self.pending.append(future)
+        self.calls.append(call)
         return future
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.append(request_id)
 
     def answer_all(self) -> None:
         for future in self.pending:
@@ -92,3 +99,32 @@ def test_a_model_takes_its_capacity_and_a_429_beyond() -> None:
     assert [r.tokens for r in results] == [(3,), (3,)]
     assert slot.holders == 0
     assert engine.threads and "MainThread" not in engine.threads  # sent from a worker thread
+
+
+def test_a_request_whose_client_left_cancels_its_call() -> None:
+    """Invariant: an embedding request cancelled while its call waits (the route cancels it
+    when the client disconnects) cancels that call in the engine by its own id."""
+    engine = FakeEmbedder()
+    config = EngineConfig("/nowhere", "emb", max_batch=4, max_waiting=4)
+    spec = ModelSpec("emb", "/nowhere", pinned=True)
+    slot = ModelSlot(spec, config, -1, 0, lambda _: engine, "embed")  # type: ignore[arg-type, return-value]
+
+    async def work() -> None:
+        pool = ModelPool(PoolConfig(), [slot], lambda s: None, PoolMetrics(CollectorRegistry()))
+        await pool.start()
+        media = MediaLoader(MediaConfig())
+        embeds = EmbedPipeline(ChatPipeline(pool, media, EdgeMetrics()))
+        request = EmbedRequest("emb", (EmbedInput("input", text="hello"),))
+        waiting = asyncio.ensure_future(embeds.embed(request))
+        while not engine.pending:
+            await asyncio.sleep(0.01)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await pool.stop()
+        await media.aclose()
+
+    asyncio.run(work())
+    (call,) = engine.calls
+    assert call.request_id.startswith("embd-") and engine.cancelled == [call.request_id]
+    assert slot.holders == 0

@@ -7,7 +7,8 @@ input is answered by the embedding cache (its stats count the hit, no forward ru
 repeated image, in another input and another call, costs no tower pass (the vision cache's
 hit; the tower-pass counter does not move); a different `dimensions` or scope is another
 entry; a refused input fails its call alone, naming its index; the stats and metrics name
-both caches.
+both caches; a cancelled call is dropped before it runs, and a run takes at most one
+forward's worth of calls.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from support import noise_image, tiny_model
 
 from gateway.config import CacheConfig, EngineConfig
 from gateway.engine.embed.engine import EmbedEngine
-from gateway.engine.embed.request import Embed, EmbedItem, EmbedRefused, EmbedResult
+from gateway.engine.embed.request import (
+    Embed,
+    EmbedCancelled,
+    EmbedItem,
+    EmbedRefused,
+    EmbedResult,
+)
 from tests.gateway.engine.embed.common import embed_image, vectors
 
 
@@ -170,3 +177,60 @@ def test_a_fault_preparing_one_call_fails_it_alone(engine: EmbedEngine) -> None:
         assert engine.embed(Embed((EmbedItem(text="after"),))).vectors.shape == (1, 64)
     finally:
         embedder.prepare = real  # type: ignore[method-assign]
+
+
+def test_a_cancelled_call_is_dropped_before_it_runs(engine: EmbedEngine) -> None:
+    """Invariant: a call cancelled while it waits (its client left) is answered
+    `EmbedCancelled` and never computed; the calls around it are answered; a cancel for an
+    answered or unknown call is a no-op that leaves nothing behind."""
+    embedder = engine.embedder
+    assert embedder is not None
+    real, gate, seen = embedder.prepare, threading.Event(), []
+
+    def gated(item: EmbedItem) -> object:
+        seen.append(item.text)
+        if item.text == "hold":
+            assert gate.wait(60)
+        return real(item)
+
+    embedder.prepare = gated  # type: ignore[method-assign]
+    try:
+        held = engine.embed_future(Embed((EmbedItem(text="hold"),), request_id="h"))
+        while "hold" not in seen:  # the engine thread is in its run
+            threading.Event().wait(0.01)
+        dropped = engine.embed_future(Embed((EmbedItem(text="drop"),), request_id="a"))
+        kept = engine.embed_future(Embed((EmbedItem(text="keep"),), request_id="b"))
+        engine.cancel("a")
+        gate.set()
+        assert held.result(60).vectors.shape == (1, 64)
+        assert kept.result(60).vectors.shape == (1, 64)
+        assert isinstance(dropped.exception(60), EmbedCancelled)
+        assert "drop" not in seen
+        engine.cancel("b")  # answered already
+        engine.cancel("nobody")
+        assert engine._cancelled == set() and engine.waiting == 0  # noqa: SLF001
+    finally:
+        embedder.prepare = real  # type: ignore[method-assign]
+
+
+def test_a_run_takes_one_forward_of_calls_at_a_time(engine: EmbedEngine) -> None:
+    """Invariant: the engine runs at most --max-batch inputs of queued calls at once (one
+    call larger than that alone), so later calls stay cancellable while earlier ones run."""
+    runner_calls: list[int] = []
+    real_next = engine._next_calls  # noqa: SLF001
+
+    def counted() -> list:
+        calls = real_next()
+        if calls:
+            runner_calls.append(sum(len(j.call.items) for j in calls))
+        return calls
+
+    engine._next_calls = counted  # type: ignore[method-assign]  # noqa: SLF001
+    futures = [
+        engine.embed_future(Embed(tuple(EmbedItem(text=f"t{i}-{k}") for k in range(3))))
+        for i in range(4)
+    ]
+    big = engine.embed_future(Embed(tuple(EmbedItem(text=f"big{k}") for k in range(6))))
+    assert all(f.result(60).vectors.shape == (3, 64) for f in futures)
+    assert big.result(60).vectors.shape == (6, 64)
+    assert runner_calls and all(n <= 4 or n == 6 for n in runner_calls), runner_calls
