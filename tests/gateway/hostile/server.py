@@ -29,6 +29,19 @@ DROP = object()  # a field value meaning "leave the field out"
 # ----- request bodies -----------------------------------------------------------------------
 
 
+def json_paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path into a JSON value (keys and list indexes), the value's own `()` first: the
+    places a property test may drop or replace something."""
+    out = [prefix]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += json_paths(v, (*prefix, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += json_paths(v, (*prefix, i))
+    return out
+
+
 def chat(**fields: Any) -> dict[str, Any]:
     """A valid text body with `fields` set; a field set to DROP is removed."""
     body: dict[str, Any] = {

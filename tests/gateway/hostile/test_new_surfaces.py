@@ -36,7 +36,14 @@ from hypothesis import strategies as st
 from support import data_uri, tiny_model
 
 from bench.server import LocalServer
-from tests.gateway.hostile.server import AUTH, BODY_CAP, KEY, METRICS_KEY, assert_error_object
+from tests.gateway.hostile.server import (
+    AUTH,
+    BODY_CAP,
+    KEY,
+    METRICS_KEY,
+    assert_error_object,
+    json_paths,
+)
 from tests.gateway.hostile.surface_cases import (
     ADMIN,
     CHAT,
@@ -242,17 +249,6 @@ VALID: list[tuple[str, dict[str, Any]]] = [
 ]
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
 @st.composite
 def bodies(draw: st.DrawFn) -> tuple[str, Any]:
     """A valid embeddings, rerank or audio chat body with one value (at any depth) dropped
@@ -260,7 +256,7 @@ def bodies(draw: st.DrawFn) -> tuple[str, Any]:
     path, body = copy.deepcopy(draw(st.sampled_from(VALID)))
     if draw(st.integers(0, 9)) == 0:
         return path, draw(VALUES)
-    where = draw(st.sampled_from(_paths(body)[1:]))
+    where = draw(st.sampled_from(json_paths(body)[1:]))
     parent = body
     for step in where[:-1]:
         parent = parent[step]

@@ -27,6 +27,7 @@ from tests.gateway.hostile.server import (
     chat,
     health,
     image,
+    json_paths,
     msgs,
     wait_idle,
 )
@@ -70,22 +71,11 @@ VALID_BODIES: list[dict[str, Any]] = [
 ]
 
 
-def _paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [prefix]
-    if isinstance(value, dict):
-        for k, v in value.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
 @st.composite
 def mutated_bodies(draw: st.DrawFn) -> Any:
     """A valid body with one value (at any depth) dropped or replaced, or a field added."""
     body = copy.deepcopy(draw(st.sampled_from(VALID_BODIES)))
-    path = draw(st.sampled_from(_paths(body)[1:]))
+    path = draw(st.sampled_from(json_paths(body)[1:]))
     parent = body
     for step in path[:-1]:
         parent = parent[step]
