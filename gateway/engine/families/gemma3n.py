@@ -21,9 +21,15 @@ What differs from the other families (checked against mlx-vlm 0.7.10):
   the last `num_kv_shared_layers` layers attend over the KV the last earlier layer of their
   type fetched, so there are fewer caches than layers and those layers store nothing. The
   prompt is causal; its last token is fed alone, as mlx-vlm feeds it (`last_token_apart`);
-- logits: tied embeddings, soft-capped.
-- audio: the checkpoint's Conformer tower is not run yet; `media` is images only, so a
-  request with an audio part is refused before it reaches the engine.
+- logits: tied embeddings, soft-capped;
+- audio (a checkpoint with an audio tower and a feature extractor): the template writes
+  `<audio_soft_token>` per audio part, which becomes `<start_of_audio>` + 188 soft tokens +
+  `<end_of_audio>` (`Gemma3nProcessor`) whatever the clip's length. A clip's input is the
+  checkpoint's own feature extractor's log-mel frames (`preprocess` of an `AudioClip`; the
+  padding flags ride along as one more column), each clip alone through the Conformer tower
+  and `embed_audio` (mlx-vlm's `get_audio_features`), its padded rows and the rows after the
+  tower's output made the padding embedding (`embed_audio` of the last id), as mlx-vlm's
+  merge. Clips over 30 s are refused (the extractor would cut them there).
 
 Prompt side any thread, engine side engine thread only (see `ModelFamily`).
 """
@@ -50,7 +56,8 @@ from gateway.engine.model.kv import RowKVCache
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan, plan_inputs
 from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.engine.model.window_kv import layer_caches
-from gateway.processors.gemma3n import Gemma3nProcessor, Gemma3nSettings
+from gateway.processors.audio import AudioClip, AudioGrid
+from gateway.processors.gemma3n import Gemma3nAudio, Gemma3nProcessor, Gemma3nSettings
 from gateway.processors.positions import ImageLayout
 from gateway.processors.video_processor import VideoFrames
 
@@ -67,6 +74,25 @@ _PROCESSOR_KEYS = (
     "image_std",
     "do_convert_rgb",
 )
+# The feature extractor's settings that change a clip's features.
+_AUDIO_KEYS = (
+    "feature_size",
+    "sampling_rate",
+    "padding_value",
+    "frame_length",
+    "hop_length",
+    "fft_length",
+    "min_frequency",
+    "max_frequency",
+    "preemphasis",
+    "preemphasis_htk_flavor",
+    "fft_overdrive",
+    "dither",
+    "input_scale_factor",
+    "mel_floor",
+)
+# `Gemma3nAudioFeatureExtractor.__call__`'s `max_length` default: it cuts longer clips there.
+_EXTRACTOR_MAX_SAMPLES = 480_000
 
 
 class Gemma3n(ModelFamily):
@@ -108,6 +134,7 @@ class Gemma3n(ModelFamily):
             eos_ids(tokenizer, config.eos_token_id, ("<end_of_turn>", "<eos>")),
             Gemma3nProcessor(path, self.model_type, tokenizer, self._settings(tokenizer)),
         )
+        self.media = self.prompt.media
         lm = self.model.language_model
         self.language_model = lm
         self._text_vocab = int(text.vocab_size_per_layer_input)
@@ -127,6 +154,7 @@ class Gemma3n(ModelFamily):
         self.processor_fingerprint = fingerprint(
             ("image_seq_length", self.tokens_per_image),
             *((k, repr(getattr(self.image_processor, k, None))) for k in _PROCESSOR_KEYS),
+            *self._audio_fingerprint(),
         )
 
     def _settings(self, tokenizer: Any) -> Gemma3nSettings:
@@ -140,7 +168,50 @@ class Gemma3n(ModelFamily):
             eoi_id=int(tokenizer.convert_tokens_to_ids(eoi)),
             grid=self.grid,
             placeholder=str(tokenizer.image_token),
+            audio=self._audio_settings(tokenizer),
         )
+
+    def _audio_settings(self, tokenizer: Any) -> Gemma3nAudio | None:
+        """The audio prompt settings, or None for a checkpoint without an audio tower (or
+        without a feature extractor to feed one)."""
+        extractor = getattr(self.processor, "feature_extractor", None)
+        if getattr(self.model, "audio_tower", None) is None or extractor is None:
+            return None
+        config = self.model.config
+        tokens = int(self.processor.audio_seq_length)
+        if tokens != int(config.audio_soft_tokens_per_image):
+            raise ValueError(
+                f"processor expands {tokens} audio tokens, the model makes "
+                f"{config.audio_soft_tokens_per_image}"
+            )
+        rate = int(extractor.sampling_rate)
+        # One tower row per `hop * time strides * reduction` samples: the clip the soft
+        # tokens cover, and at most what the extractor keeps.
+        audio = config.audio_config
+        strides = int(np.prod([s[0] for s in audio.sscp_conv_stride_size]))
+        per_token = int(extractor.hop_length) * strides * int(audio.conf_reduction_factor)
+        covered = min(tokens * per_token, _EXTRACTOR_MAX_SAMPLES)
+        boa, eoa = str(tokenizer.boa_token), str(tokenizer.eoa_token)
+        return Gemma3nAudio(
+            placeholder=str(tokenizer.audio_token),
+            audio_token_id=int(config.audio_token_id),
+            boa=boa,
+            eoa=eoa,
+            boa_id=int(tokenizer.convert_tokens_to_ids(boa)),
+            eoa_id=int(tokenizer.convert_tokens_to_ids(eoa)),
+            rate=rate,
+            tokens=tokens,
+            max_seconds=covered / rate,
+        )
+
+    def _audio_fingerprint(self) -> list[tuple[str, str]]:
+        """The audio settings in the cache key (none without audio)."""
+        audio = self.prompt.settings.audio  # type: ignore[attr-defined]
+        if audio is None:
+            return []
+        extractor = self.processor.feature_extractor
+        keys = [(f"audio.{k}", repr(getattr(extractor, k, None))) for k in _AUDIO_KEYS]
+        return [*keys, ("audio_seq_length", repr(audio.tokens))]
 
     def _check_layers(self) -> None:
         """Sliding (`RotatingKVCache`) and full (`KVCache`) layers only: both kept here as
@@ -174,8 +245,21 @@ class Gemma3n(ModelFamily):
         image processor (resize to its square, rescale)."""
         if isinstance(image, VideoFrames):
             raise self.prompt.no_video()
+        if isinstance(image, AudioClip):
+            return self._preprocess_audio(image)
         out = self.image_processor(images=[image], return_tensors="np")
         return np.ascontiguousarray(out["pixel_values"], dtype=np.float32), self.grid
+
+    def _preprocess_audio(self, clip: AudioClip) -> tuple[np.ndarray, Grid]:
+        """An `AudioClip` (mono, the model's rate) -> ((1, frames, mel bins + 1) float32,
+        grid): the checkpoint's own feature extractor's log-mel frames, then 1.0 in the last
+        column where a frame is padding (its mask, inverted, as mlx-vlm hands it the tower)."""
+        grid = self.prompt.audio_grid(len(clip.samples), clip.rate)
+        out = self.processor.feature_extractor([clip.samples])
+        features = np.asarray(out["input_features"][0], dtype=np.float32)
+        padding = ~np.asarray(out["input_features_mask"][0], dtype=bool)
+        packed = np.concatenate([features, padding[:, None].astype(np.float32)], axis=1)
+        return np.ascontiguousarray(packed[None]), grid
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 
@@ -190,11 +274,16 @@ class Gemma3n(ModelFamily):
     ) -> Generator[Unit, None, list[EncodedImage]]:
         """Each image alone through the tower and mlx-vlm's `get_image_features`, one unit
         evaluated per `next()` while `stepwise()`: (256, text hidden) features each, in
-        `embed_dtype`."""
+        `embed_dtype`; each clip alone through the audio tower (`_audio_features`, one
+        graph)."""
         assert self._recorder is not None, "a lazy family runs no tower"
         model = self.model
         encoded = []
-        for pixels, _ in images:
+        for pixels, grid in images:
+            if isinstance(grid, AudioGrid):
+                encoded.append(EncodedImage(self._audio_features(pixels, grid.tokens), None))
+                mx.eval(encoded[-1].features)
+                continue
             self._recorder.outputs = []
             try:
                 features = model.get_image_features(
@@ -211,6 +300,18 @@ class Gemma3n(ModelFamily):
             mx.eval(encoded[-1].features)
         return encoded
 
+    def _audio_features(self, packed: np.ndarray, tokens: int) -> mx.array:
+        """One clip through mlx-vlm's `get_audio_features` (`preprocess`'s packed features),
+        its padded rows and `tokens` - its rows more as the padding embedding (`embed_audio`
+        of the vocabulary's last id), as mlx-vlm's merge: (tokens, text hidden)."""
+        features = mx.array(packed[..., :-1])
+        padding = mx.array(packed[..., -1] != 0)
+        encoded, mask = self.model.get_audio_features(features, padding)
+        pad = self._audio(input_ids=mx.array([[self.vocab_size - 1]]))
+        encoded = mx.where(mask[..., None], pad, encoded)
+        extra = mx.broadcast_to(pad, (1, tokens - encoded.shape[1], encoded.shape[2]))
+        return mx.concatenate([encoded, extra], axis=1)[0].astype(self.embed_dtype)
+
     def prefill_plan(
         self,
         prompt_ids: Sequence[int],
@@ -222,9 +323,9 @@ class Gemma3n(ModelFamily):
         """Embeddings of tokens [start, end) (image rows from the features), 1D positions (for
         the engine's bookkeeping: the model reads them from the cache offset) and per-layer
         ids (every id past the text vocabulary as 0)."""
-        plan = plan_inputs(
-            self.embed_ids, (self.image_token_id,), prompt_ids, layouts, encoded, start, end
-        )
+        audio = self.prompt.settings.audio  # type: ignore[attr-defined]
+        feature_ids = (self.image_token_id,) + (() if audio is None else (audio.audio_token_id,))
+        plan = plan_inputs(self.embed_ids, feature_ids, prompt_ids, layouts, encoded, start, end)
         host = np.arange(start, end, dtype=np.int32)[None]
         ids = np.asarray(prompt_ids[start:end], dtype=np.int64)
         layer_ids = np.where((ids >= 0) & (ids < self._text_vocab), ids, 0).astype(np.int32)

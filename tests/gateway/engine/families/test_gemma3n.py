@@ -7,8 +7,7 @@ Pinned at tolerance zero (token ids and logprobs): the engine's greedy answer eq
 own `stream_generate` (tests/reference.py) with no image (short, and past the window) and
 with one image, in float32; cached == uncached (prefix blocks over the KV-sharing layers,
 follow-up turns, a new question about the same image: vision hit and blocks); batched ==
-alone (text and image rows); an audio part is refused naming it (the audio tower is not
-served yet).
+alone (text and image rows). Audio: tests/gateway/engine/families/test_gemma3n_audio.py.
 
 The tower costs tens of seconds per image on a CPU (its size is fixed in mlx-vlm), so each
 image test encodes as few images as its invariant needs.
@@ -29,7 +28,6 @@ from tests.gateway.engine.families.common import (
     assert_cached_equals_uncached,
     assert_reference_answer,
     conversation,
-    engine_request,
     reference_messages,
 )
 
@@ -128,25 +126,3 @@ def test_registry_maps_gemma3n_to_its_family() -> None:
     assert family_for({"model_type": "gemma3n", "vision_config": {}}) is Gemma3n
     assert "gemma3n" in supported_families()
 
-
-def test_audio_part_is_refused_naming_it() -> None:
-    """Invariant: Gemma 3n's audio tower is not served yet, so an audio part is a refusal
-    naming the part (never silently dropped, never a 500)."""
-    from audio_clips import chirp, encode
-
-    from gateway.frontend.prompt import UnsupportedImage
-    from gateway.media.audio_decode import decode_audio
-
-    clip = decode_audio(encode(chirp(1.0, 16000), 16000, "wav"), 16000, 60.0, "data")
-    part = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
-    body = chat_body(QUESTION, images=0, max_tokens=4)
-    body["messages"][0]["content"] = [{"type": "text", "text": QUESTION}, part]
-    h = EngineHarness(path=tiny_model("gemma3n"), max_batch=1)
-    try:
-        assert "audio" not in h.engine.model.media
-        with pytest.raises(UnsupportedImage) as refused:
-            engine_request(h, body, [clip])
-        assert refused.value.kind == "audio" and refused.value.index == 0
-        assert "content[1].input_audio.data" in str(refused.value)
-    finally:
-        h.close()
