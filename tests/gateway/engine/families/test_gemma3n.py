@@ -125,4 +125,3 @@ def test_registry_maps_gemma3n_to_its_family() -> None:
 
     assert family_for({"model_type": "gemma3n", "vision_config": {}}) is Gemma3n
     assert "gemma3n" in supported_families()
-
