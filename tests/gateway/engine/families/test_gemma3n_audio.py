@@ -3,7 +3,8 @@ checkpoint (`make-model --arch gemma3n`: a 2-layer Conformer, upstream's feature
 settings; every clip 188 soft tokens, padding embeddings after the tower's rows).
 
 Pinned at tolerance zero (token ids and logprobs): the engine's greedy answer to an audio +
-text question equals mlx-vlm's own generate (a short and a longer clip); cached == uncached
+text question equals mlx-vlm's own generate (a short and a longer clip; an image and a clip
+in one prompt); cached == uncached
 (a follow-up turn resending the clip, a new question about it: an audio-feature hit);
 batched == alone (audio and text rows); a clip longer than the soft tokens cover (30 s) is
 refused, a clip at another rate is refused, the clip's settings are in the cache key.
@@ -74,6 +75,34 @@ def test_greedy_answer_equals_mlx_vlm_generate(clips: list[DecodedAudio]) -> Non
             run = h.run(body, [clip])
             assert run.token_ids == list(ref.token_ids)
             assert run.logprobs == list(ref.logprobs)  # tolerance zero
+    finally:
+        h.close()
+
+
+def test_image_and_clip_answer_equals_mlx_vlm_generate(clips: list[DecodedAudio]) -> None:
+    """Invariant: an image and a clip in one prompt (both merges, both marker pairs, in
+    prompt order) answer as mlx-vlm's generate does. (One image: the tower costs tens of
+    seconds on a CPU.)"""
+    from pathlib import Path
+
+    from PIL import Image
+    from reference import reference_generate
+
+    fixtures = Path(__file__).resolve().parents[4] / "fixtures"
+    image = Image.open(fixtures / "shapes.png").convert("RGB")
+    path = tiny_model("gemma3n")
+    h = EngineHarness(path=path, max_batch=2)
+    try:
+        body = audio_body(QUESTION)
+        picture = {"type": "image_url", "image_url": {"url": "x"}}
+        body["messages"][0]["content"].insert(0, picture)
+        parts = [{"type": "image"}, {"type": "text", "text": QUESTION}]
+        messages = [{"role": "user", "content": parts}]
+        ref = reference_generate(path, messages, [image], max_tokens=10, audio=[clips[0].samples])
+        assert list(engine_request(h, body, [image, clips[0]]).prompt_ids) == list(ref.prompt_ids)
+        run = h.run(body, [image, clips[0]])
+        assert run.token_ids == list(ref.token_ids)
+        assert run.logprobs == list(ref.logprobs)  # tolerance zero
     finally:
         h.close()
 
