@@ -16,6 +16,7 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
@@ -106,6 +107,9 @@ class Gateway:
         self.intake = Intake(server, self.pipeline, self.metrics, self.keys)
         self.notice = notice
         self.created = int(time.time())
+        self.created_at = (
+            datetime.fromtimestamp(self.created, UTC).isoformat().replace("+00:00", "Z")
+        )
         self._loop: asyncio.AbstractEventLoop | None = None
         self._shutdown_begun = False
 
@@ -194,15 +198,10 @@ class Gateway:
         self._loop = asyncio.get_running_loop()
         delivery = LoopDelivery(self._loop)
         try:
-            await self.pool.start()
-            if self.spares is not None:  # the next load's process, imports done meanwhile
-                self.spares.prepare()
-            self.pipeline.open(delivery)  # from here on /health says ready
-            if self.engine_config.warmup:
-                await self._warm_http(app)
-            freeze_startup_objects("HTTP process, ready")
-            names = ", ".join(f"{s.name!r} ({s.config.model})" for s in self.pool.slots)
-            log.info("serving %s", names)
+            if await self.pool.start():
+                await self._ready(app, delivery)
+            else:  # uvicorn, told of the signal too, shuts down without serving
+                log.info("a shutdown signal came while the models loaded: not serving")
             yield
         finally:  # also when start-up fails after an engine started: never leave one running
             self.pipeline.close()
@@ -210,6 +209,18 @@ class Gateway:
             if self.spares is not None:
                 await asyncio.to_thread(self.spares.close)
             await self.media.aclose()
+
+    async def _ready(self, app: Starlette, delivery: LoopDelivery) -> None:
+        """The models are loaded: open the pipeline (from here on /health says ready) and
+        warm the HTTP path, unless a shutdown signal has come meanwhile."""
+        if self.spares is not None:  # the next load's process, imports done meanwhile
+            self.spares.prepare()
+        self.pipeline.open(delivery)
+        if self.engine_config.warmup and not self._shutdown_begun:
+            await self._warm_http(app)
+        freeze_startup_objects("HTTP process, ready")
+        names = ", ".join(f"{s.name!r} ({s.config.model})" for s in self.pool.slots)
+        log.info("serving %s", names)
 
     async def _warm_http(self, app: Starlette) -> None:
         """One streamed and one plain chat request through the app itself (in-process, before
@@ -228,6 +239,8 @@ class Gateway:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://warm-up") as client:
             for stream in (True, False):
+                if self._shutdown_begun:  # a signal meanwhile: a 503 would only be noise
+                    return
                 response = await client.post(
                     "/v1/chat/completions", json={**body, "stream": stream}, headers=headers
                 )
@@ -248,6 +261,8 @@ class Gateway:
             self._interrupt(forced=True)
             return
         self._shutdown_begun = True
+        if not self.pipeline.ready:  # still starting: stop loading (the engine process too)
+            self._loop.create_task(self.pool.stop())  # type: ignore[union-attr]
         self.pipeline.close()
         grace = self.server.shutdown_grace_s
         assert self._loop is not None
@@ -288,7 +303,24 @@ class Gateway:
         name stays on the server (a local path would tell clients its file system)."""
         self.keys.authorize(request, "read")
         cards = [self._card(slot) for slot in self.pool.slots]
-        return JSONResponse({"object": "list", "data": cards})
+        # One body for both SDKs: OpenAI's list, and Anthropic's page fields beside it.
+        page = {"has_more": False, "first_id": cards[0]["id"], "last_id": cards[-1]["id"]}
+        return JSONResponse({"object": "list", "data": cards, **page})
+
+    async def model(self, request: Request) -> Response:
+        """One served model's card, as `models` lists it (OpenAI's `GET /v1/models/{model}`;
+        an alias names its model): 404 naming the served ones for another name, 405 for a
+        GET of the admin load / unload endpoints."""
+        self.keys.authorize(request, "read")
+        name = request.path_params["model"]
+        head, _, action = name.rpartition("/")
+        if self.pool.find(name) is None and action in ("load", "unload") and self.pool.find(head):
+            raise APIError(
+                405,
+                f"POST /v1/models/{head}/{action} {action}s the model; GET is not allowed",
+                headers={"Allow": "POST"},
+            )
+        return JSONResponse(self._card(self._slot(request)))
 
     def _card(self, slot: ModelSlot) -> dict[str, Any]:
         card: dict[str, Any] = {
@@ -296,6 +328,10 @@ class Gateway:
             "object": "model",
             "created": self.created,
             "owned_by": "vision-gateway",
+            # Anthropic's model fields, so `anthropic`'s models.list / retrieve read it too
+            "type": "model",
+            "display_name": slot.name,
+            "created_at": self.created_at,
             "root": slot.name,
             "state": slot.shown_state,
             "pinned": slot.spec.pinned,
@@ -438,6 +474,7 @@ def create_app(
         Route("/v1/models", gateway.models, methods=["GET"]),
         Route("/v1/models/{model:path}/load", gateway.load_model, methods=["POST"]),
         Route("/v1/models/{model:path}/unload", gateway.unload_model, methods=["POST"]),
+        Route("/v1/models/{model:path}", gateway.model, methods=["GET"]),
         Route("/health", gateway.health, methods=["GET"]),
         Route("/metrics", gateway.metrics_endpoint, methods=["GET"]),
         Route("/v1/cache/stats", gateway.cache_stats, methods=["GET"]),

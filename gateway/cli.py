@@ -7,6 +7,7 @@ them. Nothing below this module sees argv or an argparse Namespace.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.metadata
 import logging
 import os
@@ -165,10 +166,15 @@ def _make_model(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
+    # transformers (tokenizers, configs) says at import that PyTorch is missing, which reads
+    # as if the model would not load; nothing here needs PyTorch. (Its other advice stays.)
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     parser = build_parser()
     if next((a for a in argv if not a.startswith("-")), None) == "bench":
         parser.error(NO_BENCH)  # argparse's "invalid choice" would not say where it went
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _unknown_flags(parser, args.command, unknown)
     level = getattr(args, "log_level", "info").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if level != "DEBUG":  # httpx logs every request's full URL (image URLs' query strings too)
@@ -189,6 +195,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("vision-gateway: interrupted", file=sys.stderr)
         _exit_without_finalizing(130)
     _exit_without_finalizing(0)  # the server drained and stopped after SIGINT or SIGTERM
+
+
+def _unknown_flags(parser: argparse.ArgumentParser, command: str, unknown: list[str]) -> NoReturn:
+    """The usage error for flags `command` does not have, from that command's parser (its
+    --help is the one to read), with the closest flag it has for a typo (`--modle`)."""
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command_parser = sub.choices[command]
+    flags = [o for a in command_parser._actions for o in a.option_strings if o.startswith("--")]
+    hints = []
+    for arg in unknown:
+        close = difflib.get_close_matches(arg.split("=", 1)[0], flags, n=1, cutoff=0.75)
+        if close:
+            hints.append(f"did you mean {close[0]} (for {arg})?")
+    message = f"unrecognized arguments: {' '.join(unknown)}"
+    command_parser.error(f"{message}{'; ' + ' '.join(hints) if hints else ''}")
 
 
 def _exit_without_finalizing(status: int) -> NoReturn:

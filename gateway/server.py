@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.config import ConfigError, EngineConfig, MediaConfig, ServerConfig
+from gateway.pool.pool import ModelLoadFailed
 from gateway.pool_config import PoolConfig
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def resolve_model(engine: EngineConfig) -> tuple[EngineConfig, str | None]:
     if (
         model
         and model.startswith(("/", "./", "../", "~"))
-        and not Path(model).expanduser().is_dir()
+        and not Path(model).expanduser().exists()  # (a file: check_checkpoint says so)
     ):
         raise ConfigError(
             f"--model {model}: no such directory; pass a local model directory or a hub id "
@@ -187,6 +188,17 @@ def quiet_probes(record: logging.LogRecord) -> bool:
     return True
 
 
+def one_line_start_failure(record: logging.LogRecord) -> bool:
+    """A model that did not load at start-up (`ModelLoadFailed`, raised in the app's lifespan)
+    is a refusal with a sentence, not a crash: Starlette hands uvicorn the whole traceback
+    text, which this cuts to the sentence (the cause was logged where it happened)."""
+    message = record.getMessage()
+    marker = f"{ModelLoadFailed.__name__}: "
+    if message.startswith("Traceback") and marker in message:
+        record.msg, record.args = message.rsplit(marker, 1)[1].strip(), ()
+    return True
+
+
 def run_app(app: Any, server: ServerConfig, sock: socket.socket) -> None:
     """Serve `app` (from `create_app`) on `sock` (from `bind_socket`) until SIGINT or SIGTERM,
     then drain (`--shutdown-grace`) and return."""
@@ -211,6 +223,7 @@ def uvicorn_server(app: Any, server: ServerConfig) -> Any:
     )
     if server.log_level != "debug":  # (uvicorn set up its loggers in Config's constructor)
         logging.getLogger("uvicorn.access").addFilter(quiet_probes)
+        logging.getLogger("uvicorn.error").addFilter(one_line_start_failure)
     on_exit = app.state.gateway.begin_shutdown
     on_hangup = app.state.gateway.reload_keys
 
@@ -254,7 +267,8 @@ def uvicorn_server(app: Any, server: ServerConfig) -> Any:
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
-            if self.started and sockets:  # uvicorn logs this only for sockets it bound
+            # (uvicorn logs this only for sockets it bound; not once a signal has come)
+            if self.started and sockets and not self.should_exit:
                 host, port = server.host, sockets[0].getsockname()[1]
                 url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
                 logging.getLogger("uvicorn.error").info(

@@ -2,6 +2,8 @@
 # One H200 device call for the hot-path numbers in docs/performance.md (run from the repo root
 # after the two wheel-carrying calls of ../shared/h200/prepare.sh; the second runs this):
 #   bash .whl/install.sh && OUT=$OUT bash docs/bench/run-h200.sh
+# Issues 41 and 40 (one stream at raw speed; --kv-bits refused on CUDA), in one call:
+#   STEPS="one_stream decode_alternate kv_bits" ALT_ROUNDS=2 OUT=$OUT bash docs/bench/run-h200.sh
 # Builds the Qwen2.5-VL-7B-shape checkpoint (random bf16 weights, ~40 s), then runs
 # `bench hotpath` (raw mlx-lm ceiling on the same weights in a subprocess, then the server
 # through the streaming openai client) with a py-spy profile of the server process, the
@@ -111,6 +113,20 @@ for step in $STEPS; do
       timeout 120 py-spy record --threads --idle --rate 250 --format raw -o "$OUT/one-row-raw.txt" \
         -- python3 -m bench.raw --model /tmp/m7b --decode-only --batch 1 --decode-tokens 1000 \
         --decode-reps 2 2>&1 | tail -3 ;;
+    one_stream)  # issue 41: raw / engine alone / in-process server / default server, alternated
+      # in pairs (ratio per pair), plus the text first token; then 16 and 32 streams
+      timeout "${ONE_S:-360}" python3 -m docs.investigations.one_stream --model /tmp/m7b \
+        --pairs "${ONE_PAIRS:-10}" --ttft --server-arg=--no-warmup >"$OUT/one-stream-h200.json" \
+        2>"$OUT/one-stream.log"; tail -12 "$OUT/one-stream.log"; cat "$OUT/one-stream-h200.json" ;;
+    kv_bits)  # issue 40: --kv-bits on CUDA must be refused at load (quantized attention there
+      # computes other values); the server's log says so, or it serves (then the check passed)
+      for bits in 8 4; do
+        timeout 240 python3 -m gateway serve --model /tmp/m7b --kv-bits "$bits" --port 8011 \
+          --no-warmup >"$OUT/kv-bits-$bits.log" 2>&1 &
+        for _ in $(seq 200); do grep -q "kv-bits\|Uvicorn running" "$OUT/kv-bits-$bits.log" && break; sleep 1; done
+        sleep 2; pkill -f "port 8011"; wait
+        grep -m3 "kv-bits\|Uvicorn running" "$OUT/kv-bits-$bits.log"
+      done 2>&1 | tee "$OUT/kv-bits.log" ;;
     engine)
       timeout "${ENGINE_S:-150}" python3 -m bench engine --raw --model /tmp/m7b --image-size 1024 \
         --out "$OUT/engine.json" 2>&1 | tee "$OUT/engine.log" ;;

@@ -192,6 +192,26 @@ RESPONSES: dict[str, tuple[str, str]] = {
 }
 
 
+# The legacy Completions API shares the chat's sampling fields and their meaning.
+_SHARED_WITH_CHAT = (
+    "model", "temperature", "top_p", "seed", "stop", "presence_penalty", "frequency_penalty",
+    "logit_bias", "stream", "stream_options", "top_k", "repetition_penalty", "min_tokens",
+    "ignore_eos", "cache_salt", "keep_alive", "user", "use_beam_search", "length_penalty",
+    "min_p", "stop_token_ids", "prompt_logprobs",
+)  # fmt: skip
+OPENAI_COMPLETIONS: dict[str, tuple[str, str]] = {
+    **{name: OPENAI_CHAT[name] for name in _SHARED_WITH_CHAT},
+    "prompt": (APPLIED, "text or token ids; a list of them: one set of choices each"),
+    "max_tokens": (APPLIED, "the most tokens to generate (default 16, as OpenAI's)"),
+    "n": (APPLIED, "1 to --max-batch choices per prompt from one prefill"),
+    "best_of": (INFORMATIONAL, "equal to n: no effect (another value is a 400)"),
+    "logprobs": (APPLIED, "0 to 20: the chosen token's log-probability and alternatives"),
+    "echo": (APPLIED, "the prompt's text before the completion (without logprobs)"),
+    "suffix": (REFUSED, "suffix (fill in the middle)"),
+    "response_format": (REFUSED, "response_format on completions (use /v1/chat/completions)"),
+    "guided_json": (REFUSED, "guided decoding on completions (use chat's response_format)"),
+}
+
 OPENAI_EMBEDDINGS: dict[str, tuple[str, str]] = {
     "model": (APPLIED, "an embedding model's served name (400 for a chat model)"),
     "input": (APPLIED, "strings, token ids, image parts (docs/api.md)"),

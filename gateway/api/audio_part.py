@@ -23,6 +23,12 @@ def input_audio(value: Any, at: str, key: str = "input_audio") -> AudioPart:
     data, fmt = value.get("data"), value.get("format")
     if not isinstance(data, str) or not data:
         raise invalid(f"`{at}.{key}.data` must be a non-empty base64 string", f"{at}.{key}.data")
+    if data.lstrip()[:5].lower() == "data:":
+        raise invalid(
+            f"`{at}.{key}.data` is a data URI; send its base64 alone (the format goes in "
+            "`format`), or the data URI as an `audio_url` part",
+            f"{at}.{key}.data",
+        )
     if fmt not in AUDIO_FORMATS:
         raise invalid(
             f"`{at}.{key}.format` must be one of {', '.join(AUDIO_FORMATS)}",

@@ -9,11 +9,12 @@ shape (gateway.api.http.with_errors), and `ClientGone` when the client left befo
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from starlette.requests import Request
 
@@ -31,6 +32,16 @@ from gateway.metrics import EdgeMetrics
 Parser = Callable[[Any], ChatRequest]
 
 
+class ManyPrompts(Protocol):
+    """A parsed body of several prompts, each a `ChatRequest` (/v1/completions)."""
+
+    @property
+    def prompts(self) -> tuple[ChatRequest, ...]: ...
+
+
+M = TypeVar("M", bound=ManyPrompts)
+
+
 class Intake:
     """Reads chat requests off HTTP into one pipeline. Event loop only."""
 
@@ -46,6 +57,13 @@ class Intake:
         """Authorize, refuse while draining, read and parse the body; returns the request (in
         the caller's cache scope: tenant and `cache_salt`) and the perf_counter() mark of the
         read's end."""
+        body, scope, t_read = await self._body(request)
+        chat = parse(body)
+        return replace(chat, cache_scope=scope(chat.cache_salt)), t_read
+
+    async def _body(self, request: Request) -> tuple[Any, Callable[[str], str], float]:
+        """Authorize, refuse while draining, read the body and load the model it names; the
+        body, the caller's scope function and the perf_counter() mark of the read's end."""
         caller = self.keys.authorize(request, "chat")
         self.pipeline.accept()
         body = await read_json(request, self._server.max_body_bytes, self._bodies)
@@ -53,8 +71,7 @@ class Intake:
         # The named model's prompt side reads the request (Anthropic: its late system
         # turns), so a model not loaded yet is loaded first.
         await self.pipeline.preload(body.get("model") if isinstance(body, dict) else None)
-        chat = parse(body)
-        return replace(chat, cache_scope=self.keys.scope(caller, chat.cache_salt)), t_read
+        return body, functools.partial(self.keys.scope, caller), t_read
 
     async def read_plain(self, request: Request) -> tuple[Any, Callable[[str], str]]:
         """A request that is not a chat (embeddings): authorize, refuse while draining, read
@@ -84,6 +101,38 @@ class Intake:
             resolve=resolve,
             watch=functools.partial(unless_disconnected, request),
         )
+
+    async def admit_each(
+        self, request: Request, parse: Callable[[Any], M], id_prefix: str
+    ) -> tuple[M, list[Admission]]:
+        """`admit` for a body of several prompts (`parse` gives them as `prompts`, each a
+        request of its own to the engine), admitted concurrently; returns the parsed body
+        and the admissions in prompt order. If one fails, the others are cancelled and the
+        first failure in prompt order is raised."""
+        arrival = time.perf_counter()
+        body, scope, t_read = await self._body(request)
+        parsed = parse(body)
+        chats = [replace(c, cache_scope=scope(c.cache_salt)) for c in parsed.prompts]
+        watch = functools.partial(unless_disconnected, request)
+        tasks = [
+            asyncio.ensure_future(
+                self.pipeline.admit(c, id_prefix, arrival=arrival, read=t_read, watch=watch)
+            )
+            for c in chats
+        ]
+        try:
+            await asyncio.wait(tasks)  # every admission settles before any is given up
+        except asyncio.CancelledError:
+            for task in tasks:
+                task.cancel()
+            raise
+        failed = [t.exception() for t in tasks if t.exception() is not None]
+        if failed:
+            for task in tasks:
+                if task.exception() is None:
+                    self.pipeline.cancel(task.result().request_id)
+            raise failed[0]  # type: ignore[misc]
+        return parsed, [t.result() for t in tasks]
 
     async def count_tokens(self, request: Request, parse: Parser) -> int:
         """The prompt length (tokens) of the request; nothing runs on the engine."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -38,7 +39,8 @@ def routes(intake: Intake, pipeline: EmbedPipeline) -> list[Route]:
     @with_errors(render_error)
     async def rerank(request: Request) -> Response:
         body, scope = await intake.read_plain(request)
-        parsed = parse_rerank_request(body, scope(fields.cache_salt(body)))
+        parsed = parse_rerank_request(body)  # (first: the salt is read from an object)
+        parsed = replace(parsed, scope=scope(fields.cache_salt(body)))
         result = await pipeline.rerank(parsed)
         ignored = accepted.unknown_fields(body, accepted.RERANK)
         headers = {"x-ignored-fields": ", ".join(ignored)} if ignored else None

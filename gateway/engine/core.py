@@ -35,8 +35,9 @@ from caches.prefix import ImageSpan
 from gateway.config import EngineConfig
 from gateway.engine.cache_ops import cache_stats, new_caches
 from gateway.engine.device_memory import device_memory
-from gateway.engine.families import ModelFamily, load_model
+from gateway.engine.families import ModelFamily, UnsupportedModel, load_model
 from gateway.engine.model.cudnn import disable_cudnn_attention
+from gateway.engine.model.kv_check import KVQuantUnsupported
 from gateway.engine.pixels import PixelPreparer
 from gateway.engine.request import EngineRequest
 from gateway.engine.scheduler.job import Sink
@@ -49,6 +50,8 @@ from gateway.heap import freeze_startup_objects
 from gateway.metrics import CacheCollector, Metrics
 
 log = logging.getLogger(__name__)
+# Load failures that are the model and flags' answer, not a fault: logged without a traceback.
+_REFUSALS = (UnsupportedModel, KVQuantUnsupported)
 
 
 def _no_mark(stage: str) -> None:
@@ -237,7 +240,10 @@ class Engine:
             loaded = Loaded.load(self.config, self._loader, self.vision_cache, self.prefix_cache)
             scheduler = Scheduler(self.config, self.metrics, loaded, self._occupancy, self._trace)
         except BaseException as exc:  # noqa: BLE001 - reported to start()
-            log.exception("model load failed")
+            if isinstance(exc, _REFUSALS):  # a sentence for the user, not a crash
+                log.error("model refused: %s", exc)
+            else:
+                log.exception("model load failed")
             self._load_error = exc
             self._ready.set()
             return

@@ -124,6 +124,10 @@ class ChatRequest:
     # Body fields the API's parser does not know and ignored (named back to the client in an
     # `x-ignored-fields` header: gateway.api.accepted.unknown_fields).
     ignored_fields: tuple[str, ...] = ()
+    # A completion's prompt (OpenAI's legacy /v1/completions; `messages` is then empty): text,
+    # tokenized as the tokenizer's own encode does (special tokens added), or token ids as
+    # given; no chat template, media, tools or thinking.
+    raw_prompt: str | tuple[int, ...] | None = None
 
     @classmethod
     def greedy(

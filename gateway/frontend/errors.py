@@ -26,7 +26,8 @@ def prompt_error(exc: ValueError, chat: ChatRequest) -> APIError:
     field), else e.g. an image placeholder typed into the text."""
     if isinstance(exc, UnsupportedImage):
         return invalid(str(exc), chat.media[exc.index].param, f"unsupported_{exc.kind}")
-    return invalid(f"could not build the prompt: {exc}", "messages")
+    field = "prompt" if chat.raw_prompt is not None else "messages"
+    return invalid(f"could not build the prompt: {exc}", field)
 
 
 def engine_busy(busy: EngineBusy) -> Overloaded:

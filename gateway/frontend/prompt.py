@@ -123,6 +123,8 @@ class PromptBuilder:
     ) -> tuple[list[int], list[ImageLayout], list[Grid], ThinkingParams | None, str]:
         """The prompt's ids, its media layouts and grids, its thinking parameters and the
         template variables it was rendered with (`EngineRequest.template_vars`)."""
+        if chat.raw_prompt is not None:
+            return self._raw_layout(chat.raw_prompt), [], [], None, ""
         self.check_media_kinds(chat)
         tools = None
         if chat.tools is not None:
@@ -140,6 +142,25 @@ class PromptBuilder:
         grids = [self._grid(index, item) for index, item in enumerate(media)]
         prompt, layouts = self.model.layout_prompt(ids, grids)
         return prompt, layouts, grids, thinking, _template_vars(kwargs)
+
+    def _raw_layout(self, prompt: str | tuple[int, ...]) -> list[int]:
+        """A completion prompt's ids: text tokenized with the tokenizer's special tokens, or
+        ids checked against the vocabulary. A placeholder of a media token in it is a 400
+        (no media comes with it: `layout_prompt` refuses the run)."""
+        if isinstance(prompt, str):
+            ids = self.model.tokenize(prompt, special_tokens=True)
+        else:
+            vocab = len(self.model.tokenizer)
+            bad = next((t for t in prompt if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise invalid(
+                    f"`prompt` holds token id {bad}, not a token of this model (0 to {vocab - 1})",
+                    "prompt",
+                )
+            ids = list(prompt)
+        if not ids:
+            raise invalid("`prompt` is empty: send text or token ids to continue", "prompt")
+        return self.model.layout_prompt(ids, [])[0]
 
     def check_media_kinds(self, chat: ChatRequest) -> None:
         """Refuse a media part the model does not take (an image sent to a text model): the
@@ -267,7 +288,7 @@ class PromptBuilder:
                 f"included) and this server's context is {self._max_context} tokens (prompt + "
                 "answer), which leaves no room for an answer; shorten the conversation, send "
                 "smaller or fewer images, or start the server with a larger --max-context",
-                "messages",
+                "prompt" if chat.raw_prompt is not None else "messages",
                 "context_length_exceeded",
             )
         grammar = self.tool_grammar(chat)

@@ -9,9 +9,10 @@ images. Decoding is FFmpeg's: every channel averaged into one, resampled with it
 packet sizes).
 
 Limits (every refusal a 400 `APIError`): the encoded size is checked by the caller; the
-length (`max_seconds`, from the container's header when it says, else while decoding), the
-source's sample rate (at most `MAX_SOURCE_RATE`) and emptiness (no audio stream, no
-samples) here; a corrupt stream is a 400 naming the failure.
+length (`max_seconds`, from the container's header when it says, else while decoding; at
+least `MIN_SECONDS`), the source's sample rate (at most `MAX_SOURCE_RATE`), a codec FFmpeg
+has no decoder for, emptiness (no audio stream, no samples) and samples that are not finite
+here; a corrupt stream is a 400 naming the failure.
 Blocking: run in a worker thread.
 """
 
@@ -26,9 +27,13 @@ import xxhash
 
 from gateway.errors import invalid
 
+MAX_SOURCE_RATE = 192_000  # Hz: studio rates; more is a decoding cost, not a better clip
+# An audio tower reads feature frames of 10 ms hops (Gemma 4: one soft token per 40 ms); a
+# clip under one hop has no frame and broke the tower (a 500). 50 ms is shorter than any
+# spoken sound, so nothing a model could read is refused.
+MIN_SECONDS = 0.05
 # The `format` values OpenAI's `input_audio` documents (wav, mp3) and the ones FFmpeg reads
 # as well that clients send; the container is probed from the bytes, this only gates names.
-MAX_SOURCE_RATE = 192_000  # Hz: studio rates; more is a decoding cost, not a better clip
 AUDIO_FORMATS = ("wav", "mp3", "flac", "ogg", "opus", "m4a", "aac", "webm")
 
 
@@ -76,6 +81,12 @@ def decode_audio(data: bytes, rate: int, max_seconds: float, source: str) -> Dec
         if not container.streams.audio:
             raise invalid("the file holds no audio stream", code="invalid_audio")
         stream = container.streams.audio[0]
+        if stream.codec_context is None:  # (PyAV: then even `sample_rate` raises)
+            raise invalid(
+                "the audio's codec is unknown or broken (FFmpeg has no decoder for it); send "
+                f"one of {', '.join(AUDIO_FORMATS)}",
+                code="invalid_audio",
+            )
         source_rate = int(stream.sample_rate or stream.codec_context.sample_rate or 0)
         if not 0 < source_rate <= MAX_SOURCE_RATE:
             raise invalid(
@@ -105,6 +116,17 @@ def decode_audio(data: bytes, rate: int, max_seconds: float, source: str) -> Dec
     samples = np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
     if samples.size == 0:
         raise invalid("the audio holds no samples", code="empty_audio")
+    if not np.isfinite(samples).all():  # (a float WAV may; the answer's logprobs went NaN)
+        raise invalid(
+            "the audio holds NaN or infinite samples; send PCM or finite float samples",
+            code="invalid_audio",
+        )
+    if samples.size < MIN_SECONDS * rate:
+        raise invalid(
+            f"the audio is {samples.size / rate * 1000:.1f} ms long; send at least "
+            f"{MIN_SECONDS * 1000:g} ms",
+            code="audio_too_short",
+        )
     _check_length(samples.size / rate, max_seconds)
     samples.setflags(write=False)
     decoded = time.perf_counter()

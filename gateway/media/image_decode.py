@@ -24,6 +24,7 @@ import io
 import logging
 import struct
 import time
+import warnings
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -59,6 +60,9 @@ def raise_pillow_pixel_limit(max_image_pixels: int) -> None:
     current = Image.MAX_IMAGE_PIXELS
     if current is not None and current < max_image_pixels:
         Image.MAX_IMAGE_PIXELS = max_image_pixels
+    # Its warning (between the limit and twice it) comes before `decode_rgb` refuses such an
+    # image with a 413 of its own: in the log it is only noise about a request already refused.
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
 def _pixel_limit_error(detail: str, max_pixels: int) -> APIError:

@@ -77,15 +77,19 @@ class ModelPool:
 
     # ----- lifecycle ----------------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Load the default model and the pinned ones (a failure raises: the server does not
-        start), then start unloading idle models after their keep-alive."""
+    async def start(self) -> bool:
+        """Load the default model and the pinned ones (a failure raises ModelLoadFailed: the
+        server does not start), then start unloading idle models after their keep-alive.
+        False when `stop` came first (a shutdown signal while the models loaded)."""
         first = [self.default, *(s for s in self.slots[1:] if s.spec.pinned)]
         for slot in first:
             await self.load(slot)
+            if self.closed:
+                return False
             if slot.state is not SlotState.LOADED:
-                raise RuntimeError(f"model {slot.name!r} did not load: {slot.last_error}")
+                raise ModelLoadFailed(f"model {slot.name!r} did not load: {slot.last_error}")
         self._reaper = asyncio.get_running_loop().create_task(self._reap())
+        return True
 
     async def stop(self) -> None:
         """Unload every model (requests still running end with a shutting-down error)."""
@@ -300,6 +304,11 @@ class ModelPool:
             for slot in self.slots:
                 if slot.expired(now):
                     await self._unload(slot, "idle")
+
+
+class ModelLoadFailed(RuntimeError):
+    """A model the server must start with did not load; the message says which and why (the
+    server logs it as one line: gateway.server)."""
 
 
 def _unavailable(slot: ModelSlot, why: str) -> APIError:

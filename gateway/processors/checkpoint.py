@@ -106,7 +106,17 @@ def check_checkpoint(model: str, kv_bits: int = 0) -> None:
             "not a local folder, nor a hub id of the form owner/name "
             "(such as mlx-community/Qwen2.5-VL-7B-Instruct-4bit)"
         ) from None
-    _check_family(_config(model, "its config.json"), kv_bits, model)
+    try:
+        config = _config(model, "its config.json")
+    except ValueError as exc:
+        if "/" in model:
+            raise
+        # A bare name is far more often a mistyped local folder than a hub model of that name
+        raise ValueError(
+            f"no folder {model!r} here ({Path.cwd()}), and {exc}; check the folder's name, "
+            "or give a hub id as owner/name"
+        ) from None
+    _check_family(config, kv_bits, model)
 
 
 def _check_family(config: dict[str, Any], kv_bits: int, model: str) -> None:

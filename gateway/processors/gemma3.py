@@ -44,11 +44,11 @@ class Gemma3Processor(PromptProcessor):
         super().__init__(path, model_type, tokenizer)
         self.settings = settings
 
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids of rendered text, each `<start_of_image>` written out as the processor
+    def tokenize(self, text: str, special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`, each `<start_of_image>` written out as the processor
         writes it (newlines and both markers; `layout_prompt` adds the soft tokens)."""
         s = self.settings
-        return super().tokenize(text.replace(s.boi, f"\n\n{s.boi}{s.eoi}\n\n"))
+        return super().tokenize(text.replace(s.boi, f"\n\n{s.boi}{s.eoi}\n\n"), special_tokens)
 
     def image_grid(self, width: int, height: int) -> Grid:
         """Every image becomes the same soft tokens (the tower's square)."""

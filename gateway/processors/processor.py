@@ -76,7 +76,9 @@ class PromptSide(Protocol):
         template_kwargs: dict[str, Any] | None = None,
     ) -> str: ...
 
-    def tokenize(self, text: str) -> list[int]: ...
+    def tokenize(self, text: str, special_tokens: bool = False) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
 
     def image_grid(self, width: int, height: int) -> Grid: ...
 
@@ -181,12 +183,21 @@ class PromptProcessor:
                     f"the model's chat template refused the conversation: {exc}"
                 ) from exc
 
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids of rendered text, no special tokens added (the template has its own)."""
+    def tokenize(self, text: str, special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`. Rendered chat text takes no special tokens (the template has
+        its own); a raw completion prompt (`special_tokens`) gets what the tokenizer's own
+        encode adds (a BOS where the checkpoint has one), as vLLM and mlx-lm's server do."""
         with self.tokenizer_lock:
             # verbose=False: no "Token indices sequence length is longer than ..." warning; the
             # prompt builder refuses over-long prompts itself, against --max-context.
-            return list(self.tokenizer.encode(text, add_special_tokens=False, verbose=False))
+            return list(
+                self.tokenizer.encode(text, add_special_tokens=special_tokens, verbose=False)
+            )
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of token ids, special tokens left out (an echoed completion prompt)."""
+        with self.tokenizer_lock:
+            return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
 
     # ----- media (a family overrides what it takes) --------------------------------------------
 

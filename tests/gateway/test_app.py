@@ -187,6 +187,18 @@ def test_models_and_health(server: ServerProcess) -> None:
     assert health["status"] == "ok"
 
 
+def test_models_read_through_the_anthropic_sdk(server: ServerProcess) -> None:
+    """Invariant: the one /v1/models body also reads as Anthropic's (type, display_name,
+    created_at; a page with has_more), list and retrieve, through the real `anthropic` SDK."""
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.base_url, api_key="-")
+    (model,) = client.models.list().data
+    assert (model.id, model.type, model.display_name) == ("test", "model", "test")
+    assert model.created_at.year >= 2025
+    assert client.models.retrieve("test").id == "test"
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param"),
     [

@@ -104,7 +104,8 @@ def test_bench_is_not_a_product_command(capsys: pytest.CaptureFixture[str]) -> N
         (["--kv-cache-mb", "inf"], "'inf': give a finite number"),
         (["--vision-cache-mb", "nan"], "'nan': give a finite number"),
         (["--vision-cache-mb", "abc"], "'abc' is not a number"),
-        (["--bogus"], "unrecognized arguments: --bogus"),
+        (["--bogus"], "unrecognized arguments: --bogus (see vision-gateway serve --help)"),
+        (["--modle", "x"], "--modle x; did you mean --model (for --modle)?"),
     ],
 )
 def test_a_bad_flag_is_one_line_naming_it(
@@ -112,7 +113,8 @@ def test_a_bad_flag_is_one_line_naming_it(
 ) -> None:
     """Invariant: a flag value argparse refuses (inf and nan included: budgets become byte
     counts, where inf crashed with an OverflowError) is one line naming it, status 2, without
-    the fifty lines of usage argparse prints first."""
+    the fifty lines of usage argparse prints first; a flag serve does not have points to
+    serve's --help and names the closest flag it has."""
     with pytest.raises(SystemExit) as exit_info:
         main(["serve", *flags])
     assert exit_info.value.code == 2

@@ -1,7 +1,8 @@
 """`vision-gateway serve` as a process: a busy port fails at once, before the model loads, and
 Ctrl-C (SIGINT to the process group) or SIGTERM drains and exits 0 without a traceback, on
 both event loops; a second Ctrl-C during the drain forces a prompt exit, still without a
-traceback, and tells the interrupted client that the shutdown was forced.
+traceback, and tells the interrupted client that the shutdown was forced; Ctrl-C while the
+model loads stops the load and exits 0.
 
 Real signals to a real `python -m gateway serve` subprocess on 127.0.0.1 (the tiny model, no
 warm-up); each server runs in its own session so that its process group is the server and
@@ -79,6 +80,46 @@ def test_a_signal_to_the_process_group_drains_and_exits_0(sig: int, loop: str) -
     assert proc.returncode == 0, err[-3000:]
     assert "Traceback" not in err and "terminate called" not in err, err[-3000:]
     assert "Application shutdown complete" in err, err[-3000:]
+
+
+def test_ctrl_c_while_the_model_loads_exits_0_and_stops_the_load() -> None:
+    """Invariant: Ctrl-C (SIGINT to the process group) while the model loads stops the load
+    (the engine process too) and exits 0 without serving and without a traceback (it was a
+    KeyboardInterrupt traceback in the engine process, then 'failed to load: EOFError' and
+    status 3)."""
+    port = free_port()
+    proc = _start(port)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # until the load has begun (the engine process is spawned)
+        seen.append(line)
+        if "loading model" in line:
+            break
+    time.sleep(0.3)  # the engine process is importing
+    os.killpg(proc.pid, signal.SIGINT)
+    err = "".join(seen) + _finish(proc, 60)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "failed to load" not in err, err[-3000:]
+    assert "not serving" in err and "Uvicorn running" not in err, err[-3000:]
+    deadline = time.monotonic() + 10  # the engine process is gone too (once it has died)
+    while _live_in_group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _live_in_group(proc.pid) == []
+
+
+def _live_in_group(pgid: int) -> list[int]:
+    """Processes of process group `pgid` that are not zombies (a killed engine process is one
+    until init reaps it)."""
+    live = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # not a process, or gone meanwhile
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":  # fields: state, ppid, pgrp, ...
+            live.append(int(entry))
+    return live
 
 
 @pytest.mark.parametrize("loop", LOOPS)
@@ -162,10 +203,12 @@ def test_bind_socket_names_the_address() -> None:
         assert sock.getsockname()[0] == "127.0.0.1" and sock.getsockname()[1] > 0
 
 
-def test_a_model_that_cannot_load_is_one_line_before_anything_loads(tmp_path) -> None:  # noqa: ANN001
+def test_a_model_that_cannot_load_is_one_line_before_anything_loads(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     """Invariant: a --model folder without config.json or weights, a config.json that is not
-    JSON or names a type no family serves, and a malformed hub id are ConfigErrors naming
-    --model and what is wrong (were two tracebacks and status 3 after the engine started)."""
+    JSON or names a type no family serves, a malformed hub id, a file for the folder and a
+    bare name that is no folder here are ConfigErrors naming --model and what is wrong (were
+    two tracebacks and status 3 after the engine started)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from gateway.config import EngineConfig
     from gateway.server import resolve_model
 
@@ -183,7 +226,20 @@ def test_a_model_that_cannot_load_is_one_line_before_anything_loads(tmp_path) ->
     (tmp_path / "config.json").write_text((tiny / "config.json").read_text())
     assert "holds no *.safetensors weights" in refused(str(tmp_path))
     assert refused("bad repo!!").startswith("--model bad repo!!: not a local folder, nor a hub id")
+    assert f"{tmp_path}/config.json is a file" in refused(str(tmp_path / "config.json"))
+    assert "no folder 'tiny-visoin' here" in refused("tiny-visoin")  # a typo, not a hub id
     assert resolve_model(EngineConfig(model=str(tiny), served_model_name="m"))[0].model == str(tiny)
+
+
+def test_a_model_the_engine_refuses_at_start_is_a_sentence_not_a_traceback() -> None:
+    """Invariant: a model that passes the start-up checks but that the engine refuses while
+    loading (here --kv-bits with a group size its 16-wide heads cannot take) stops the server
+    with a non-zero exit and the refusal's sentence, without a traceback."""
+    proc = _start(free_port(), "--kv-bits", "8", "--kv-group-size", "64")
+    err = _finish(proc, 180)
+    assert proc.returncode not in (0, None)
+    assert "Traceback" not in err, err[-3000:]
+    assert "did not load: model failed to load: --kv-bits 8 --kv-group-size 64" in err
 
 
 def test_a_read_only_cache_dir_is_refused_at_start(tmp_path) -> None:  # noqa: ANN001

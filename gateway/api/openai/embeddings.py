@@ -59,7 +59,9 @@ def parse_embeddings_request(body: Any) -> EmbedRequest:
         raise invalid("the request body must be a JSON object")
     accepted.refuse_unapplied(body, accepted.OPENAI_EMBEDDINGS)
     model = fields.model_name(body)
-    fmt = body.get("encoding_format") or "float"  # (null: the default, as OpenAI's)
+    fmt = body.get("encoding_format")
+    if fmt is None:  # (null: the default, as OpenAI's; "", 0, {} are not)
+        fmt = "float"
     if fmt not in FORMATS:
         raise invalid("`encoding_format` must be 'float' or 'base64'", "encoding_format")
     user = body.get("user")
@@ -82,13 +84,14 @@ def _inputs(raw: Any) -> tuple[EmbedInput, ...]:
     if isinstance(raw, str):
         return (EmbedInput("input", text=fields.text(raw, "input")),)
     if isinstance(raw, dict):
-        return (EmbedInput("input", parts=(_part(raw, "input"),)),)
+        return (EmbedInput("input", parts=_parts([raw], "input", ["input"])),)
     if not isinstance(raw, list):
         raise invalid("`input` must be a string or a list", "input")
     if not raw:
         raise invalid("`input` must not be an empty list", "input")
     if all(_is_id(x) for x in raw):  # one input as token ids
         return (EmbedInput("input", ids=tuple(raw)),)
+    _check_ids(raw, "input")
     if len(raw) > MAX_INPUTS:
         raise invalid(f"`input` holds {len(raw)} inputs, over the limit of {MAX_INPUTS}", "input")
     return tuple(_input(x, f"input[{i}]") for i, x in enumerate(raw))
@@ -98,16 +101,28 @@ def _input(raw: Any, at: str) -> EmbedInput:
     if isinstance(raw, str):
         return EmbedInput(at, text=fields.text(raw, at))
     if isinstance(raw, dict):
-        return EmbedInput(at, parts=(_part(raw, at),))
+        return EmbedInput(at, parts=_parts([raw], at, [at]))
     if isinstance(raw, list) and raw and all(_is_id(x) for x in raw):
         return EmbedInput(at, ids=tuple(raw))
+    if isinstance(raw, list):
+        _check_ids(raw, at)
     if isinstance(raw, list) and raw and all(isinstance(x, dict) for x in raw):
-        return EmbedInput(at, parts=tuple(_part(x, f"{at}[{j}]") for j, x in enumerate(raw)))
+        return EmbedInput(at, parts=_parts(raw, at, [f"{at}[{j}]" for j in range(len(raw))]))
     raise invalid(
         f"`{at}` must be a string, a non-empty list of token ids, a content part "
         "(text or image_url) or a non-empty list of content parts",
         at,
     )
+
+
+def _parts(raws: list[Any], at: str, where: list[str]) -> tuple[str | ImagePart, ...]:
+    """The content parts of one input (`where`: each part's field); 400 naming the input
+    when they hold no text and no image (as an empty string input is refused: the chat
+    template alone is not an input)."""
+    parts = tuple(_part(raw, place) for raw, place in zip(raws, where, strict=True))
+    if all(part == "" for part in parts):
+        raise invalid(f"`{at}` is empty: its text parts hold no text and it has no image", at)
+    return parts
 
 
 def _part(raw: dict[str, Any], at: str) -> str | ImagePart:
@@ -125,6 +140,18 @@ def _part(raw: dict[str, Any], at: str) -> str | ImagePart:
 
 def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31
+
+
+def _check_ids(raw: list[Any], at: str) -> None:
+    """A list of integers meant as token ids with one out of range: 400 naming that
+    element (rather than the list's shape, which is right)."""
+    if not raw or not all(isinstance(x, int) and not isinstance(x, bool) for x in raw):
+        return
+    k = next(k for k, x in enumerate(raw) if not _is_id(x))
+    raise invalid(
+        f"`{at}[{k}]` is {raw[k]}: a token id must be an integer from 0 to {(1 << 31) - 1}",
+        f"{at}[{k}]",
+    )
 
 
 def render(result: EmbedResult, request: EmbedRequest) -> bytes:

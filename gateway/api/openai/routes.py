@@ -1,6 +1,7 @@
 """The OpenAI Chat Completions route: `POST /v1/chat/completions`, parsed by
 `gateway.api.openai.parse`, run through the intake and the front end's pipeline, answered by
-`gateway.api.openai.render` (JSON or SSE chunks; errors as OpenAI error objects).
+`gateway.api.openai.render` (JSON or SSE chunks; errors as OpenAI error objects); and beside
+it the legacy `POST /v1/completions` (`gateway.api.openai.completions`).
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ from starlette.routing import Route
 
 from gateway.api.http import unless_disconnected, with_errors
 from gateway.api.intake import Intake
+from gateway.api.openai import completions
 from gateway.api.openai.parse import parse_chat_request
 from gateway.api.openai.render import collect, render_error, sse_stream
 from gateway.frontend.errors import ClientGone
 
 
 def routes(intake: Intake) -> list[Route]:
-    """The OpenAI chat route over `intake`; its errors are OpenAI error objects."""
+    """The OpenAI chat and completions routes over `intake`; their errors are OpenAI error
+    objects."""
     pipeline = intake.pipeline
 
     @with_errors(render_error)
@@ -60,4 +63,7 @@ def routes(intake: Intake) -> list[Route]:
             return Response(status_code=499)
         return JSONResponse(result, headers=headers)
 
-    return [Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+    return [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        *completions.routes(intake),
+    ]

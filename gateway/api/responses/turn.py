@@ -22,7 +22,14 @@ from gateway.api.responses.sealed import ReasoningSeal
 from gateway.api.responses.store import HeldImage, ResponseStore
 from gateway.api.responses.tools import link_outputs
 from gateway.errors import APIError
-from gateway.frontend.chat import ChatMessage, ChatRequest, ImagePart, TextPart
+from gateway.frontend.chat import (
+    AudioPart,
+    ChatMessage,
+    ChatRequest,
+    ImagePart,
+    TextPart,
+    VideoPart,
+)
 from gateway.frontend.pipeline import ChatPipeline
 from gateway.media import DecodedImage
 from gateway.tools.spec import ToolCall
@@ -73,7 +80,7 @@ class Turn:
         summary_only = r.thinking is None and r.reasoning_summary is not None
         return ChatRequest(
             model=r.model,
-            messages=(*system, *self.history, *self.input),
+            messages=(*system, *(_stored(m) for m in self.history), *self.input),
             max_tokens=r.max_output_tokens,
             temperature=r.temperature,
             top_p=r.top_p,
@@ -163,6 +170,17 @@ class Turn:
 
     def image_map(self) -> dict[str, DecodedImage]:
         return {i.content_hash: i for i in self.images}
+
+
+def _stored(message: ChatMessage) -> ChatMessage:
+    """A stored message whose media name `previous_response_id` in refusals (a model that
+    takes no audio, a clip no longer readable): their fields were an earlier request's."""
+    media = (ImagePart, VideoPart, AudioPart)
+    parts = tuple(
+        replace(p, param="previous_response_id") if isinstance(p, media) else p
+        for p in message.parts
+    )
+    return replace(message, parts=parts)
 
 
 def _held(part: TextPart | ImagePart, hashes: Any) -> TextPart | ImagePart:

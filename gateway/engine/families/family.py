@@ -215,9 +215,9 @@ class ModelFamily(ABC):
         parts in place, ValueError when the template refuses the conversation)."""
         return self.prompt.render(messages, tools, template_kwargs)
 
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids of rendered text, no special tokens added (the template has its own)."""
-        return self.prompt.tokenize(text)
+    def tokenize(self, text: str, special_tokens: bool = False) -> list[int]:
+        """Token ids of `text` (`PromptProcessor.tokenize`)."""
+        return self.prompt.tokenize(text, special_tokens)
 
     @property
     def embed_bytes(self) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import signal
 import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -57,14 +56,11 @@ def engine_process_main(
     """Entry point of the engine process: run an Engine, serve the command pipe. `config`
     None: a spare (`gateway.engine.remote.spare`): import what an engine needs, then wait
     for the model to serve (`Configure`; a `Stop` or a closed pipe ends it)."""
+    # (SIGINT and SIGTERM are ignored already: `process_entry`, this process's target.)
     from gateway.engine.core import Engine
     from gateway.engine.embed.engine import EmbedEngine
     from gateway.metrics import Metrics
 
-    # Ctrl-C and a service manager's SIGTERM reach the whole process group: the HTTP process
-    # decides when to stop (after draining), and stops this one through the pipe.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -82,7 +78,8 @@ def engine_process_main(
     try:
         engine.start()
     except Exception as exc:  # noqa: BLE001 - reported to the parent
-        outbox.send(LoadFailed(str(exc)))
+        # the cause's words: the client says "model failed to load" itself
+        outbox.send(LoadFailed(str(exc.__cause__ or exc)))
         outbox.close()
         return
     model = engine.model

@@ -18,7 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from gateway.config import EngineConfig
-from gateway.engine.remote.main import engine_process_main
+from gateway.engine.remote.process_entry import engine_process_entry
 from gateway.engine.wire import Configure, Stop
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def spawn_engine(config: EngineConfig | None, log_level: str) -> EngineProcess:
     evt_read, evt_write = ctx.Pipe(duplex=False)
     name = "vision-gateway-engine" if config is not None else "vision-gateway-spare-engine"
     process = ctx.Process(
-        target=engine_process_main,
+        target=engine_process_entry,
         args=(config, log_level, cmd_read, evt_write),
         name=name,
         daemon=True,

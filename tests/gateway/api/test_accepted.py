@@ -1,9 +1,9 @@
 """No silent ignoring: every documented request field of each API is applied or refused.
 
 Pinned here: the tables of gateway.api.accepted cover every request field the real `openai`
-and `anthropic` SDKs document (chat completions, responses, messages); walking each table
-against the real parser, an APPLIED field changes the typed request, an INFORMATIONAL one
-parses and changes nothing, and a REFUSED one is a 400 naming it.
+and `anthropic` SDKs document (chat completions, legacy completions, responses, messages);
+walking each table against the real parser, an APPLIED field changes the typed request, an
+INFORMATIONAL one parses and changes nothing, and a REFUSED one is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -13,11 +13,13 @@ from typing import Any
 
 import pytest
 from anthropic.types import message_create_params
+from openai.types import completion_create_params as completion_create_params_legacy
 from openai.types.chat import completion_create_params
 from openai.types.responses import response_create_params
 
 from gateway.api import accepted
 from gateway.api.anthropic.parse import parse_messages_request
+from gateway.api.openai.completions import parse_completion_request
 from gateway.api.openai.parse import parse_chat_request
 from gateway.api.responses.parse import parse_responses_request
 from gateway.errors import APIError
@@ -96,6 +98,37 @@ RESPONSES = {
     "background": ({}, True),
     "max_tool_calls": ({}, 3),
 }
+COMPLETIONS = {
+    "model": ({}, "other"),
+    "prompt": ({}, "bye"),
+    "max_tokens": ({}, 5),
+    "temperature": ({}, 0.5),
+    "top_p": ({}, 0.5),
+    "seed": ({}, 3),
+    "stop": ({}, ["x"]),
+    "n": ({}, 2),
+    "best_of": ({}, 1),
+    "logprobs": ({}, 2),
+    "echo": ({}, True),
+    "presence_penalty": ({}, 1.0),
+    "frequency_penalty": ({}, 1.0),
+    "logit_bias": ({}, {"5": 2}),
+    "stream": ({}, True),
+    "stream_options": ({"stream": True}, {"include_usage": True}),
+    "top_k": ({}, 5),
+    "repetition_penalty": ({}, 1.2),
+    "min_tokens": ({}, 2),
+    "ignore_eos": ({}, True),
+    "cache_salt": ({}, "salt"),
+    "keep_alive": ({}, "5m"),
+    "use_beam_search": ({}, True),
+    "length_penalty": ({}, 1.5),
+    "min_p": ({}, 0.1),
+    "stop_token_ids": ({}, [1]),
+    "prompt_logprobs": ({}, 1),
+    "response_format": ({}, {"type": "json_object"}),
+    "guided_json": ({}, {"type": "object"}),
+}
 # An assistant turn that thought, and the edit that clears every turn's thinking.
 THOUGHT = [
     {"role": "user", "content": "hi"},
@@ -129,12 +162,19 @@ ANTHROPIC = {
 }
 CHAT_BASE = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 RESPONSES_BASE = {"model": "m", "input": "hi"}
+COMPLETIONS_BASE = {"model": "m", "prompt": "hi"}
 ANTHROPIC_BASE = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
 
 APIS = {
     "openai": (accepted.OPENAI_CHAT, OPENAI, CHAT_BASE, parse_chat_request),
     "responses": (accepted.RESPONSES, RESPONSES, RESPONSES_BASE, parse_responses_request),
     "anthropic": (accepted.ANTHROPIC_MESSAGES, ANTHROPIC, ANTHROPIC_BASE, parse_messages_request),
+    "completions": (
+        accepted.OPENAI_COMPLETIONS,
+        COMPLETIONS,
+        COMPLETIONS_BASE,
+        parse_completion_request,
+    ),
 }
 
 
@@ -148,8 +188,9 @@ def _documented(params: type) -> set[str]:
         (accepted.OPENAI_CHAT, completion_create_params.CompletionCreateParamsBase),
         (accepted.RESPONSES, response_create_params.ResponseCreateParamsBase),
         (accepted.ANTHROPIC_MESSAGES, message_create_params.MessageCreateParamsBase),
+        (accepted.OPENAI_COMPLETIONS, completion_create_params_legacy.CompletionCreateParamsBase),
     ],
-    ids=["openai", "responses", "anthropic"],
+    ids=["openai", "responses", "anthropic", "completions"],
 )
 def test_the_tables_cover_every_field_the_sdks_document(table: dict, params: type) -> None:
     """Invariant: no request field of the SDK's own types is missing from the table."""

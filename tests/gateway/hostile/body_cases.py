@@ -263,5 +263,5 @@ ACCESS_CASES: list[Any] = [
         id="cache-clear-with-api-key-instead-of-admin-key",
     ),
     pytest.param(Case(None, 405, method="GET"), id="get-on-chat-completions"),
-    pytest.param(Case(chat(), 404, path="/v1/completions"), id="unknown-route"),
+    pytest.param(Case(chat(), 404, path="/v1/complete"), id="unknown-route"),
 ]

@@ -18,7 +18,7 @@ import pytest
 from support import EngineHarness, Run, chat_body, decoded, noise_image, tiny_model
 
 from gateway.api.openai.parse import parse_chat_request
-from gateway.config import EngineConfig
+from gateway.config import CacheConfig, EngineConfig
 from gateway.engine.client import EngineUnavailable
 from gateway.engine.device_memory import device_memory
 from gateway.engine.remote.client import RemoteEngine
@@ -115,6 +115,20 @@ def test_stop_during_start_kills_the_loading_process_at_once() -> None:
     assert not starter.is_alive() and len(failure) == 1
     assert not engine._process.is_alive() and not engine.alive
     assert time.monotonic() - began < 5  # killed, not joined for stop's 10 s
+
+
+def test_a_refused_model_says_why_once() -> None:
+    """Invariant: a model the engine refuses at load (here: --kv-bits with a head width the
+    group size does not divide) fails `start` with the refusal's own sentence, said once."""
+    cache = CacheConfig(kv_bits=8, kv_group_size=64)  # the tiny model's heads are 16 wide
+    config = EngineConfig(model=str(tiny_model()), served_model_name="test", cache=cache)
+    engine = RemoteEngine(config)
+    with pytest.raises(RuntimeError) as failed:
+        engine.start(timeout=300)
+    message = str(failed.value)
+    assert message.startswith("model failed to load: --kv-bits 8 --kv-group-size 64")
+    assert message.count("failed to load") == 1
+    assert not engine.alive
 
 
 def test_a_cancel_while_the_image_is_prepared_is_not_lost(remote: RemoteEngine) -> None:
