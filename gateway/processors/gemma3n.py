@@ -65,14 +65,14 @@ class Gemma3nProcessor(Gemma3Processor):
         if settings.audio is not None:
             self.media = frozenset({"image", "audio"})
 
-    def tokenize(self, text: str) -> list[int]:
-        """Token ids of rendered text, each placeholder written out as the processor writes
-        it (newlines and both markers; `layout_prompt` adds the soft tokens)."""
+    def tokenize(self, text: str, special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`, each placeholder written out as the processor writes it
+        (newlines and both markers; `layout_prompt` adds the soft tokens)."""
         s, a = self.settings, self.settings.audio
         expanded = text.replace(s.placeholder, f"\n\n{s.boi}{s.eoi}\n\n")
         if a is not None:
             expanded = expanded.replace(a.placeholder, f"\n\n{a.boa}{a.eoa}\n\n")
-        return super(Gemma3Processor, self).tokenize(expanded)
+        return super(Gemma3Processor, self).tokenize(expanded, special_tokens)
 
     @property
     def audio_rate(self) -> int | None:

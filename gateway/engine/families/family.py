@@ -135,8 +135,6 @@ class ModelFamily(ABC):
     # block forward covers whole chunks of a layer that computes in fixed chunks (Qwen3.5's
     # chunked gated-delta scan: 64) and equals the reference's one-pass prefill.
     block_multiple: ClassVar[int] = 1
-    # True: `encode_steps_many` runs each image alone: no load-time group check (group_check)
-    encodes_each_alone: ClassVar[bool] = False
     # True: some layers keep a recurrent state (`RowStateCache`), reused through snapshots at
     # block ends, which exist only under the exact-reuse rule (else the prefix cache is off).
     state_snapshots: ClassVar[bool] = False

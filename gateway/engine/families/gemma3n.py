@@ -103,7 +103,8 @@ class Gemma3n(ModelFamily):
     prompt_split = True  # the prompt side is `Gemma3nProcessor`
     last_token_apart = True
     # Each image alone through the tower (`encode_steps_many`): the load-time check that a
-    # group keeps every image's bits would run the tower 4 times (minutes on a CPU).
+    # group keeps every image's bits (`scheduler/group_check.py`, which reads this) would
+    # run the tower 4 times (minutes on a CPU).
     encodes_each_alone = True
     kv_quant_off = "keeps sliding-window and KV-sharing layers under its own attention"
 
