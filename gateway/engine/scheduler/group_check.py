@@ -53,9 +53,7 @@ def towers_group_exactly(model: ModelFamily) -> bool:
     """True when each of two images gets bit-identical features alone and in one group (and
     for a model without images, or whose family encodes each image alone, where the question
     does not arise)."""
-    # A family whose `encode_steps_many` runs each image alone whatever the group says so
-    # (`encodes_each_alone`, Gemma 3n: 4 of its tower runs take minutes on a CPU).
-    if "image" not in model.media or getattr(model, "encodes_each_alone", False):
+    if "image" not in model.media or model.encodes_each_alone:
         return True
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in _SIZES]
