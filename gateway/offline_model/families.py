@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from . import embedders, gemma3, gemma4, llama, mistral3, qwen3, qwen3_5, qwen_vl, smolvlm
+from . import embedders, gemma3, gemma3n, gemma4, llama, mistral3, qwen3, qwen3_5, qwen_vl, smolvlm
 from .family import Family
 from .shapes import DEFAULT_DTYPE, DTYPES
 
@@ -18,6 +18,7 @@ FAMILIES: dict[str, Family] = {
         smolvlm.FAMILY,
         mistral3.FAMILY,
         gemma4.FAMILY,
+        gemma3n.FAMILY,
         qwen3.FAMILY,
         *qwen3_5.FAMILIES,
         llama.FAMILY,

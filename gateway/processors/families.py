@@ -58,6 +58,12 @@ VISION_FAMILIES: tuple[FamilyFacts, ...] = (
         audio=True,
     ),
     FamilyFacts(
+        "gemma3n",
+        ("gemma3n",),
+        "keeps sliding-window and KV-sharing layers under its own attention",
+        audio=True,
+    ),
+    FamilyFacts(
         "qwen3_5", ("qwen3_5", "qwen3_5_moe"), "keeps recurrent-state layers (a hybrid model)"
     ),
 )

@@ -138,6 +138,10 @@ class ModelFamily(ABC):
     # True: some layers keep a recurrent state (`RowStateCache`), reused through snapshots at
     # block ends, which exist only under the exact-reuse rule (else the prefix cache is off).
     state_snapshots: ClassVar[bool] = False
+    # True: `encode_steps_many` runs each image through the tower alone whatever the group,
+    # so the load-time check that a group keeps every image's bits has nothing to check
+    # (`scheduler/group_check.py`; Gemma 3n, whose tower runs take tens of seconds on CPU).
+    encodes_each_alone: ClassVar[bool] = False
     # --kv-bits: set by the engine once, right after loading, before any cache is made
     # (`engine/model/kv_check.py` refuses a family whose layers it does not cover).
     kv_quant: KVQuant | None = None

@@ -15,6 +15,7 @@ from typing import Any
 
 from gateway.engine.families.family import ModelFamily
 from gateway.engine.families.gemma3 import Gemma3
+from gateway.engine.families.gemma3n import Gemma3n
 from gateway.engine.families.gemma4 import Gemma4
 from gateway.engine.families.mistral3 import Mistral3
 from gateway.engine.families.qwen3_5 import Qwen35
@@ -45,7 +46,7 @@ __all__ = [
 
 # Each family's class by its name (`ModelFamily.family`, `FamilyFacts.family`).
 _CLASSES: dict[str, type[ModelFamily]] = {
-    c.family: c for c in (QwenVL, Mistral3, SmolVLM, Gemma3, Gemma4, Qwen35, TextModel)
+    c.family: c for c in (QwenVL, Mistral3, SmolVLM, Gemma3, Gemma3n, Gemma4, Qwen35, TextModel)
 }
 
 

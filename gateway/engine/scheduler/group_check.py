@@ -51,8 +51,9 @@ def _same(a: EncodedImage, b: EncodedImage) -> bool:
 
 def towers_group_exactly(model: ModelFamily) -> bool:
     """True when each of two images gets bit-identical features alone and in one group (and
-    for a model without images, where the question does not arise)."""
-    if "image" not in model.media:
+    for a model without images, or whose family encodes each image alone, where the question
+    does not arise)."""
+    if "image" not in model.media or model.encodes_each_alone:
         return True
     rng = np.random.default_rng(0)
     images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for w, h in _SIZES]

@@ -65,6 +65,9 @@ FAMILIES = [
     Family("gemma3", "gemma3", ("image",), _shapes, ("--no-warmup",), 32, "video"),
     # 448 x 448 -> 64 soft tokens read both ways; 4 of 10 layers share KV; an audio tower.
     Family("gemma4", "gemma4", ("audio", "image"), _shapes, ("--no-warmup",), 32, "video"),
+    # Any image -> 256 soft tokens (mlx-vlm's MobileNetV5 at 256 px: tens of seconds a
+    # CPU encode); 4 of 10 layers share KV; AltUp and per-layer inputs; an audio tower.
+    Family("gemma3n", "gemma3n", ("audio", "image"), _shapes, ("--no-warmup",), 32, "video"),
     # 150 x 100 -> 3 x 2 tiles + the global image, row/column separators.
     Family(
         "smolvlm",
