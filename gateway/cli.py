@@ -42,6 +42,7 @@ MAKE_MODEL_ARCHS = (
     "smolvlm",
     "mistral3",
     "gemma4",
+    "gemma3n",
     "qwen3",
     "qwen3_5",
     "qwen3_5_moe",
