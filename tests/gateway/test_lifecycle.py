@@ -101,8 +101,9 @@ def _exited_within(proc: subprocess.Popen, timeout: float) -> bool:
 
 
 def _new_request_outcome(server: ServerProcess) -> str:
-    """'refused' (connection refused), '503' (error object), or 'served' (the request slipped
-    in before shutdown began)."""
+    """'refused' (connection refused, or reset: a connection the kernel accepted into the
+    backlog just before uvicorn closed its listening socket is reset, not answered), '503'
+    (error object), or 'served' (the request slipped in before shutdown began)."""
     try:
         r = httpx.post(
             server.base_url + CHAT,
@@ -113,7 +114,7 @@ def _new_request_outcome(server: ServerProcess) -> str:
             },
             timeout=10,
         )
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
         return "refused"
     if r.status_code == 503:
         assert r.json()["error"]["message"], r.text
