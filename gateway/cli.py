@@ -43,6 +43,7 @@ MAKE_MODEL_ARCHS = (
     "mistral3",
     "gemma4",
     "gemma3n",
+    "lfm2_vl",
     "qwen3",
     "qwen3_5",
     "qwen3_5_moe",

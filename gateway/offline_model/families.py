@@ -6,7 +6,19 @@
 
 from __future__ import annotations
 
-from . import embedders, gemma3, gemma3n, gemma4, llama, mistral3, qwen3, qwen3_5, qwen_vl, smolvlm
+from . import (
+    embedders,
+    gemma3,
+    gemma3n,
+    gemma4,
+    lfm2_vl,
+    llama,
+    mistral3,
+    qwen3,
+    qwen3_5,
+    qwen_vl,
+    smolvlm,
+)
 from .family import Family
 from .shapes import DEFAULT_DTYPE, DTYPES
 
@@ -19,6 +31,7 @@ FAMILIES: dict[str, Family] = {
         mistral3.FAMILY,
         gemma4.FAMILY,
         gemma3n.FAMILY,
+        lfm2_vl.FAMILY,
         qwen3.FAMILY,
         *qwen3_5.FAMILIES,
         llama.FAMILY,
