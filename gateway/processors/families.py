@@ -66,6 +66,9 @@ VISION_FAMILIES: tuple[FamilyFacts, ...] = (
     FamilyFacts(
         "qwen3_5", ("qwen3_5", "qwen3_5_moe"), "keeps recurrent-state layers (a hybrid model)"
     ),
+    FamilyFacts(
+        "lfm2_vl", ("lfm2_vl", "lfm2-vl"), "keeps convolution-state layers (a hybrid model)"
+    ),
 )
 TEXT = FamilyFacts("text", (), media=frozenset())
 # Embedding models (engine/embed/): served by /v1/embeddings, never by the chat routes. A

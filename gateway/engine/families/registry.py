@@ -17,6 +17,7 @@ from gateway.engine.families.family import ModelFamily
 from gateway.engine.families.gemma3 import Gemma3
 from gateway.engine.families.gemma3n import Gemma3n
 from gateway.engine.families.gemma4 import Gemma4
+from gateway.engine.families.lfm2_vl import Lfm2VL
 from gateway.engine.families.mistral3 import Mistral3
 from gateway.engine.families.qwen3_5 import Qwen35
 from gateway.engine.families.qwen_vl import QwenVL
@@ -46,7 +47,18 @@ __all__ = [
 
 # Each family's class by its name (`ModelFamily.family`, `FamilyFacts.family`).
 _CLASSES: dict[str, type[ModelFamily]] = {
-    c.family: c for c in (QwenVL, Mistral3, SmolVLM, Gemma3, Gemma3n, Gemma4, Qwen35, TextModel)
+    c.family: c
+    for c in (
+        QwenVL,
+        Mistral3,
+        SmolVLM,
+        Gemma3,
+        Gemma3n,
+        Gemma4,
+        Qwen35,
+        Lfm2VL,
+        TextModel,
+    )
 }
 
 
