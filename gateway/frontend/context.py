@@ -33,8 +33,9 @@ log = logging.getLogger(__name__)
 
 FALLBACK_CONTEXT = 32768  # no key in the checkpoint says its context
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
-# Layer kinds whose KV does not grow with the context (layer_types' names).
-BOUNDED_LAYERS = frozenset({"sliding_attention", "linear_attention", "chunked_attention"})
+# Layer kinds whose KV does not grow with the context (layer_types' names; LFM2's "conv":
+# a short convolution's fixed-size state).
+BOUNDED_LAYERS = frozenset({"sliding_attention", "linear_attention", "chunked_attention", "conv"})
 MIN_CONTEXT = 16  # what --max-context accepts at least
 
 

@@ -152,7 +152,7 @@ def write_files(out: Path, size: str, dtype: str) -> dict[str, Any]:
         "conv_bias": False,
         "norm_eps": 1e-5,
         "rope_theta": 1000000.0,
-        "max_position_embeddings": 32768,
+        "max_position_embeddings": 128000,  # LFM2-VL-450M's
         "num_heads": shape.text["num_attention_heads"],
         "eos_token_id": end,
         "tie_word_embeddings": True,

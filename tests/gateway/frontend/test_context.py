@@ -35,6 +35,7 @@ OWN_CONTEXT = {
     "mistral3": 131072,
     "gemma4": 131072,
     "gemma3n": 32768,
+    "lfm2_vl": 128000,
     "qwen3": 40960,
     "qwen3_5": 262144,
     "qwen3_5_moe": 262144,
@@ -47,12 +48,14 @@ OWN_CONTEXT = {
 # KV bytes per token at float32 where layers differ: gemma3 keeps full KV in 1 of its 6
 # layers (5 sliding per global), gemma4 in 1 (its last 4 layers reuse earlier KV; full
 # layers have head_dim 32), gemma3n in 1 of its 10 (4 sliding : 1 full, the last 4 share
-# earlier KV; one KV head of 16), qwen3_5 in 1 of 4 (the rest recurrent).
+# earlier KV; one KV head of 16), qwen3_5 in 1 of 4 (the rest recurrent), lfm2_vl in 1 of 4
+# (the rest short convolutions; 2 KV heads of 16).
 KV_PER_TOKEN = {
     "gemma3": 1 * 2 * 2 * 32 * 4,
     "gemma4": 1 * 2 * 1 * 32 * 4,
     "gemma3n": 1 * 2 * 1 * 16 * 4,
     "qwen3_5": 512,
+    "lfm2_vl": 1 * 2 * 2 * 16 * 4,
 }
 
 

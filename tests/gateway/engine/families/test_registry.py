@@ -42,7 +42,7 @@ def test_text_types_mlx_lm_knows_map_to_the_text_family(model_type: str) -> None
 @pytest.mark.parametrize(
     "config",
     [
-        {"model_type": "lfm2_vl", "vision_config": {}},  # a VLM no family serves yet
+        {"model_type": "mllama", "vision_config": {}},  # a VLM no family serves yet
         {"model_type": "no_such_model"},
         {},
     ],
