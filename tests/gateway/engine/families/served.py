@@ -90,6 +90,9 @@ FAMILIES = [
         "video",
         template=(("enable_thinking", True),),
     ),
+    # 448 x 448 -> 3 x 3 tiles + a thumbnail (160 image tokens, row/column markers); hybrid:
+    # 3 short-convolution layers beside 1 attention layer, reuse by state snapshots.
+    Family("lfm2_vl", "lfm2_vl", ("image",), _shapes, ("--no-warmup",), 32, "video"),
     # mlx-lm's own classes; Qwen 3's template (thinking) and no media at all.
     Family(
         "qwen3",

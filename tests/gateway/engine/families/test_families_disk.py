@@ -8,8 +8,9 @@ logprobs), and so does the writer's own; for the vision-language families, a que
 text before the image shares no block from the image on with the stored prompt (the system
 prompt's at most) and takes the image's features from disk, with the uncached answer too.
 Gemma 3's and Gemma 4's sliding layers keep every position (`WindowKVCache`), so their blocks
-go to disk like a global layer's; Qwen3.5's recurrent layers write the state snapshot at each
-block's end in its place, and the reader restores the deepest one.
+go to disk like a global layer's; Qwen3.5's recurrent layers and LFM2-VL's convolution layers
+write the state snapshot at each block's end in its place, and the reader restores the deepest
+one.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ CASES = [
     DiskCase("mistral3", lambda: _shapes().resize((640, 360))),  # 8 x 5 cells, breaks, end
     DiskCase("qwen3", None),  # the text family (llama runs the same TextModel code)
     DiskCase("qwen3_5", _shapes),  # hybrid: recurrent-state snapshots go to disk with KV
+    DiskCase("lfm2_vl", _shapes),  # hybrid: convolution-state snapshots; 3 x 3 tiles + thumb
 ]
 
 

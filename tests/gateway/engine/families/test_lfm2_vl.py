@@ -14,6 +14,7 @@ are part of the cache key.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 from pathlib import Path
@@ -25,12 +26,15 @@ from support import EngineHarness, Run, chat_body, conversation, noise_image, ti
 from gateway.engine.families.lfm2_vl import Lfm2VL
 from gateway.engine.families.lfm2_vl_forward import ConvStateCache
 from gateway.engine.model.kv import RowKVCache
+from gateway.media.image_decode import decode_and_hash
+from gateway.media.loader import DecodedImage
 from tests.gateway.engine.families.common import (
     NO_CACHES,
     assert_batched_equals_alone,
     assert_cached_equals_uncached,
     assert_one_pixel_misses,
     assert_reference_answer,
+    engine_request,
     one_pixel_changed,
     reference_messages,
 )
@@ -160,6 +164,43 @@ def test_one_pixel_change_misses_both_caches() -> None:
         _, again = assert_one_pixel_misses(h, body, image, (300, 17))
         cold = plain.run(body, [one_pixel_changed(image, (300, 17))])
         assert (again.token_ids, again.logprobs) == (cold.token_ids, cold.logprobs)
+    finally:
+        h.close()
+        plain.close()
+
+
+def _delivered(image: Image.Image, fmt: str, **save: object) -> DecodedImage:
+    """`image` encoded as `fmt` and decoded as the media loader decodes it."""
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, **save)
+    rgb, digest, decode, hashed = decode_and_hash(buf.getvalue(), 10**8)
+    return DecodedImage(rgb, digest, rgb.width, rgb.height, "data", decode, hashed)
+
+
+def test_the_same_pixels_in_another_format_share_one_entry() -> None:
+    """Invariant: the same pixels delivered as PNG, lossless WebP and BMP are one vision
+    entry (one encode, then hits) and one prefix path through the image, with the answer of
+    an engine without caches."""
+    path = tiny_model("lfm2_vl")
+    h = EngineHarness(path=path, max_batch=4)
+    plain = EngineHarness(path=path, max_batch=4, cache=NO_CACHES)
+    try:
+        body = chat_body(QUESTION, images=1, max_tokens=8)
+        image = _wide()
+        deliveries = [
+            _delivered(image, "PNG"),
+            _delivered(image, "WEBP", lossless=True),
+            _delivered(image, "BMP"),
+        ]
+        assert len({d.content_hash for d in deliveries}) == 1
+        runs = [h.run(body, [d]) for d in deliveries]
+        usage = [r.finish.usage for r in runs]
+        assert [u.vision_misses for u in usage] == [1, 0, 0]
+        layout = engine_request(h, body, [deliveries[0]]).images[0].layout
+        image_end = layout.start + layout.num_tokens
+        assert all(u.cached_tokens > image_end for u in usage[1:])  # past the image span
+        cold = plain.run(body, [image])
+        assert all((r.token_ids, r.logprobs) == (cold.token_ids, cold.logprobs) for r in runs)
     finally:
         h.close()
         plain.close()
