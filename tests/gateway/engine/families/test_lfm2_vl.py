@@ -5,11 +5,12 @@ layers keep a state beside full-attention layers).
 
 Pinned at tolerance zero (token ids and logprobs): the engine's greedy answer equals mlx-vlm's
 own `stream_generate` (tests/reference.py) on the same checkpoint, with the same prompt ids,
-for a tiled image, a single-view image, two images in one turn and none; batched == alone;
-cached == uncached across an image conversation whose warm turns restore the convolution
-states from the snapshots at their hits' last block ends; a one-pixel change misses both
-caches. The grid from the size alone equals the processor's views, and the tiling settings
-are part of the cache key.
+for a tiled image, a single-view image, two images in one turn and none (float32, bf16 and
+4-bit); batched == alone; cached == uncached across an image conversation whose warm turns
+restore the convolution states from the snapshots at their hits' last block ends; a
+one-pixel change misses both caches; the same pixels in three formats share one entry. The
+grid from the size alone equals the processor's views, and the tiling settings are part of
+the cache key.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def _small() -> Image.Image:
     return noise_image(3, 40, 48)  # one smart-resized view (no tiles)
 
 
-@pytest.mark.parametrize("weights", ["float32", "bfloat16"])
+@pytest.mark.parametrize("weights", ["float32", "bfloat16", "q4"])
 def test_greedy_answer_equals_mlx_vlm_generate(weights: str) -> None:
     """Invariant: engine prompt ids, token ids and logprobs == mlx-vlm's own generate, for a
     tiled image, a single-view one, two images in one turn and a text-only question: the
