@@ -18,7 +18,7 @@ from gateway import offline_model as om
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 IMAGE = FIXTURES / "shapes.png"
 TEXT_ARCHS = ("qwen3", "llama")
-VISION_ARCHS = ("gemma3", "smolvlm", "mistral3", "gemma4")
+VISION_ARCHS = ("gemma3", "smolvlm", "mistral3", "gemma4", "lfm2_vl")
 QUESTION = "Describe the picture."
 # Image soft tokens of one 448 px image, by family (see test_vlm_families.py).
 IMAGE_TOKENS = {
@@ -26,6 +26,7 @@ IMAGE_TOKENS = {
     "smolvlm": ("<image>", 160),
     "mistral3": ("[IMG]", 64),
     "gemma4": ("<|image|>", 64),
+    "lfm2_vl": ("<image>", 160),
 }
 
 
@@ -92,6 +93,8 @@ def test_prompt_ids_hold_the_expanded_image(built: dict[str, Path], arch: str) -
         ("gemma4", True, 2),
         ("gemma4", False, 1),
         ("smolvlm", True, 1),
+        ("lfm2_vl", True, 1),  # its processor encodes without special tokens
+        ("lfm2_vl", False, 1),
     ],
 )
 def test_reference_bos_count_as_mlx_vlm_makes_it(

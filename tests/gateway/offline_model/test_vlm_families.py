@@ -102,6 +102,20 @@ EXPECT: dict[str, dict[str, Any]] = {
         prompt="<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is in this "
         "picture?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
     ),
+    "lfm2_vl": dict(
+        processor="Lfm2VlProcessor",
+        # transformers' class, patched in place by mlx-vlm's processing_lfm2_vl on import
+        processor_module="transformers.models.lfm2_vl.",
+        image_processor="Lfm2VlNumpyImageProcessor",  # mlx-vlm's (the official tiling)
+        tokenizer="TokenizersBackend",
+        image_token="<image>",
+        tokens_448=160,  # 3 x 3 tiles of 64 px + a 64 px thumbnail, 16 tokens each
+        tokens_56=16,  # one smart-resized 64 x 64 px view
+        tokens_wide=143,  # 640 x 360: 2 x 4 tiles + a 48 x 80 px thumbnail (15 tokens)
+        caches=["ArraysCache"] * 2 + ["KVCache", "ArraysCache"],  # conv, conv, attention, conv
+        prompt="<|startoftext|><|im_start|>user\n<image>What is in this picture?<|im_end|>\n"
+        "<|im_start|>assistant\n",
+    ),
 }
 ARCHS = tuple(EXPECT)
 
@@ -157,8 +171,11 @@ def test_loads_with_the_familys_own_classes_and_every_tensor_as_written(
     want = EXPECT[arch]
     assert type(model).__module__ == f"mlx_vlm.models.{arch}.{arch}"
     assert type(processor).__name__ == want["processor"]
-    assert type(processor).__module__.startswith("mlx_vlm.models.")  # not the HF fallback
+    # not the HF fallback (LFM2-VL's is transformers' class, which mlx-vlm patches)
+    assert type(processor).__module__.startswith(want.get("processor_module", "mlx_vlm.models."))
     assert type(processor.tokenizer).__name__ == want["tokenizer"]
+    if "image_processor" in want:
+        assert type(processor.image_processor).__name__ == want["image_processor"]
     written = mx.load(str(built[arch] / "model.safetensors"))
     params = dict(tree_flatten(model.parameters()))
     derived = want.get("derived", {})
@@ -210,6 +227,18 @@ SPANS = {
     "smolvlm": _smolvlm_span(3, 3),
     "gemma4": ["<|image>", *["<|image|>"] * 64, "<image|>"],
     "qwen3_5": ["<|vision_start|>", *["<|image_pad|>"] * 196, "<|vision_end|>"],
+    "lfm2_vl": [
+        "<|image_start|>",
+        *[
+            t
+            for r in (1, 2, 3)
+            for c in (1, 2, 3)
+            for t in [f"<|img_row_{r}_col_{c}|>"] + ["<image>"] * 16
+        ],
+        "<|img_thumbnail|>",
+        *["<image>"] * 16,
+        "<|image_end|>",
+    ],
 }
 
 

@@ -19,7 +19,7 @@ from support import tiny_model
 from gateway.engine.families.registry import load_model
 from gateway.engine.model.vision import Unit
 
-ARCHS = ["qwen2_vl", "smolvlm", "gemma3", "gemma4", "mistral3"]
+ARCHS = ["qwen2_vl", "smolvlm", "gemma3", "gemma4", "mistral3", "lfm2_vl"]
 
 
 def _image() -> Image.Image:

@@ -35,7 +35,7 @@ from gateway.engine.scheduler.answer_job import AnswerJob
 from gateway.engine.scheduler.answer_store import AnswerStore
 from gateway.engine.scheduler.budget import CostModel, StepBudget
 
-FAMILIES = ["qwen2_vl", "smolvlm", "gemma3", "mistral3", "gemma4", "llama", "qwen3_5"]
+FAMILIES = ["qwen2_vl", "smolvlm", "gemma3", "mistral3", "gemma4", "llama", "qwen3_5", "lfm2_vl"]
 TEXT_ONLY = {"llama"}
 # Templates that open a thinking by default: a random model's answer is all thinking, which
 # the next turn's template drops, so there is nothing of it to reuse (exactness still holds).

@@ -16,7 +16,9 @@ from gateway.engine.model.vision import EncodedImage
 from gateway.engine.scheduler import group_check
 
 
-@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "smolvlm", "gemma3", "mistral3"])
+@pytest.mark.parametrize(
+    "arch", ["qwen2_vl", "qwen2_5_vl", "smolvlm", "gemma3", "mistral3", "lfm2_vl"]
+)
 def test_grouping_is_exact_on_this_cpu(arch: str) -> None:
     assert group_check.towers_group_exactly(load_model(str(tiny_model(arch))))
 
