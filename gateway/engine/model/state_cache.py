@@ -16,6 +16,7 @@ All owned by the engine thread; nothing here is thread-safe.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -72,6 +73,18 @@ class RowStateCache(_StateArraysCache):
             raise ValueError(f"a {tokens}-token hit does not end at a block boundary")
         self.marks = {(k + 1) * block: s for k, s in enumerate(snapshots)}
         self.restore(snapshots[-1], tokens)
+
+    def snapshot(self, length: int | None = None) -> RowStateCache:
+        """A copy for another row from here on (a forked choice, `scheduler/choices.fork`):
+        the same state arrays (shared: a forward replaces them, never writes into them), the
+        offset and rope delta; no marks. `length` must be None or `offset` (a state holds
+        no shorter prefix)."""
+        if length is not None and length != self.offset:
+            raise ValueError("a recurrent state cannot be copied at a shorter prefix")
+        out = copy.copy(self)  # the subclass and its bookkeeping (ArraysCache's padding too)
+        out.cache = list(self.cache)
+        out.marks = {}
+        return out
 
     def trim(self, n: int) -> int:
         """A recurrent state cannot forget tokens: only `trim(0)` is allowed."""

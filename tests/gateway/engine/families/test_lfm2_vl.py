@@ -205,3 +205,22 @@ def test_the_same_pixels_in_another_format_share_one_entry() -> None:
     finally:
         h.close()
         plain.close()
+
+
+def test_choices_fork_the_convolution_states() -> None:
+    """Invariant: a request for n choices (one prefill, its caches copied into n rows, the
+    convolution states too) draws in choice i what a request seeded seed + i draws alone;
+    greedy choices are the greedy answer."""
+    h = EngineHarness(path=tiny_model("lfm2_vl"), max_batch=6, cache=NO_CACHES)
+    try:
+        body = chat_body(QUESTION, images=1, max_tokens=8, temperature=1.0)
+        singles = [h.run(dict(body, seed=11 + i), [_small()]) for i in range(3)]
+        run = h.run(dict(body, seed=11, n=3), [_small()])
+        for i, single in enumerate(singles):
+            assert run.choice(i) == (single.token_ids, single.logprobs), i
+        greedy = chat_body("Hi", max_tokens=6)
+        single = h.run(greedy)
+        run = h.run(dict(greedy, n=2))
+        assert run.choice(0) == run.choice(1) == (single.token_ids, single.logprobs)
+    finally:
+        h.close()
