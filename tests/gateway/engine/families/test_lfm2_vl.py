@@ -20,6 +20,7 @@ import json
 import shutil
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 from PIL import Image
 from support import EngineHarness, Run, chat_body, conversation, noise_image, tiny_model
@@ -27,6 +28,8 @@ from support import EngineHarness, Run, chat_body, conversation, noise_image, ti
 from gateway.engine.families.lfm2_vl import Lfm2VL
 from gateway.engine.families.lfm2_vl_forward import ConvStateCache
 from gateway.engine.model.kv import RowKVCache
+from gateway.engine.model.snapshots import layer_block
+from gateway.engine.model.state_cache import BatchStateCache
 from gateway.media.image_decode import decode_and_hash
 from gateway.media.loader import DecodedImage
 from tests.gateway.engine.families.common import (
@@ -224,3 +227,22 @@ def test_choices_fork_the_convolution_states() -> None:
         assert run.choice(0) == run.choice(1) == (single.token_ids, single.logprobs)
     finally:
         h.close()
+
+
+def test_a_convolution_state_is_a_one_array_snapshot_pair() -> None:
+    """Invariant: a conv layer's block value is the pair every state layer stores (the state
+    at the block's end, a one-element placeholder); restoring it gives the one-array cache
+    mlx-vlm's `ShortConv` reads, at the hit's offset; the decode batch stacks such rows."""
+    mx.random.seed(0)
+    conv = ConvStateCache()
+    state = mx.random.normal((1, 2, 8))
+    conv.cache, conv.offset = [state], 32
+    conv.mark()
+    pair = layer_block(conv, 0, 32)
+    assert pair[0] is state and pair[1].shape == (1, 1)
+    restored = ConvStateCache()
+    restored.restore_blocks([pair, pair], 64)
+    assert restored.cache == [state] and restored.offset == 64 and set(restored.marks) == {32, 64}
+    batch = BatchStateCache.merge([conv, restored])
+    assert len(batch.cache) == 1 and batch.offsets == [32, 64]
+    assert mx.array_equal(batch.extract(1).cache[0], state).item()

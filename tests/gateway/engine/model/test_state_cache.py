@@ -112,3 +112,20 @@ def test_a_block_is_stored_only_where_every_state_layer_has_a_mark() -> None:
     assert snapshot_nbytes(value, layers) == 2 * sum(a.nbytes for a in first.marks[2 * B])
     drop_marks(layers)
     assert first.marks == {} and storable(layers, B, 3 * B) == 0
+
+
+def test_a_snapshot_is_the_state_for_another_row_without_marks() -> None:
+    """Invariant: a forked row (n > 1 choices) starts from the same state, offset and rope
+    delta, keeps its class, carries no marks, and a forward replacing its arrays leaves the
+    source untouched; a copy at a shorter prefix is refused."""
+    c = _state(1, 7, delta=-3)
+    c.mark()
+    copy = c.snapshot()
+    assert type(copy) is RowStateCache and (copy.offset, copy.rope_delta) == (7, -3)
+    assert all(a is b for a, b in zip(copy.cache, c.cache, strict=True))
+    assert copy.marks == {} and 7 in c.marks
+    copy[0] = mx.zeros((1, 3, 8))
+    assert not mx.array_equal(c.cache[0], copy.cache[0]).item()
+    assert c.snapshot(7).offset == 7
+    with pytest.raises(ValueError):
+        c.snapshot(6)
