@@ -25,11 +25,14 @@ import pytest
 from PIL import Image
 from support import EngineHarness, Run, chat_body, conversation, noise_image, tiny_model
 
+from gateway.api.openai.parse import parse_chat_request
 from gateway.engine.families.lfm2_vl import Lfm2VL
 from gateway.engine.families.lfm2_vl_forward import ConvStateCache
 from gateway.engine.model.kv import RowKVCache
 from gateway.engine.model.snapshots import layer_block
 from gateway.engine.model.state_cache import BatchStateCache
+from gateway.frontend.errors import prompt_error
+from gateway.frontend.prompt import PromptBuilder, UnsupportedImage
 from gateway.media.image_decode import decode_and_hash
 from gateway.media.loader import DecodedImage
 from tests.gateway.engine.families.common import (
@@ -246,3 +249,28 @@ def test_a_convolution_state_is_a_one_array_snapshot_pair() -> None:
     batch = BatchStateCache.merge([conv, restored])
     assert len(batch.cache) == 1 and batch.offsets == [32, 64]
     assert mx.array_equal(batch.extract(1).cache[0], state).item()
+
+
+@pytest.mark.parametrize(
+    ("part", "field"),
+    [
+        (
+            {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+            "input_audio",
+        ),
+        ({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}, "video_url"),
+    ],
+)
+def test_audio_and_video_parts_are_a_400_naming_the_part(part: dict, field: str) -> None:
+    """Invariant: LFM2-VL takes images only: an audio or video part is refused before any
+    media work, a 400 whose param names the part and whose code names its kind."""
+    model = Lfm2VL(str(tiny_model("lfm2_vl")), lazy=True)
+    content = [{"type": "text", "text": QUESTION}, part]
+    chat = parse_chat_request({"model": "t", "messages": [{"role": "user", "content": content}]})
+    with pytest.raises(UnsupportedImage) as refused:
+        PromptBuilder(model, 8192, 16).check_media_kinds(chat)
+    error = prompt_error(refused.value, chat)
+    kind = "audio" if field == "input_audio" else "video"
+    assert (error.status, error.code) == (400, f"unsupported_{kind}")
+    assert error.param is not None and error.param.startswith(f"messages[0].content[1].{field}")
+    assert "send images or text" in error.message
