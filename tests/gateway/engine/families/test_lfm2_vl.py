@@ -26,6 +26,7 @@ from PIL import Image
 from support import EngineHarness, Run, chat_body, conversation, noise_image, tiny_model
 
 from gateway.api.openai.parse import parse_chat_request
+from gateway.config import CacheConfig
 from gateway.engine.families.lfm2_vl import Lfm2VL
 from gateway.engine.families.lfm2_vl_forward import ConvStateCache
 from gateway.engine.model.kv import RowKVCache
@@ -274,3 +275,21 @@ def test_audio_and_video_parts_are_a_400_naming_the_part(part: dict, field: str)
     assert (error.status, error.code) == (400, f"unsupported_{kind}")
     assert error.param is not None and error.param.startswith(f"messages[0].content[1].{field}")
     assert "send images or text" in error.message
+
+
+def test_without_the_exact_rule_the_prefix_cache_is_off() -> None:
+    """Invariant: with --no-exact-cache no forward ends at a block boundary, so there are no
+    convolution-state snapshots: the prefix cache is off (the reason in the stats), and
+    prompts are still prefilled unpadded by the family, so batched == alone."""
+    cache = CacheConfig(exact_reuse=False)
+    h = EngineHarness(path=tiny_model("lfm2_vl"), max_batch=8, cache=cache)
+    try:
+        cases = [(QUESTION, [_small()]), ("Hi", []), ("A longer question, this one?", [])]
+        requests = [(chat_body(q, images=len(i), max_tokens=10), i) for q, i in cases]
+        assert_batched_equals_alone(h, requests)
+        h.run(*requests[0])  # the same prompt again: nothing to reuse
+        stats = h.engine.cache_stats()
+        assert stats["family"]["prefix_cache"].startswith("off: recurrent-state snapshots")
+        assert stats["prefix"]["hits"] == 0 and stats["prefix"]["blocks"] == 0
+    finally:
+        h.close()
