@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 EMBEDDED_NOTICE = (
     "This is the embedded tiny random-weight test model: its answers are noise. "
     "Start the server with --model <dir or hub id> to serve a real model (Qwen-VL, Gemma 3/3n/4, "
-    "SmolVLM, Mistral 3, or an mlx-lm text model)."
+    "SmolVLM, Mistral 3, LFM2-VL, or an mlx-lm text model)."
 )
 
 
