@@ -2,9 +2,10 @@
 
 Pinned here: choice i of a seeded request is, token for token and logprob for logprob, the
 answer of a single request seeded seed + i (alone, and beside other rows); greedy choices
-are the greedy answer; the prompt is prefilled once however many choices; every choice ends
-with its own FinishEvent and only the last is final; cancelling the request cancels every
-choice and frees all its rows; a request for more choices than rows is refused.
+are the greedy answer (hybrid models too: their states are copied per choice); the prompt is
+prefilled once however many choices; every choice ends with its own FinishEvent and only the
+last is final; cancelling the request cancels every choice and frees all its rows; a request
+for more choices than rows is refused.
 """
 
 from __future__ import annotations
@@ -53,6 +54,21 @@ def test_greedy_choices_are_the_greedy_answer(harness: EngineHarness) -> None:
     run = harness.run(chat_body("hello there", max_tokens=7, n=4))
     for i in range(4):
         assert run.choice(i)[0] == single.token_ids
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "lfm2_vl"])
+def test_hybrid_models_fork_their_states(arch: str) -> None:
+    """Invariant: a hybrid model's choices each start from a copy of the prompt's recurrent
+    or convolution states (`RowStateCache.snapshot`): greedy choices are the greedy answer,
+    ids and logprobs."""
+    h = EngineHarness(arch, cache=NO_CACHE, max_batch=4)
+    try:
+        single = h.run(chat_body("hello there", max_tokens=5))
+        run = h.run(chat_body("hello there", max_tokens=5, n=3))
+        for i in range(3):
+            assert run.choice(i) == (single.token_ids, single.logprobs), i
+    finally:
+        h.close()
 
 
 def test_the_prompt_is_prefilled_once(
