@@ -1,0 +1,128 @@
+"""A response's input items as `GET /v1/responses/{id}/input_items` lists them (pure).
+
+The input items of a response are every item the model was given to make it, oldest first,
+in the shapes of the `openai` SDK's `ResponseItem` union: with a `previous_response_id`, the
+previous response's input items, then the previous response's output items (as its body has
+them, ids included), then this request's `input`. So the listing of a turn is the whole
+conversation before its output, as OpenAI lists it; `instructions` are not an item (they are
+not carried over `previous_response_id` either).
+
+Each item of `input` is given an id here, once, when the response is created: `msg_`,
+`fc_`, `ctc_`, `fco_`, `ctco_` or `rs_` and 32 random hex digits. An `id` the client sent on
+an item is not kept (Codex sends ids it made up; two items must never share one, or `after`
+would be ambiguous). A continuation reuses the earlier items' objects, so every listing of
+every response of a conversation names an item by the same id.
+
+What the client sent is kept as sent, in the SDK's field names: message text parts,
+`input_image` (`image_url` as sent, `detail` as sent or `auto`), `input_audio`,
+`audio_url`, tool calls and their outputs, reasoning items (`summary`, `content` and
+`encrypted_content`). What a listing shows of them is gateway.api.responses.item_page's.
+Built from an `input` that gateway.api.responses.input_items has already accepted.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from gateway.api.responses.input_items import CALLS, OUTPUTS
+
+Item = dict[str, Any]
+
+PREFIXES = {
+    "message": "msg_",
+    "function_call": "fc_",
+    "custom_tool_call": "ctc_",
+    "function_call_output": "fco_",
+    "custom_tool_call_output": "ctco_",
+    "reasoning": "rs_",
+}
+COMPLETED = "completed"
+DETAILS = ("auto", "low", "high", "original")
+
+
+def new_id(kind: str) -> str:
+    return PREFIXES[kind] + uuid.uuid4().hex
+
+
+def input_item_list(raw: Any) -> tuple[Item, ...]:
+    """The items of a body's `input` (a string: one user message), each with its new id."""
+    if isinstance(raw, str):
+        return (_message({"role": "user", "content": raw}),)
+    return tuple(_item(item) for item in raw)
+
+
+def _item(item: dict[str, Any]) -> Item:
+    kind = item.get("type", "message")
+    if kind in CALLS:
+        return _call(item, kind)
+    if kind in OUTPUTS:
+        output = item["output"]
+        listed = output if isinstance(output, str) else [_part(p, "tool") for p in output]
+        return {
+            "type": kind,
+            "id": new_id(kind),
+            "call_id": item["call_id"],
+            "output": listed,
+            "status": COMPLETED,
+        }
+    if kind == "reasoning":
+        return {
+            "type": "reasoning",
+            "id": new_id(kind),
+            "summary": list(item.get("summary") or []),
+            "content": list(item["content"]) if item.get("content") else None,
+            "encrypted_content": item.get("encrypted_content"),
+            "status": COMPLETED,
+        }
+    return _message(item)
+
+
+def _call(item: dict[str, Any], kind: str) -> Item:
+    listed: Item = {"type": kind, "id": new_id(kind), "call_id": item["call_id"]}
+    listed["name"] = item["name"]
+    if kind == "custom_tool_call":
+        listed["input"] = item["input"]
+    else:
+        listed["arguments"] = item["arguments"]
+    if item.get("namespace") is not None:
+        listed["namespace"] = item["namespace"]
+    listed["status"] = COMPLETED
+    return listed
+
+
+def _message(item: dict[str, Any]) -> Item:
+    """An input message (`ResponseInputMessageItem`: user, system or developer, its role as
+    sent) or an assistant one (`ResponseOutputMessage`: its text as `output_text` parts)."""
+    role, content = item["role"], item["content"]
+    parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
+    listed = [_part(p, role) for p in parts]
+    return {
+        "type": "message",
+        "id": new_id("message"),
+        "role": role,
+        "content": listed,
+        "status": COMPLETED,
+    }
+
+
+def _part(part: dict[str, Any], role: str) -> Item:
+    kind = part["type"]
+    if kind in ("input_text", "output_text", "text"):
+        if role == "assistant":
+            return {"type": "output_text", "text": part["text"], "annotations": []}
+        return {"type": "input_text", "text": part["text"]}
+    if kind == "input_image":
+        return {
+            "type": "input_image",
+            "image_url": part["image_url"],
+            "detail": part.get("detail") if part.get("detail") in DETAILS else "auto",
+            "file_id": None,
+        }
+    if kind == "input_audio":
+        audio = part["input_audio"]
+        return {
+            "type": "input_audio",
+            "input_audio": {"data": audio["data"], "format": audio["format"]},
+        }
+    return {"type": kind, kind: part[kind]}  # audio_url (vLLM's part), as sent
