@@ -83,7 +83,8 @@ class Turn:
             # The earlier items' own objects (and ids): the store counts each item once.
             earlier = (*previous.items, *previous.body["output"])
         self.input = link_outputs(self.history, r.input, r.output_params)
-        self.items = (*earlier, *input_item_list(body["input"]))
+        if r.store:  # only a stored response is listed
+            self.items = (*earlier, *input_item_list(body["input"]))
         system = (ChatMessage("system", (TextPart(r.instructions),)),) if r.instructions else ()
         summary_only = r.thinking is None and r.reasoning_summary is not None
         return ChatRequest(
