@@ -16,8 +16,10 @@ every response of a conversation names an item by the same id.
 What the client sent is kept as sent, in the SDK's field names: message text parts,
 `input_image` (`image_url` as sent, `detail` as sent or `auto`), `input_audio`,
 `audio_url`, tool calls and their outputs, reasoning items (`summary`, `content` and
-`encrypted_content`). What a listing shows of them is gateway.api.responses.item_page's.
-Built from an `input` that gateway.api.responses.input_items has already accepted.
+`encrypted_content`): strings only, each in the field the SDK reads (extra keys a client
+put on an item or part are not kept). What a listing shows of them is gateway.api.
+responses.item_page's. Built from an `input` that gateway.api.responses.input_items has
+already accepted.
 """
 
 from __future__ import annotations
@@ -67,15 +69,29 @@ def _item(item: dict[str, Any]) -> Item:
             "status": COMPLETED,
         }
     if kind == "reasoning":
+        blob = item.get("encrypted_content")
         return {
             "type": "reasoning",
             "id": new_id(kind),
-            "summary": list(item.get("summary") or []),
-            "content": list(item["content"]) if item.get("content") else None,
-            "encrypted_content": item.get("encrypted_content"),
+            "summary": _texts(item.get("summary"), "summary_text"),
+            "content": _texts(item.get("content"), "reasoning_text") or None,
+            "encrypted_content": blob if isinstance(blob, str) else None,
             "status": COMPLETED,
         }
     return _message(item)
+
+
+def _texts(parts: Any, kind: str) -> list[Item]:
+    """A reasoning item's `summary` or `content` parts as the SDK's: their texts. (With an
+    `encrypted_content` the parser reads neither, so they may be anything: only text parts
+    are kept, and nothing but strings ever reaches the store's JSON size.)"""
+    if not isinstance(parts, list):
+        return []
+    return [
+        {"type": kind, "text": p["text"]}
+        for p in parts
+        if isinstance(p, dict) and isinstance(p.get("text"), str)
+    ]
 
 
 def _call(item: dict[str, Any], kind: str) -> Item:
@@ -125,4 +141,5 @@ def _part(part: dict[str, Any], role: str) -> Item:
             "type": "input_audio",
             "input_audio": {"data": audio["data"], "format": audio["format"]},
         }
-    return {"type": kind, kind: part[kind]}  # audio_url (vLLM's part), as sent
+    value = part[kind]  # audio_url (vLLM's part): its URL, as sent
+    return {"type": kind, kind: {"url": value.get("url") if isinstance(value, dict) else value}}

@@ -19,6 +19,8 @@ from openai.types.responses import (
 
 from gateway.api.responses.input_items import parse_input
 from gateway.api.responses.item_list import input_item_list
+from gateway.api.responses.sealed import ReasoningSeal
+from gateway.api.responses.store import item_bytes
 
 IMAGE = "data:image/png;base64,iVBORw0KGgo="
 INPUT: list[dict[str, Any]] = [
@@ -101,3 +103,23 @@ def test_string_input_is_one_user_message() -> None:
     (item,) = input_item_list("Hello")
     assert item["role"] == "user" and item["type"] == "message"
     assert item["content"] == [{"type": "input_text", "text": "Hello"}]
+
+
+def test_only_the_sdks_string_fields_are_kept() -> None:
+    """Invariant: what the parser does not read (a reasoning item's parts beside its
+    `encrypted_content`, extra keys, a huge integer) never reaches the stored item: only the
+    SDK's string fields, so its JSON size can always be measured."""
+    seal = ReasoningSeal.for_folder(None, False)
+    junk = {"type": "summary_text", "text": "s", "n": 10**30}
+    raw = [
+        {"type": "reasoning", "encrypted_content": seal.seal("t"), "summary": [junk, 5]},
+        {"type": "reasoning", "encrypted_content": seal.seal("u"), "summary": "not a list"},
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": [{"type": "audio_url", "audio_url": {"url": "a.wav", "x": 1}}]},
+    ]
+    parse_input(raw, seal)
+    first, second, _, audio = input_item_list(raw)
+    assert first["summary"] == [{"type": "summary_text", "text": "s"}]
+    assert second["summary"] == [] and second["content"] is None
+    assert audio["content"] == [{"type": "audio_url", "audio_url": {"url": "a.wav"}}]
+    assert all(item_bytes(i) > 0 for i in (first, second, audio))
