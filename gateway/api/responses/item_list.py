@@ -9,9 +9,10 @@ not carried over `previous_response_id` either).
 
 Each item of `input` is given an id here, once, when the response is created: `msg_`,
 `fc_`, `ctc_`, `fco_`, `ctco_` or `rs_` and 32 random hex digits. An `id` the client sent on
-an item is not kept (Codex sends ids it made up; two items must never share one, or `after`
-would be ambiguous). A continuation reuses the earlier items' objects, so every listing of
-every response of a conversation names an item by the same id.
+an item is not kept (Codex sends ids on the items it resends, and nothing makes a client's
+ids unique: two items sharing one would make `after` ambiguous). A continuation reuses the
+earlier items' objects, so every listing of every response of a conversation names an item
+by the same id.
 
 What the client sent is kept as sent, in the SDK's field names: message text parts,
 `input_image` (`image_url` as sent, `detail` as sent or `auto`), `input_audio`,
