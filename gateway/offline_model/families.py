@@ -20,7 +20,7 @@ from . import (
     smolvlm,
 )
 from .family import Family
-from .shapes import DEFAULT_DTYPE, DTYPES
+from .shapes import resolve_dtype
 
 FAMILIES: dict[str, Family] = {
     f.arch: f
@@ -57,7 +57,4 @@ def check_arch_size(arch: str, size: str, dtype: str | None = None) -> str:
     sizes = family(arch).sizes
     if size not in sizes:
         raise ValueError(f"unknown size {size!r} for {arch}; expected one of {', '.join(sizes)}")
-    dtype = dtype or DEFAULT_DTYPE[size]
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
-    return dtype
+    return resolve_dtype(size, dtype)

@@ -115,16 +115,22 @@ _MEAN_CLIP = [0.48145466, 0.4578275, 0.40821073]
 _STD_CLIP = [0.26862954, 0.26130258, 0.27577711]
 
 
-def check_arch_size(arch: str, size: str, dtype: str | None = None) -> str:
-    """Validate the names; return the dtype (the size's default when None). ValueError if bad."""
-    if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
-    if size not in SIZES:
-        raise ValueError(f"unknown size {size!r}; expected one of {', '.join(SIZES)}")
+def resolve_dtype(size: str, dtype: str | None) -> str:
+    """`dtype`, or the size's default when None. ValueError for an unknown dtype."""
     dtype = dtype or DEFAULT_DTYPE[size]
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
     return dtype
+
+
+def check_arch_size(arch: str, size: str, dtype: str | None = None) -> str:
+    """Validate the Qwen-VL names this module shapes; return the dtype (`resolve_dtype`).
+    ValueError if bad. (Every family's names: `offline_model.families.check_arch_size`.)"""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {', '.join(ARCHS)}")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; expected one of {', '.join(SIZES)}")
+    return resolve_dtype(size, dtype)
 
 
 def text_vocab_size(arch: str, size: str) -> int:

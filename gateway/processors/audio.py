@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -57,3 +57,15 @@ def audio_tokens(num_samples: int, rate: int, ms_per_token: int, max_tokens: int
         raise ValueError("the clip holds no samples")
     duration_ms = num_samples / rate * 1000.0
     return min(math.ceil(duration_ms / ms_per_token), max_tokens)
+
+
+def packed_log_mel(feature_extractor: Any, clip: AudioClip) -> np.ndarray:
+    """(1, frames, mel bins + 1) float32: the checkpoint's own feature extractor's log-mel
+    frames of `clip`, then 1.0 in the last column where a frame is padding (its mask,
+    inverted: the packing Gemma 4's and Gemma 3n's towers take from mlx-vlm, so the mask
+    travels with the features through the engine's one pixel array per input)."""
+    out = feature_extractor([clip.samples])
+    features = np.asarray(out["input_features"][0], dtype=np.float32)
+    padding = ~np.asarray(out["input_features_mask"][0], dtype=bool)
+    packed = np.concatenate([features, padding[:, None].astype(np.float32)], axis=1)
+    return np.ascontiguousarray(packed[None])

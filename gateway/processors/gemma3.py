@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from gateway.processors.positions import ImageLayout
 from gateway.processors.processor import Grid, PromptProcessor
@@ -32,6 +32,21 @@ class Gemma3Settings:
     boi_id: int
     eoi_id: int
     grid: Grid
+
+    @classmethod
+    def read(cls, tokenizer: Any, image_token_id: int, grid: Grid, **more: Any) -> Self:
+        """The settings with the image markers mlx-vlm's tokenizer names (`boi_token`,
+        `eoi_token`) and their ids; `more` fills a subclass's own fields."""
+        boi, eoi = tokenizer.boi_token, tokenizer.eoi_token
+        return cls(
+            image_token_id=image_token_id,
+            boi=boi,
+            eoi=eoi,
+            boi_id=int(tokenizer.convert_tokens_to_ids(boi)),
+            eoi_id=int(tokenizer.convert_tokens_to_ids(eoi)),
+            grid=grid,
+            **more,
+        )
 
 
 class Gemma3Processor(PromptProcessor):

@@ -28,8 +28,9 @@ from gateway.tools.spec import ToolSet
 MAX_TOP_LOGPROBS = 20
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 REASONING_INCLUDE = "reasoning.encrypted_content"
-# Output of items this server never makes (built-in tools' calls; input items are not listed
-# back): asking for it changes nothing, and the value is named in x-ignored-fields.
+# Output of items this server never makes (built-in tools' calls), and the input images' URLs
+# (a response body holds no input items: GET /v1/responses/{id}/input_items takes that value):
+# asking for it here changes nothing, and the value is named in x-ignored-fields.
 NO_OP_INCLUDES = (
     "file_search_call.results",
     "web_search_call.results",

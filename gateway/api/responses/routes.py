@@ -1,6 +1,6 @@
 """The OpenAI Responses API: `POST /v1/responses` (plain and streamed), and
-`GET`/`DELETE /v1/responses/{id}` and `POST /v1/responses/{id}/cancel` over the stored
-conversations.
+`GET`/`DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel` and
+`GET /v1/responses/{id}/input_items` over the stored conversations.
 
 A turn runs through the intake and the front end's pipeline like a chat completion
 (gateway.api.responses.turn builds its conversation); the engine's prefix cache then finds the
@@ -27,6 +27,7 @@ from starlette.routing import Route
 from gateway.api.http import unless_disconnected, with_errors
 from gateway.api.intake import Intake
 from gateway.api.openai.render import render_error
+from gateway.api.responses.item_page import item_page, parse_item_query
 from gateway.api.responses.render import (
     STATUS_BY_FINISH,
     EventWriter,
@@ -120,10 +121,12 @@ class Outcome:
 
 @dataclass
 class Running:
-    """A response being generated: its owner, and its final body once done."""
+    """A response being generated: its owner, its input items (as listed), and its final
+    body once done."""
 
     owner: str
     meta: ResponseMeta
+    items: tuple[dict[str, Any], ...] = ()
     done: asyncio.Event = field(default_factory=asyncio.Event)
     body: dict[str, Any] | None = None
 
@@ -150,6 +153,9 @@ class ResponsesAPI:
             Route(one, with_errors(render_error)(self.retrieve), methods=["GET"]),
             Route(one, with_errors(render_error)(self.delete), methods=["DELETE"]),
             Route(f"{one}/cancel", with_errors(render_error)(self.cancel), methods=["POST"]),
+            Route(
+                f"{one}/input_items", with_errors(render_error)(self.input_items), methods=["GET"]
+            ),
         ]
 
     async def create(self, request: Request) -> Response:
@@ -173,7 +179,7 @@ class ResponsesAPI:
             turn.request,
             self.seal,
         )
-        run = self.running[meta.response_id] = Running(turn.owner, meta)
+        run = self.running[meta.response_id] = Running(turn.owner, meta, turn.items)
         headers = admission.headers()
         if turn.request.stream:
             body = self._stream(admission, turn, run)
@@ -254,7 +260,7 @@ class ResponsesAPI:
         if request.store:
             made = tuple(c.call for c in calls)
             said = turn.conversation(answer, made, outcome.reasoning or "")
-            entry = StoredResponse(run.meta.response_id, run.owner, body, said)
+            entry = StoredResponse(run.meta.response_id, run.owner, body, said, turn.items)
             self.store.put(entry, turn.image_map())
         run.body = body
         self.running.pop(run.meta.response_id, None)
@@ -273,6 +279,21 @@ class ResponsesAPI:
         if stored is None:
             raise not_found(response_id)
         return JSONResponse(stored.body)
+
+    async def input_items(self, request: Request) -> Response:
+        """A page of the input items of a stored response (one still running too, when it
+        will be stored): 404 as GET, then a 400 naming a bad query parameter."""
+        owner, response_id = self._owner(request), request.path_params["response_id"]
+        run = self.running.get(response_id)
+        if run is not None and run.owner == owner and run.meta.request.store:
+            items = run.items
+        else:
+            stored = self.store.get(response_id, owner)
+            if stored is None:
+                raise not_found(response_id)
+            items = stored.items
+        query = parse_item_query(request.query_params.multi_items())
+        return JSONResponse(item_page(items, query))
 
     async def delete(self, request: Request) -> Response:
         owner, response_id = self._owner(request), request.path_params["response_id"]
@@ -312,9 +333,7 @@ def _conflict(message: str) -> APIError:
     return APIError(409, message, "invalid_request_error", None, "response_state_conflict")
 
 
-def routes(
-    intake: Intake, server: ServerConfig, cache: CacheConfig | None = None
-) -> list[Route]:
+def routes(intake: Intake, server: ServerConfig, cache: CacheConfig | None = None) -> list[Route]:
     """The Responses API's routes over `intake`; stored state bounded by `server.responses`;
     the reasoning key kept in `cache.cache_dir` (None, or no folder: a key of this process)."""
     return ResponsesAPI(intake, server, cache).routes()

@@ -7,9 +7,14 @@ image itself in a pool shared by all the responses that mention it. So a five-tu
 conversation about one picture holds the picture once, and a continuation never reads,
 decodes or hashes it again; when the image's KV or features are still cached the engine
 needs no pixels at all, and when they have been evicted the kept pixels are encoded again.
+It also keeps the response's input items as `GET /v1/responses/{id}/input_items` lists them
+(gateway.api.responses.item_list: the client's items as sent, images' URLs included), each
+item pooled by its id: a continuation's items are the earlier ones' own objects, so a
+conversation's items are counted once however many of its responses list them.
 
 Bounds (`ResponsesConfig`): at most `max_stored` responses and `max_mb` (their texts,
-rendered bodies and the pooled images at 3 bytes per pixel), least recently used first out;
+rendered bodies, the pooled input items at their JSON size and the pooled images at 3 bytes
+per pixel), least recently used first out;
 entries older than `ttl_s` are gone. Nothing survives a restart (there is no disk tier yet).
 
 Owned by the event loop thread (no locks): every method is called from it.
@@ -22,6 +27,8 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from gateway.config import ResponsesConfig
 from gateway.frontend.chat import AudioPart, ChatMessage, ImagePart, TextPart
@@ -39,12 +46,15 @@ class HeldImage(ImagePart):
 @dataclass
 class StoredResponse:
     """One response as GET returns it (`body`), plus the conversation it ends (`messages`:
-    every turn up to and including its own output, instructions excluded)."""
+    every turn up to and including its own output, instructions excluded) and its input
+    items as listed (`items`: every item before its output, oldest first, each with a
+    unique `id`)."""
 
     response_id: str
     owner: str
     body: dict[str, Any]
     messages: tuple[ChatMessage, ...]
+    items: tuple[dict[str, Any], ...] = ()
     created: float = field(default_factory=time.monotonic)
 
     @property
@@ -66,8 +76,14 @@ def image_bytes(image: DecodedImage) -> int:
     return image.width * image.height * 3
 
 
+def item_bytes(item: dict[str, Any]) -> int:
+    """An input item's size: its JSON (a data URI it keeps counts whole)."""
+    return len(orjson.dumps(item))
+
+
 class ResponseStore:
-    """LRU of response id -> StoredResponse plus a refcounted pool of their images."""
+    """LRU of response id -> StoredResponse plus refcounted pools of their images and of
+    their input items' sizes."""
 
     def __init__(
         self, config: ResponsesConfig, clock: Callable[[], float] = time.monotonic
@@ -77,6 +93,7 @@ class ResponseStore:
         self._entries: OrderedDict[str, StoredResponse] = OrderedDict()
         self._sizes: dict[str, int] = {}
         self._images: dict[str, tuple[DecodedImage, int]] = {}  # hash -> (image, references)
+        self._items: dict[str, tuple[int, int]] = {}  # item id -> (bytes, references)
         self._bytes = 0
         self.evictions = 0
 
@@ -95,10 +112,17 @@ class ResponseStore:
             return False
         self.delete(entry.response_id, entry.owner)
         new_images = {h: images[h] for h in entry.image_hashes if h not in self._images}
+        new_items = {i["id"]: item_bytes(i) for i in entry.items if i["id"] not in self._items}
         size = entry.text_bytes()
-        if size + sum(map(image_bytes, new_images.values())) > self.config.max_bytes:
+        added = size + sum(map(image_bytes, new_images.values())) + sum(new_items.values())
+        if added > self.config.max_bytes:
             return False
         entry.created = self._clock()
+        for item in entry.items:
+            bytes_, refs = self._items.get(item["id"]) or (new_items[item["id"]], 0)
+            if refs == 0:
+                self._bytes += bytes_
+            self._items[item["id"]] = (bytes_, refs + 1)
         for content_hash in entry.image_hashes:
             image, refs = self._images.get(content_hash) or (new_images[content_hash], 0)
             if refs == 0:
@@ -145,6 +169,13 @@ class ResponseStore:
                 self._bytes -= image_bytes(image)
             else:
                 self._images[content_hash] = (image, refs - 1)
+        for item in entry.items:
+            bytes_, refs = self._items[item["id"]]
+            if refs == 1:
+                del self._items[item["id"]]
+                self._bytes -= bytes_
+            else:
+                self._items[item["id"]] = (bytes_, refs - 1)
 
     def _expire(self) -> None:
         if self.config.ttl_s <= 0:
@@ -160,5 +191,6 @@ class ResponseStore:
             "entries": len(self._entries),
             "bytes": self._bytes,
             "images": len(self._images),
+            "items": len(self._items),
             "evictions": self.evictions,
         }

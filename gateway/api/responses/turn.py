@@ -7,7 +7,8 @@ gateway/api/keys.py) and builds the whole
 conversation as one `ChatRequest`: this turn's instructions, every stored message (images by
 content hash), then the new input, exactly as Chat Completions would render the same
 conversation sent in full. `Turn.resolve` hands the pipeline the stored decoded images and
-loads only the new ones. `Turn.conversation` is what a continuation of this turn needs.
+loads only the new ones. `Turn.conversation` is what a continuation of this turn needs;
+`Turn.items` what `GET /v1/responses/{id}/input_items` lists (gateway.api.responses.item_list).
 Event loop only.
 """
 
@@ -17,9 +18,10 @@ from collections.abc import Container
 from dataclasses import replace
 from typing import Any
 
+from gateway.api.responses.item_list import input_item_list
 from gateway.api.responses.parse import ResponsesRequest, parse_responses_request
 from gateway.api.responses.sealed import ReasoningSeal
-from gateway.api.responses.store import HeldImage, ResponseStore
+from gateway.api.responses.store import HeldImage, ResponseStore, StoredResponse
 from gateway.api.responses.tools import link_outputs
 from gateway.errors import APIError
 from gateway.frontend.chat import (
@@ -70,12 +72,19 @@ class Turn:
         self.history: tuple[ChatMessage, ...] = ()
         self.images: list[DecodedImage] = []
         self.input: tuple[ChatMessage, ...] = ()  # this turn's input, tool outputs named
+        self.items: tuple[dict[str, Any], ...] = ()  # the input items, as listed
 
     def parse(self, body: Any) -> ChatRequest:
         r = self.request = parse_responses_request(body, self._seal)
+        earlier: tuple[dict[str, Any], ...] = ()
         if r.previous_response_id is not None:
-            self.history = self._continued(r.previous_response_id)
+            previous = self._continued(r.previous_response_id)
+            self.history = previous.messages
+            # The earlier items' own objects (and ids): the store counts each item once.
+            earlier = (*previous.items, *previous.body["output"])
         self.input = link_outputs(self.history, r.input, r.output_params)
+        if r.store:  # only a stored response is listed
+            self.items = (*earlier, *input_item_list(body["input"]))
         system = (ChatMessage("system", (TextPart(r.instructions),)),) if r.instructions else ()
         summary_only = r.thinking is None and r.reasoning_summary is not None
         return ChatRequest(
@@ -105,7 +114,7 @@ class Turn:
             ignored_fields=r.ignored_fields,
         )
 
-    def _continued(self, response_id: str) -> tuple[ChatMessage, ...]:
+    def _continued(self, response_id: str) -> StoredResponse:
         where = "previous_response_id"
         if response_id in self._running:
             raise APIError(
@@ -128,7 +137,7 @@ class Turn:
                 where,
                 "response_not_continuable",
             )
-        return previous.messages
+        return previous
 
     async def resolve(self, chat: ChatRequest) -> list[DecodedImage]:
         """The request's images: stored ones from the store's pool (taken before any await,

@@ -125,16 +125,8 @@ class Gemma3(ModelFamily):
         )
 
     def _settings(self, tokenizer: Any) -> Gemma3Settings:
-        """The prompt settings of this checkpoint (mlx-vlm's tokenizer names the markers)."""
-        boi, eoi = tokenizer.boi_token, tokenizer.eoi_token
-        return Gemma3Settings(
-            image_token_id=self.image_token_id,
-            boi=boi,
-            eoi=eoi,
-            boi_id=int(tokenizer.convert_tokens_to_ids(boi)),
-            eoi_id=int(tokenizer.convert_tokens_to_ids(eoi)),
-            grid=self.grid,
-        )
+        """The prompt settings of this checkpoint."""
+        return Gemma3Settings.read(tokenizer, self.image_token_id, self.grid)
 
     # ----- prompt side (any thread) -----------------------------------------------------------
 

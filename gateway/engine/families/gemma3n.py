@@ -56,7 +56,7 @@ from gateway.engine.model.kv import RowKVCache
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan, plan_inputs
 from gateway.engine.model.vision import EncodedImage, Unit
 from gateway.engine.model.window_kv import layer_caches
-from gateway.processors.audio import AudioClip, AudioGrid
+from gateway.processors.audio import AudioClip, AudioGrid, packed_log_mel
 from gateway.processors.gemma3n import Gemma3nAudio, Gemma3nProcessor, Gemma3nSettings
 from gateway.processors.positions import ImageLayout
 from gateway.processors.video_processor import VideoFrames
@@ -159,15 +159,11 @@ class Gemma3n(ModelFamily):
         )
 
     def _settings(self, tokenizer: Any) -> Gemma3nSettings:
-        """The prompt settings of this checkpoint (mlx-vlm's tokenizer names the markers)."""
-        boi, eoi = tokenizer.boi_token, tokenizer.eoi_token
-        return Gemma3nSettings(
-            image_token_id=self.image_token_id,
-            boi=boi,
-            eoi=eoi,
-            boi_id=int(tokenizer.convert_tokens_to_ids(boi)),
-            eoi_id=int(tokenizer.convert_tokens_to_ids(eoi)),
-            grid=self.grid,
+        """The prompt settings of this checkpoint."""
+        return Gemma3nSettings.read(
+            tokenizer,
+            self.image_token_id,
+            self.grid,
             placeholder=str(tokenizer.image_token),
             audio=self._audio_settings(tokenizer),
         )
@@ -253,14 +249,9 @@ class Gemma3n(ModelFamily):
 
     def _preprocess_audio(self, clip: AudioClip) -> tuple[np.ndarray, Grid]:
         """An `AudioClip` (mono, the model's rate) -> ((1, frames, mel bins + 1) float32,
-        grid): the checkpoint's own feature extractor's log-mel frames, then 1.0 in the last
-        column where a frame is padding (its mask, inverted, as mlx-vlm hands it the tower)."""
+        grid): `packed_log_mel`, as mlx-vlm hands it the tower."""
         grid = self.prompt.audio_grid(len(clip.samples), clip.rate)
-        out = self.processor.feature_extractor([clip.samples])
-        features = np.asarray(out["input_features"][0], dtype=np.float32)
-        padding = ~np.asarray(out["input_features_mask"][0], dtype=bool)
-        packed = np.concatenate([features, padding[:, None].astype(np.float32)], axis=1)
-        return np.ascontiguousarray(packed[None]), grid
+        return packed_log_mel(self.processor.feature_extractor, clip), grid
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

@@ -57,7 +57,7 @@ from gateway.engine.model.kv import RowKVCache
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
 from gateway.engine.model.vision import EncodedImage
 from gateway.engine.model.window_kv import layer_caches
-from gateway.processors.audio import AudioClip, AudioGrid
+from gateway.processors.audio import AudioClip, AudioGrid, packed_log_mel
 from gateway.processors.gemma4 import Gemma4Audio, Gemma4Processor, Gemma4Settings
 from gateway.processors.positions import ImageLayout
 from gateway.processors.processor import PromptProcessor
@@ -257,14 +257,9 @@ class Gemma4(VlmFamily):
 
     def _preprocess_audio(self, clip: AudioClip) -> tuple[np.ndarray, Grid]:
         """An `AudioClip` (mono, the model's rate) -> ((1, frames, mel bins + 1) float32,
-        grid): the checkpoint's own feature extractor's log-mel frames, then 1.0 in the last
-        column where a frame is padding (its mask, inverted, as mlx-vlm hands it the tower)."""
+        grid): `packed_log_mel`, as mlx-vlm hands it the tower."""
         grid = self.prompt.audio_grid(len(clip.samples), clip.rate)
-        out = self.processor.feature_extractor([clip.samples])
-        features = np.asarray(out["input_features"][0], dtype=np.float32)
-        padding = ~np.asarray(out["input_features_mask"][0], dtype=bool)
-        packed = np.concatenate([features, padding[:, None].astype(np.float32)], axis=1)
-        return np.ascontiguousarray(packed[None]), grid
+        return packed_log_mel(self.processor.feature_extractor, clip), grid
 
     # ----- engine side (engine thread only) ---------------------------------------------------
 

@@ -1,12 +1,18 @@
 """The Responses API's store of conversations: bounded by count, bytes and age, LRU, scoped
-to an owner, images pooled by content hash."""
+to an owner, images pooled by content hash, input items pooled by id."""
 
 from __future__ import annotations
 
 from PIL import Image
 from support import decoded, noise_image
 
-from gateway.api.responses.store import HeldImage, ResponseStore, StoredResponse, image_bytes
+from gateway.api.responses.store import (
+    HeldImage,
+    ResponseStore,
+    StoredResponse,
+    image_bytes,
+    item_bytes,
+)
 from gateway.config import ResponsesConfig
 from gateway.frontend.chat import ChatMessage, TextPart
 
@@ -61,6 +67,41 @@ def test_byte_bound_counts_pooled_images_once() -> None:
     assert store.image(image.content_hash) is image
     store.delete("b", "")
     assert store.image(image.content_hash) is None and store.bytes == 0
+
+
+def _item(item_id: str, url: str) -> dict:
+    image = {"type": "input_image", "image_url": url, "detail": "auto", "file_id": None}
+    return {"type": "message", "id": item_id, "role": "user", "content": [image]}
+
+
+def test_input_items_counted_once_across_a_conversation() -> None:
+    """Invariant: an input item (a data URI kept whole) counts its JSON bytes once however
+    many responses of its conversation list it, and leaves the count with the last one."""
+    store, _ = _store(max_mb=1)
+    store.put(_entry("x"), {})  # an id as long as "a" and "b"
+    bare = store.bytes
+    store.delete("x", "")
+    photo = _item("msg_1", "data:image/png;base64," + "A" * 100_000)
+    first = _entry("a")
+    first.items = (photo,)
+    store.put(first, {})
+    assert store.bytes == bare + item_bytes(photo) and item_bytes(photo) > 100_000
+    later = _entry("b")
+    later.items = (photo, _item("msg_2", "https://example.com/x.png"))
+    store.put(later, {})
+    assert store.bytes == 2 * bare + item_bytes(photo) + item_bytes(later.items[1])
+    store.delete("a", "")
+    assert store.bytes == bare + sum(map(item_bytes, later.items))
+    store.delete("b", "")
+    assert store.bytes == 0 and store.stats()["items"] == 0
+
+
+def test_items_count_against_the_byte_bound() -> None:
+    """Invariant: an entry whose items alone exceed the budget is not stored."""
+    store, _ = _store(max_mb=0.1)
+    entry = _entry("a")
+    entry.items = (_item("msg_1", "data:image/png;base64," + "A" * 200_000),)
+    assert not store.put(entry, {}) and store.bytes == 0 and len(store) == 0
 
 
 def test_byte_bound_evicts_and_refuses_oversized() -> None:

@@ -66,7 +66,9 @@ def test_conversation_holds_images_by_hash_and_continues_without_loading() -> No
     assert isinstance(held, HeldImage) and held.content_hash == image.content_hash
     assert [m.role for m in messages] == ["user", "assistant"]
     assert messages[1].parts == (TextPart("a1"),)
-    store.put(StoredResponse("r1", "", {"status": "incomplete"}, messages), first.image_map())
+    said = {"type": "message", "id": "msg_out", "role": "assistant", "content": []}
+    body = {"status": "incomplete", "output": [said]}
+    store.put(StoredResponse("r1", "", body, messages, first.items), first.image_map())
 
     second = Turn(pipeline, store, set(), "")  # type: ignore[arg-type]
     chat2 = second.parse({"model": "m", "input": "q2", "previous_response_id": "r1"})
@@ -75,6 +77,24 @@ def test_conversation_holds_images_by_hash_and_continues_without_loading() -> No
     assert isinstance(chat2.images[0], ImagePart)
     again = second.conversation("a2")
     assert len(again) == 4 and again[0].parts[0] == held
+
+
+def test_continuation_lists_the_earlier_items_themselves() -> None:
+    """Invariant: a continuation's input items are the previous response's input items and
+    output items (the same objects, so the same ids), then the new input's; instructions
+    are no item."""
+    store = ResponseStore(ResponsesConfig())
+    first = Turn(FakePipeline({}), store, set(), "")  # type: ignore[arg-type]
+    first.parse({"model": "m", "instructions": "sys", "input": "q1"})
+    (asked,) = first.items
+    assert asked["role"] == "user" and asked["content"][0]["text"] == "q1"
+    said = {"type": "message", "id": "msg_out", "role": "assistant", "content": []}
+    body = {"status": "completed", "output": [said]}
+    store.put(StoredResponse("r1", "", body, first.conversation("a1"), first.items), {})
+    second = Turn(FakePipeline({}), store, set(), "")  # type: ignore[arg-type]
+    second.parse({"model": "m", "input": "q2", "previous_response_id": "r1"})
+    assert second.items[0] is asked and second.items[1] is said
+    assert second.items[2]["content"][0]["text"] == "q2" and len(second.items) == 3
 
 
 def test_continuation_refusals() -> None:
