@@ -125,7 +125,7 @@ for step in $STEPS; do
         >"$OUT/top-${TAG:-default}.txt" 2>&1 &
       topper=$!
       timeout "${ONE_S:-240}" python3 -m docs.investigations.one_stream --model /tmp/m7b \
-        --stages raw,process --pairs "${ONE_PAIRS:-8}" --ttft --server-arg=--no-warmup \
+        --stages raw,process --pairs "${ONE_PAIRS:-8}" --ttft --server-arg=--no-warmup ${ONE_ARGS:-} \
         >"$OUT/one-stream2-${TAG:-default}.json" 2>"$OUT/one-stream2-${TAG:-default}.log"
       kill "$topper" 2>/dev/null; grep "^pair" "$OUT/one-stream2-${TAG:-default}.log" ;;
     kv_bits)  # issue 40: --kv-bits on CUDA must be refused at load (quantized attention there
