@@ -119,13 +119,13 @@ for step in $STEPS; do
         --pairs "${ONE_PAIRS:-10}" --ttft --server-arg=--no-warmup >"$OUT/one-stream-h200.json" \
         2>"$OUT/one-stream.log"; tail -12 "$OUT/one-stream.log"; cat "$OUT/one-stream-h200.json" ;;
     one_stream2)  # issue 41 follow-up: raw and the default server alone (two processes, not
-      # four), with every thread's CPU share sampled by top every 5 s; TAG names the variant
-      # (run it again under other environment variables to A/B them)
+      # four), with every thread's CPU share sampled by top every 5 s; TAG names the variant,
+      # ONE_ARGS its server flags (default: --server-arg=--no-warmup, as one_stream's)
       ( for _ in $(seq 60); do top -H -b -n 1 -w 200 | head -25; sleep 5; done ) \
         >"$OUT/top-${TAG:-default}.txt" 2>&1 &
       topper=$!
       timeout "${ONE_S:-240}" python3 -m docs.investigations.one_stream --model /tmp/m7b \
-        --stages raw,process --pairs "${ONE_PAIRS:-8}" --ttft --server-arg=--no-warmup ${ONE_ARGS:-} \
+        --stages raw,process --pairs "${ONE_PAIRS:-8}" --ttft ${ONE_ARGS---server-arg=--no-warmup} \
         >"$OUT/one-stream2-${TAG:-default}.json" 2>"$OUT/one-stream2-${TAG:-default}.log"
       kill "$topper" 2>/dev/null; grep "^pair" "$OUT/one-stream2-${TAG:-default}.log" ;;
     kv_bits)  # issue 40: --kv-bits on CUDA must be refused at load (quantized attention there

@@ -229,10 +229,7 @@ def start(stage: str, model_dir: str, flags: list[str]) -> Any:
     if stage in ("raw", "engine"):
         return Worker(stage, model_dir)
     extra = ["--in-process-engine"] if stage == "inproc" else []
-    # The disk tier stays off unless a --server-arg names its folder (--cache-dir=DIR): the
-    # A/B of run 16, whose hotpath and decode_alternate servers ran with it (performance.md 8n).
-    off = [] if any(f.startswith("--cache-dir") for f in flags) else ["--no-disk-cache"]
-    return Served(model_dir, [*off, *extra, *flags])
+    return Served(model_dir, ["--no-disk-cache", *extra, *flags])
 
 
 def summary(values: list[float]) -> dict[str, float]:
