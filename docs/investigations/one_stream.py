@@ -2,7 +2,7 @@
 measured in alternated short pairs so that the machine's drift cancels.
 
     python -m docs.investigations.one_stream [--model DIR] [--pairs 12] [--tokens 128]
-        [--stages raw,engine,inproc,process] [--server-arg=FLAG ...]
+        [--stages raw,engine,inproc,process] [--server-arg=FLAG ...] [--variant-arg=FLAG ...]
 
 Stages, each a process kept up for the whole run (idle while another measures):
 - `raw`: mlx-lm's own `BatchGenerator`, one row, over the checkpoint's language model
@@ -11,7 +11,9 @@ Stages, each a process kept up for the whole run (idle while another measures):
   as the server's front end builds it, tokens timed as its sink receives them;
 - `inproc`: `vision-gateway serve --in-process-engine` (engine thread in the HTTP process);
 - `process`: `vision-gateway serve` (the default: the engine in its own process);
-both servers read by a plain streaming HTTP client (`bench.hotpath_client.plain_stream`).
+- `variant` (only when listed): `serve` with the `--variant-arg` flags added, the A/B of one
+  flag against `process` in the same pairs;
+the servers read by a plain streaming HTTP client (`bench.hotpath_client.plain_stream`).
 
 Each pair measures every stage once (their order rotating from pair to pair), so each stage's
 figure has a raw figure from seconds before or after it; the ratio is taken per pair and the
@@ -225,10 +227,10 @@ def build_deep() -> str:
     return str(DEEP)
 
 
-def start(stage: str, model_dir: str, flags: list[str]) -> Any:
+def start(stage: str, model_dir: str, flags: list[str], variant: list[str]) -> Any:
     if stage in ("raw", "engine"):
         return Worker(stage, model_dir)
-    extra = ["--in-process-engine"] if stage == "inproc" else []
+    extra = {"inproc": ["--in-process-engine"], "variant": variant}.get(stage, [])
     return Served(model_dir, ["--no-disk-cache", *extra, *flags])
 
 
@@ -248,7 +250,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = args.model or build_deep()
     stages = [s for s in args.stages.split(",") if s]
     assert stages[0] == "raw", "raw is the reference: list it first"
-    up = {s: start(s, model_dir, args.server_arg) for s in stages}
+    up = {s: start(s, model_dir, args.server_arg, args.variant_arg) for s in stages}
     pairs: list[dict[str, dict[str, float]]] = []
     try:
         for stage in stages:  # warm every stage once (kernels, first requests)
@@ -289,6 +291,14 @@ def main() -> None:
     p.add_argument("--stages", default=",".join(STAGES))
     p.add_argument("--ttft", action="store_true", help="also the text first token")
     p.add_argument("--server-arg", action="append", default=[])
+    p.add_argument(
+        "--variant-arg",
+        action="append",
+        default=[],
+        help="a flag of the `variant` stage: `serve` (the default) with these flags added, "
+        "for an A/B of one flag in alternated pairs (e.g. --stages raw,process,variant "
+        "--variant-arg=--max-batch=32)",
+    )
     p.add_argument("--worker", choices=("raw", "engine"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker == "raw":
