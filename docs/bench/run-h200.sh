@@ -118,16 +118,16 @@ for step in $STEPS; do
       timeout "${ONE_S:-360}" python3 -m docs.investigations.one_stream --model /tmp/m7b \
         --pairs "${ONE_PAIRS:-10}" --ttft --server-arg=--no-warmup >"$OUT/one-stream-h200.json" \
         2>"$OUT/one-stream.log"; tail -12 "$OUT/one-stream.log"; cat "$OUT/one-stream-h200.json" ;;
-    one_stream2)  # issue 41 follow-up: raw, the default server and the default server with
-      # VARIANT's flags (default --max-batch=32, as decode_alternate's and hotpath's servers
-      # run), alternated in pairs; every thread's CPU share sampled by top every 5 s
+    one_stream2)  # issue 41 follow-up: raw, the default server (warm-up on, as hotpath's and
+      # decode_alternate's) and the default server with VARIANT's flags (default --no-warmup,
+      # as one_stream's), alternated in pairs; every thread's CPU share sampled by top every 5 s
       ( for _ in $(seq 60); do top -H -b -n 1 -w 200 | head -25; sleep 5; done ) \
         >"$OUT/top-one-stream2.txt" 2>&1 &
       topper=$!
-      variant=(); for flag in ${VARIANT:---max-batch=32}; do variant+=("--variant-arg=$flag"); done
+      variant=(); for flag in ${VARIANT:---no-warmup}; do variant+=("--variant-arg=$flag"); done
       timeout "${ONE_S:-300}" python3 -m docs.investigations.one_stream --model /tmp/m7b \
         --stages raw,process,variant "${variant[@]}" --pairs "${ONE_PAIRS:-8}" --ttft \
-        --server-arg=--no-warmup >"$OUT/one-stream2.json" 2>"$OUT/one-stream2.log"
+        >"$OUT/one-stream2.json" 2>"$OUT/one-stream2.log"
       kill "$topper" 2>/dev/null; grep "^pair" "$OUT/one-stream2.log" ;;
     kv_bits)  # issue 40: --kv-bits on CUDA must be refused at load (quantized attention there
       # computes other values); the server's log says so, or it serves (then the check passed)
