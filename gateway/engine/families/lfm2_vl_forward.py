@@ -24,7 +24,7 @@ import mlx.nn as nn
 from gateway.engine.families.vlm_base import VlmTextCore
 from gateway.engine.model.kv import RowBatchKVCache, share_row_state
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
-from gateway.engine.model.state_cache import RowStateCache, StateArrays
+from gateway.engine.model.state_cache import RowStateCache, StateArrays, settle_block_end
 
 
 class ConvStateCache(RowStateCache):
@@ -79,10 +79,7 @@ def prefill(lm: nn.Module, plan: PrefillPlan, cache: list[Any], lo: int, hi: int
             continue
         ids, embeds = plan.ids[:, a:b], plan.embeds[:, a:b]
         out.append(lm(ids, inputs_embeds=embeds, cache=cache).logits)
-        mx.eval([c.state for c in cache])
-        for c in cache:
-            if isinstance(c, RowStateCache):
-                c.mark()  # the state where this forward ended (a block end: a snapshot)
+        settle_block_end(cache)  # the state where this forward ended: a snapshot
     return out[0] if len(out) == 1 else mx.concatenate(out, axis=1)
 
 

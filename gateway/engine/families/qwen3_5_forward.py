@@ -33,7 +33,7 @@ from gateway.engine.model.kv import (
     share_row_state,
 )
 from gateway.engine.model.prompt_forward import GroupPart, PrefillPlan
-from gateway.engine.model.state_cache import RowStateCache
+from gateway.engine.model.state_cache import settle_block_end
 from gateway.engine.model.text_core import logits_from_hidden
 
 
@@ -98,10 +98,7 @@ def prefill(lm: nn.Module, plan: PrefillPlan, cache: list[Any], lo: int, hi: int
         assert plan.embeds is not None
         h = plan.embeds[:, a:b]
         states.append(run_layers(model, h, cache, plan.positions[:, :, a:b]))
-        mx.eval([c.state for c in cache])
-        for c in cache:
-            if isinstance(c, RowStateCache):
-                c.mark()  # the state where this forward ended (a block end: a snapshot)
+        settle_block_end(cache)  # the state where this forward ended: a snapshot
     return states[0] if len(states) == 1 else mx.concatenate(states, axis=1)
 
 

@@ -159,3 +159,13 @@ class BatchStateCache(_StateArraysCache):
 
     def is_trimmable(self) -> bool:
         return False
+
+
+def settle_block_end(cache: Sequence[object]) -> None:
+    """Evaluate every layer cache's state after a prompt forward that ended at a block end,
+    then mark each `RowStateCache`'s state there (its snapshot for exact prefix reuse).
+    Engine thread only."""
+    mx.eval([c.state for c in cache])  # type: ignore[attr-defined]
+    for c in cache:
+        if isinstance(c, RowStateCache):
+            c.mark()
