@@ -125,10 +125,13 @@ for step in $STEPS; do
         >"$OUT/top-one-stream2.txt" 2>&1 &
       topper=$!
       variant=(); for flag in ${VARIANT:---no-warmup}; do variant+=("--variant-arg=$flag"); done
+      # each server's step trace too: its engine's own one-row step, warmed against not
       timeout "${ONE_S:-300}" python3 -m docs.investigations.one_stream --model /tmp/m7b \
         --stages raw,process,variant "${variant[@]}" --pairs "${ONE_PAIRS:-8}" --ttft \
-        >"$OUT/one-stream2.json" 2>"$OUT/one-stream2.log"
-      kill "$topper" 2>/dev/null; grep "^pair" "$OUT/one-stream2.log" ;;
+        --trace-dir /tmp/one-stream2-steps >"$OUT/one-stream2.json" 2>"$OUT/one-stream2.log"
+      kill "$topper" 2>/dev/null; grep "^pair" "$OUT/one-stream2.log"
+      for t in /tmp/one-stream2-steps/*.jsonl; do gzip -c "$t" >"$OUT/one-stream2-$(basename "$t").gz"; done
+      grep -o '"engine_step_ms_1row": [0-9.a-z]*' "$OUT/one-stream2.json" ;;
     kv_bits)  # issue 40: --kv-bits on CUDA must be refused at load (quantized attention there
       # computes other values); the server's log says so, or it serves (then the check passed)
       for bits in 8 4; do

@@ -3,6 +3,7 @@ measured in alternated short pairs so that the machine's drift cancels.
 
     python -m docs.investigations.one_stream [--model DIR] [--pairs 12] [--tokens 128]
         [--stages raw,engine,inproc,process] [--server-arg=FLAG ...] [--variant-arg=FLAG ...]
+        [--trace-dir DIR]
 
 Stages, each a process kept up for the whole run (idle while another measures):
 - `raw`: mlx-lm's own `BatchGenerator`, one row, over the checkpoint's language model
@@ -227,10 +228,14 @@ def build_deep() -> str:
     return str(DEEP)
 
 
-def start(stage: str, model_dir: str, flags: list[str], variant: list[str]) -> Any:
+def start(
+    stage: str, model_dir: str, flags: list[str], variant: list[str], trace_dir: Path | None
+) -> Any:
     if stage in ("raw", "engine"):
         return Worker(stage, model_dir)
     extra = {"inproc": ["--in-process-engine"], "variant": variant}.get(stage, [])
+    if trace_dir is not None:  # each server's own engine steps, to compare them directly
+        extra = [*extra, f"--step-trace={trace_dir / f'steps-{stage}.jsonl'}"]
     return Served(model_dir, ["--no-disk-cache", *extra, *flags])
 
 
@@ -250,7 +255,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     model_dir = args.model or build_deep()
     stages = [s for s in args.stages.split(",") if s]
     assert stages[0] == "raw", "raw is the reference: list it first"
-    up = {s: start(s, model_dir, args.server_arg, args.variant_arg) for s in stages}
+    if args.trace_dir is not None:
+        args.trace_dir.mkdir(parents=True, exist_ok=True)
+    up = {s: start(s, model_dir, args.server_arg, args.variant_arg, args.trace_dir) for s in stages}
     pairs: list[dict[str, dict[str, float]]] = []
     try:
         for stage in stages:  # warm every stage once (kernels, first requests)
@@ -280,6 +287,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 [p[stage]["ttft_ms"] - p["raw"]["ttft_ms"] for p in pairs]
             )
     report["raw_samples"] = [p["raw"] for p in pairs]
+    if args.trace_dir is not None:  # the engine's own one-row step period, per server
+        from docs.investigations.decode_alternate import engine_step_ms
+
+        for stage in stages:
+            trace = args.trace_dir / f"steps-{stage}.jsonl"
+            if trace.exists():
+                report[stage]["engine_step_ms_1row"] = engine_step_ms(trace, [1])["1"]
     return report
 
 
@@ -298,6 +312,13 @@ def main() -> None:
         help="a flag of the `variant` stage: `serve` (the default) with these flags added, "
         "for an A/B of one flag in alternated pairs (e.g. --stages raw,process,variant "
         "--variant-arg=--max-batch=32)",
+    )
+    p.add_argument(
+        "--trace-dir",
+        type=Path,
+        help="each server stage writes its engine's step trace (`--step-trace`) here, as "
+        "steps-STAGE.jsonl: the engine's own decode step of each, read with "
+        "`decode_alternate.engine_step_ms`",
     )
     p.add_argument("--worker", choices=("raw", "engine"), help=argparse.SUPPRESS)
     args = p.parse_args()
