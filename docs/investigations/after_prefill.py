@@ -29,51 +29,26 @@ import sys
 import time
 from collections.abc import Callable
 
-from docs.investigations.one_stream import PROMPT, SKIP, build_deep
+from docs.investigations.one_stream import (
+    PROMPT,
+    SKIP,
+    build_deep,
+    engine_turns,
+    raw_token_times,
+)
 
 MODES = ("long", "clear", "drop", "fresh")
 
 
 def _engine_turn(model_dir: str) -> tuple[Callable[[str, int], list[float]], Callable[[], None]]:
-    """A started `Engine`: a function that runs one greedy request of `text` and returns its
-    token times, and one that clears the engine's caches."""
-    from gateway.config import EngineConfig
-    from gateway.engine.core import Engine
-    from gateway.engine.request import FinishEvent, TokenEvent
-    from gateway.frontend.chat import ChatMessage, ChatRequest, TextPart
-    from gateway.frontend.prompt import PromptBuilder
-    from gateway.metrics import Metrics
-
-    engine = Engine(EngineConfig(model_dir, "bench", warmup=False), Metrics())
-    engine.start()
-    assert engine.model is not None
-    prompts = PromptBuilder(engine.model, 8192, 16)
-    count = iter(range(10**9))
-
-    def turn(text: str, max_tokens: int) -> list[float]:
-        message = ChatMessage("user", (TextPart(text),))
-        chat = ChatRequest.greedy("bench", (message,), max_tokens, ignore_eos=True)
-        times: list[float] = []
-        finished: list[bool] = []  # (the sink runs on the engine thread)
-
-        def sink(event: object) -> None:
-            if isinstance(event, TokenEvent):
-                times.extend(time.perf_counter() for _ in event.token_ids)
-            elif isinstance(event, FinishEvent) and event.final:
-                finished.append(True)
-
-        engine.submit(prompts.build(chat, [], f"r{next(count)}", time.perf_counter()), sink)
-        while not finished:
-            time.sleep(0.0005)
-        return times
-
-    return turn, engine.clear_caches
+    """`one_stream.engine_turns`: token times of one request of `text`, and the engine's
+    cache clearing."""
+    engine, turn = engine_turns(model_dir)
+    return (lambda text, max_tokens: turn(text, max_tokens)[1:]), engine.clear_caches
 
 
 def _raw_turn(model_dir: str) -> tuple[Callable[[str, int], list[float]], Callable[[], None]]:
-    """Raw mlx-lm: one `BatchGenerator` row per request, the chat-templated prompt."""
-    from mlx_lm.generate import BatchGenerator
-
+    """Raw mlx-lm (`one_stream.raw_token_times`) on the chat-templated `text`."""
     from bench.raw import load_text_model
     from gateway.engine.families import load_model
 
@@ -82,15 +57,7 @@ def _raw_turn(model_dir: str) -> tuple[Callable[[str, int], list[float]], Callab
 
     def turn(text: str, max_tokens: int) -> list[float]:
         ids = family.tokenize(family.render([{"role": "user", "content": text}]))
-        gen = BatchGenerator(model, completion_batch_size=1, prefill_batch_size=1)
-        [uid] = gen.insert([ids], max_tokens=[max_tokens])
-        times: list[float] = []
-        try:
-            while responses := gen.next_generated():
-                times.extend(time.perf_counter() for r in responses if r.uid == uid)
-        finally:
-            gen.close()
-        return times
+        return raw_token_times(model, ids, max_tokens)
 
     def no_caches() -> None:
         raise SystemExit("--modes drop: the engine's caches (raw has none)")

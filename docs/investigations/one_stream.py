@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,6 @@ def _prompt_ids(model_dir: str) -> list[int]:
 
 def raw_worker(model_dir: str) -> None:
     import mlx.core as mx
-    from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import make_prompt_cache
 
     from bench.raw import load_text_model
@@ -71,14 +71,7 @@ def raw_worker(model_dir: str) -> None:
     ids = _prompt_ids(model_dir)
 
     def decode(tokens: int) -> dict[str, float]:
-        gen = BatchGenerator(model, completion_batch_size=1, prefill_batch_size=1)
-        [uid] = gen.insert([ids], max_tokens=[SKIP + tokens])
-        times: list[float] = []
-        try:
-            while responses := gen.next_generated():
-                times.extend(time.perf_counter() for r in responses if r.uid == uid)
-        finally:
-            gen.close()
+        times = raw_token_times(model, ids, SKIP + tokens)
         return {"tok_s": (len(times) - SKIP) / (times[-1] - times[SKIP - 1])}
 
     def ttft() -> dict[str, float]:
@@ -95,7 +88,24 @@ def raw_worker(model_dir: str) -> None:
     _serve({"decode": decode, "ttft": lambda _: ttft()})
 
 
-def engine_worker(model_dir: str) -> None:
+def raw_token_times(model: Any, ids: list[int], max_tokens: int) -> list[float]:
+    """Raw mlx-lm: `ids` as one `BatchGenerator` row, greedy; each token's arrival time."""
+    from mlx_lm.generate import BatchGenerator
+
+    gen = BatchGenerator(model, completion_batch_size=1, prefill_batch_size=1)
+    [uid] = gen.insert([ids], max_tokens=[max_tokens])
+    times: list[float] = []
+    try:
+        while responses := gen.next_generated():
+            times.extend(time.perf_counter() for r in responses if r.uid == uid)
+    finally:
+        gen.close()
+    return times
+
+
+def engine_turns(model_dir: str) -> tuple[Any, Callable[[str, int], list[float]]]:
+    """A started `Engine` (no warm-up) and a function that runs one greedy request of a user
+    message, ignoring EOS, and returns [its start, each token's arrival time...]."""
     from gateway.config import EngineConfig
     from gateway.engine.core import Engine
     from gateway.engine.request import FinishEvent, TokenEvent
@@ -109,10 +119,9 @@ def engine_worker(model_dir: str) -> None:
     prompts = PromptBuilder(engine.model, 8192, 16)
     count = iter(range(10**9))
 
-    def run(max_tokens: int) -> list[float]:
-        chat = ChatRequest.greedy(
-            "bench", (ChatMessage("user", (TextPart(PROMPT),)),), max_tokens, ignore_eos=True
-        )
+    def turn(text: str, max_tokens: int) -> list[float]:
+        message = ChatMessage("user", (TextPart(text),))
+        chat = ChatRequest.greedy("bench", (message,), max_tokens, ignore_eos=True)
         start = time.perf_counter()
         request = prompts.build(chat, [], f"r{next(count)}", start)
         times: list[float] = [start]
@@ -129,6 +138,15 @@ def engine_worker(model_dir: str) -> None:
         while not finished:
             time.sleep(0.0005)
         return times
+
+    return engine, turn
+
+
+def engine_worker(model_dir: str) -> None:
+    _, turn = engine_turns(model_dir)
+
+    def run(max_tokens: int) -> list[float]:
+        return turn(PROMPT, max_tokens)
 
     def decode(tokens: int) -> dict[str, float]:
         times = run(SKIP + tokens)[1:]
